@@ -1,0 +1,124 @@
+"""Test matrix for the mf monorepo.
+
+One session per package, each in a venv holding only that package, the mf packages it declares
+and their registry dependencies: a package that secretly imports MindSpore or a sibling fails in
+its own session. `integration` and `dist` install everything. Venvs are reused between runs
+(uv backend), so a second run costs seconds.
+
+    nox                      # the default selection: the project's whole test suite
+    nox -s mf-data           # one package
+    nox -s dist              # multi-process tests under msrun
+    nox -s bench             # benchmarks (not part of the default suite)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+PACKAGES_DIR = ROOT / "packages"
+
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True
+
+
+def _declared_deps(package: str) -> list[str]:
+    with open(PACKAGES_DIR / package / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"].get("dependencies", [])
+
+
+def _all_packages() -> list[str]:
+    return sorted(p.name for p in PACKAGES_DIR.iterdir() if (p / "pyproject.toml").is_file())
+
+
+def _local_closure(package: str) -> list[str]:
+    """The mf packages `package` depends on, transitively, read from the pyproject files."""
+    local = set(_all_packages())
+    seen: list[str] = []
+    stack = [package]
+    while stack:
+        name = stack.pop()
+        for dep in _declared_deps(name):
+            dep_name = re.split(r"[<>=!~\[; ]", dep, maxsplit=1)[0].strip()
+            if dep_name in local and dep_name not in seen and dep_name != package:
+                seen.append(dep_name)
+                stack.append(dep_name)
+    return seen
+
+
+def _install_local(session: nox.Session, packages: list[str], with_tests: list[str]) -> None:
+    """Editable installs, so a reused venv always runs the current source."""
+    args: list[str] = []
+    for name in packages:
+        extra = "[test]" if name in with_tests else ""
+        args += ["-e", f"{PACKAGES_DIR / name}{extra}"]
+    session.install(*args)
+
+
+def _pytest(session: nox.Session, *paths: str) -> None:
+    session.run(
+        "python", "-m", "pytest", *paths, *session.posargs,
+        env={"GLOG_v": "3", "PYTHONHASHSEED": "0"},
+    )
+
+
+# Fast, dependency-light packages first: a broken schema fails the run in seconds.
+PACKAGE_ORDER = [
+    "mf-config", "mf-data", "mf-ckpt", "mf-parallel", "mf-models", "mf-trainer", "mf-cli",
+]
+
+
+def _make_package_session(package: str):
+    @nox.session(name=package)
+    def _session(session: nox.Session) -> None:
+        _install_local(session, [*_local_closure(package), package], with_tests=[package])
+        _pytest(session, str(PACKAGES_DIR / package / "tests"))
+
+    _session.__doc__ = f"Tests of {package} in a venv holding only it and its declared dependencies."
+    return _session
+
+
+for _package in PACKAGE_ORDER:
+    globals()[f"session_{_package.replace('-', '_')}"] = _make_package_session(_package)
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """Cross-package tests, one process (tests-integration/, without dist/)."""
+    _install_local(session, _all_packages(), with_tests=_all_packages())
+    _pytest(session, str(ROOT / "tests-integration"), "--ignore", str(ROOT / "tests-integration" / "dist"))
+
+
+@nox.session
+def dist(session: nox.Session) -> None:
+    """Multi-process tests: real collectives between CPU ranks started by msrun."""
+    _install_local(session, _all_packages(), with_tests=_all_packages())
+    # msrun starts `python` from PATH: make it this venv's.
+    session.env["PATH"] = os.pathsep.join([str(Path(session.bin)), os.environ.get("PATH", "")])
+    _pytest(session, str(ROOT / "tests-integration" / "dist"))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over every package, the integration tests, benchmarks and this file."""
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", "packages", "tests-integration", "benchmarks", "noxfile.py", "conftest.py")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks: each prints `name: ours X, reference Y, ratio Z`. Not in the default suite."""
+    _install_local(session, _all_packages(), with_tests=[])
+    session.install("-r", str(ROOT / "benchmarks" / "requirements.txt"))
+    scripts = session.posargs or sorted(str(p) for p in (ROOT / "benchmarks").glob("*_bench.py"))
+    for script in scripts:
+        session.run("python", script, env={"GLOG_v": "3"})
+
+
+nox.options.sessions = ["lint", *PACKAGE_ORDER, "integration", "dist"]

@@ -1,0 +1,1 @@
+"""One module per `mf` sub-command (see `mf_cli.main`)."""

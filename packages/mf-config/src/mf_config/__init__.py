@@ -1,0 +1,5 @@
+"""YAML -> typed TrainConfig: schema, validation, overrides."""
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

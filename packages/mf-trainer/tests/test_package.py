@@ -1,0 +1,9 @@
+"""The package imports in its own venv and reports the version its metadata declares."""
+
+from importlib.metadata import version
+
+import mf_trainer
+
+
+def test_version_matches_metadata():
+    assert mf_trainer.__version__ == version("mf-trainer")
