@@ -1,5 +1,81 @@
-"""YAML -> typed TrainConfig: schema, validation, overrides."""
+"""mf-config: the training YAML as a typed, validated `TrainConfig`.
+
+    from mf_config import load_config, dump_config
+    cfg = load_config("train.yaml", overrides=["training.steps=20"])
+    cfg.training.global_batch_size, cfg.model.extra["hidden_size"], cfg.optimizer.kwargs()
+
+Bad input raises `ConfigError`, whose message is one line naming the key path and the value.
+"""
+
+from mf_config.config import REQUIRED_SECTIONS, TrainConfig
+from mf_config.data_rules import split_data_path
+from mf_config.errors import ConfigError
+from mf_config.extensions import EvalDatasetConfig, InferenceConfig, LoraConfig, TokenizerConfig
+from mf_config.layer_spec import parse_layer_spec, pipeline_layer_placement
+from mf_config.loader import config_to_dict, dump_config, load_config
+from mf_config.overrides import apply_overrides
+from mf_config.paths import path_warnings
+from mf_config.schema import ExtraSection, Section
+from mf_config.sections import (
+    CallbackConfig,
+    CheckpointConfig,
+    ContextConfig,
+    DataloaderConfig,
+    LayerSwapConfig,
+    LrSchedulerConfig,
+    ModelConfig,
+    MoeMonitorConfig,
+    MonitorConfig,
+    OpSwapConfig,
+    OptimizerConfig,
+    ParallelismConfig,
+    ProfilerConfig,
+    RecomputeCommConfig,
+    RecomputeConfig,
+    SwapConfig,
+    TrainDatasetConfig,
+    TrainingConfig,
+    TrainStateConfig,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "REQUIRED_SECTIONS",
+    "CallbackConfig",
+    "CheckpointConfig",
+    "ConfigError",
+    "ContextConfig",
+    "DataloaderConfig",
+    "EvalDatasetConfig",
+    "ExtraSection",
+    "InferenceConfig",
+    "LayerSwapConfig",
+    "LoraConfig",
+    "LrSchedulerConfig",
+    "ModelConfig",
+    "MoeMonitorConfig",
+    "MonitorConfig",
+    "OpSwapConfig",
+    "OptimizerConfig",
+    "ParallelismConfig",
+    "ProfilerConfig",
+    "RecomputeCommConfig",
+    "RecomputeConfig",
+    "Section",
+    "SwapConfig",
+    "TokenizerConfig",
+    "TrainConfig",
+    "TrainDatasetConfig",
+    "TrainStateConfig",
+    "TrainingConfig",
+    "__version__",
+    "apply_overrides",
+    "config_to_dict",
+    "dump_config",
+    "load_config",
+    "parse_layer_spec",
+    "path_warnings",
+    "pipeline_layer_placement",
+    "split_data_path",
+]

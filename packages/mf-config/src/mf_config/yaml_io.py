@@ -1,0 +1,104 @@
+"""Reading and writing YAML text, with errors that say where.
+
+The loader is PyYAML's safe loader with two changes a config file needs:
+- a key written twice in one mapping is an error (plain PyYAML silently keeps the last one);
+- `1e-5` is a float, as in YAML 1.2 (plain PyYAML reads an exponent without a dot as a string,
+  which would hand `rms_norm_eps: 1e-6` to a model as the text "1e-6").
+The dumper writes the same dialect: strings that would read back as numbers are quoted, and lists
+of scalars are written inline (`betas: [0.9, 0.95]`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import yaml
+from yaml.constructor import ConstructorError
+from yaml.nodes import MappingNode
+
+from mf_config.errors import ConfigError
+
+# YAML 1.2 floats that YAML 1.1 misses: an exponent with no '.' in the mantissa (1e-5, 3E+2).
+_EXP_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$")
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _Loader(yaml.SafeLoader):
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+        if isinstance(node, MappingNode):
+            seen: set = set()
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE_TAG:
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # unhashable key: the base class reports it
+                    continue
+                if duplicate:
+                    raise ConstructorError("while constructing a mapping", node.start_mark,
+                                           f"found duplicate key {key!r}", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list) -> Any:
+    inline = bool(data) and all(not isinstance(v, (list, dict)) for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=inline)
+
+
+for _cls in (_Loader, _Dumper):
+    _cls.add_implicit_resolver(_FLOAT_TAG, _EXP_FLOAT, list("-+0123456789"))
+_Dumper.add_representer(list, _represent_list)
+
+
+def _where(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse YAML text; syntax errors become a one-line ConfigError naming `source` and the line."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader: no arbitrary objects
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ConfigError(source, f"invalid YAML at {_where(mark)}: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, f"invalid YAML: {exc}") from None
+
+
+def read_yaml(path: str | os.PathLike) -> Any:
+    """Read and parse a YAML file; every failure is a one-line ConfigError naming the file."""
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError(name, "no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(name, "is a directory, not a YAML file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(name, "is not UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(name, f"cannot be read ({exc.strerror or exc})") from None
+    return parse_yaml(text, name)
+
+
+def parse_scalar(text: str, source: str) -> Any:
+    """A `--set` value: YAML-typed (`20` int, `1e-4` float, `[0.9, 0.99]` list, `null`); an empty
+    value is the empty string, which is what `--set checkpoint.load_path=` means."""
+    if text.strip() == "":
+        return ""
+    return parse_yaml(text, source)
+
+
+def dump_yaml(data: Any) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
