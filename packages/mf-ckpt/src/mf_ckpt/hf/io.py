@@ -1,0 +1,197 @@
+"""Hugging Face directories: config.json + model.safetensors or a sharded index.
+
+`load_hf_state` reads only the regions the plan needs (experts go straight into their stacked
+buffer); `save_hf` writes transformers' layout (`model.safetensors`, or
+`model-0000k-of-0000n.safetensors` + `model.safetensors.index.json` when `max_shard_size` is set
+and exceeded) into a temp directory renamed into place, so a failure never leaves half a model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import CheckpointError
+from ..fsutil import atomic_output_dir, read_json, safe_member
+from ..progress import Progress
+from ..st_io import Entry, FileHeader, ReaderPool, read_header, write_file
+from ..units import parse_size
+from .convert import assemble, mf_to_hf, plan_for, warn_skipped
+from .rules import Plan, check_hf
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+
+@dataclass
+class HFDirectory:
+    """A validated HF directory: its config, plan, and where each HF tensor lives."""
+
+    root: Path
+    config: dict[str, Any]
+    plan: Plan
+    locations: dict[str, Path]  # HF tensor name -> file
+    headers: dict[Path, FileHeader]
+    skipped: list[str]
+
+    def info(self, hf_name: str):
+        return self.headers[self.locations[hf_name]].tensors[hf_name]
+
+
+def is_hf_dir(path: Path) -> bool:
+    path = Path(path)
+    return (path / "config.json").is_file() and ((path / INDEX_NAME).is_file() or (path / SINGLE_NAME).is_file())
+
+
+def read_config(hf_dir: str | Path) -> dict[str, Any]:
+    config = read_json(Path(hf_dir) / "config.json", "config.json")
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{hf_dir}/config.json: must be a JSON object")
+    return config
+
+
+def tensor_locations(root: Path) -> tuple[dict[str, Path], dict[Path, FileHeader]]:
+    """HF tensor name -> file, from the index if there is one, else model.safetensors."""
+    index_path = root / INDEX_NAME
+    headers: dict[Path, FileHeader] = {}
+    if index_path.is_file():
+        index = read_json(index_path, INDEX_NAME)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index_path}: missing 'weight_map' object")
+        locations = {}
+        for name, file in weight_map.items():
+            path = safe_member(root, file, "shard file name")
+            if path not in headers:
+                if not path.is_file():
+                    raise CheckpointError(f"{index_path}: shard {file!r} listed for {name!r} does not exist")
+                headers[path] = read_header(path)
+            if name not in headers[path].tensors:
+                raise CheckpointError(f"{index_path}: tensor {name!r} is not in its shard {file!r}")
+            locations[name] = path
+        for path, header in headers.items():
+            stray = [n for n in header.tensors if locations.get(n) != path]
+            if stray:
+                raise CheckpointError(f"{path}: tensor {stray[0]!r} is not listed in {INDEX_NAME}")
+        return locations, headers
+    path = root / SINGLE_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{root}: no {SINGLE_NAME} or {INDEX_NAME}")
+    safe_member(root, SINGLE_NAME)
+    headers[path] = read_header(path)
+    return {name: path for name in headers[path].tensors}, headers
+
+
+def open_hf_dir(hf_dir: str | Path) -> HFDirectory:
+    """Read config.json and every shard header, and check them against the architecture's rules."""
+    root = Path(hf_dir)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: not a directory")
+    config = read_config(root)
+    locations, headers = tensor_locations(root)
+    plan = plan_for(config, locations.keys())
+    found = {}
+    for name, path in locations.items():
+        info = headers[path].tensors[name]
+        found[name] = (info.dtype, info.shape)
+    skipped = check_hf(plan, found, str(root))
+    return HFDirectory(root, config, plan, locations, headers, skipped)
+
+
+def load_hf_state(hf_dir: str | Path, dtype=None, *, progress: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
+    """(config.json dict, mf-named state) of an HF directory.
+
+    `dtype` (e.g. "float32") converts floating tensors on the way, BF16 included; by default
+    tensors keep their stored dtype (BF16 as mf-ckpt's raw BF16 dtype, see `mf_ckpt.dtypes`).
+    """
+    hf = open_hf_dir(hf_dir)
+    warn_skipped(hf.skipped, str(hf.root))
+    target_code = dtypes.code_of(np.dtype(dtype)) if dtype is not None else None
+    state: dict[str, np.ndarray] = {}
+    total = sum(hf.info(p.hf).nbytes for t in hf.plan.targets.values() for p in t.pieces)
+    with ReaderPool(hf.headers) as pool, Progress(total, "read", enabled=progress) as bar:
+
+        def read_piece(p):
+            reader = pool.get(hf.locations[p.hf])
+            region = reader.read(p.hf, p.hf_start, p.hf_stop)
+            bar.update(region.nbytes)
+            return region
+
+        for name, target in hf.plan.targets.items():
+            arr = assemble(target, read_piece)
+            if target_code is not None and dtypes.is_floating(dtypes.code_of(arr.dtype)):
+                arr = dtypes.cast(arr, target_code)
+            state[name] = arr
+    return hf.config, state
+
+
+def shard_groups(entries: list[Entry], max_shard_size: int | None) -> list[list[Entry]]:
+    """Greedy split in order; a tensor larger than the limit gets a shard of its own."""
+    if max_shard_size is None:
+        return [entries]
+    groups: list[list[Entry]] = [[]]
+    size = 0
+    for e in entries:
+        if groups[-1] and size + e.nbytes > max_shard_size:
+            groups.append([])
+            size = 0
+        groups[-1].append(e)
+        size += e.nbytes
+    return groups
+
+
+def write_hf_files(
+    out: Path,
+    entries: list[Entry],
+    hf_config: Mapping[str, Any],
+    max_shard_size: int | str | None = None,
+    *,
+    generation_config: Mapping[str, Any] | None = None,
+    progress: bool = False,
+) -> None:
+    """Write config.json and the safetensors shards (+ index) of `entries` into existing dir `out`."""
+    limit = parse_size(max_shard_size) if max_shard_size is not None else None
+    groups = shard_groups(entries, limit)
+    total = sum(e.nbytes for e in entries)
+    with Progress(total, "write", enabled=progress) as bar:
+        if len(groups) == 1:
+            write_file(out / SINGLE_NAME, groups[0], {"format": "pt"}, on_bytes=bar.update)
+        else:
+            weight_map = {}
+            for k, group in enumerate(groups, 1):
+                file = f"model-{k:05d}-of-{len(groups):05d}.safetensors"
+                write_file(out / file, group, {"format": "pt"}, on_bytes=bar.update)
+                weight_map.update({e.name: file for e in group})
+            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+            (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(dict(hf_config), indent=2, sort_keys=True) + "\n")
+    if generation_config is not None:
+        (out / "generation_config.json").write_text(json.dumps(dict(generation_config), indent=2, sort_keys=True) + "\n")
+
+
+def save_hf(
+    out_dir: str | Path,
+    mf_state: Mapping[str, np.ndarray],
+    hf_config: Mapping[str, Any],
+    max_shard_size: int | str | None = None,
+    *,
+    generation_config: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> Path:
+    """Write an mf-named state as a Hugging Face directory (config.json + safetensors [+ index]).
+
+    `max_shard_size` (bytes or "2GB") splits into shards with `model.safetensors.index.json`.
+    The directory appears complete or not at all; a non-empty `out_dir` needs `overwrite=True`.
+    """
+    hf_state = mf_to_hf(mf_state, hf_config)
+    entries = [Entry.of(name, arr) for name, arr in hf_state.items()]
+    with atomic_output_dir(out_dir, overwrite=overwrite) as tmp:
+        write_hf_files(tmp, entries, hf_config, max_shard_size, generation_config=generation_config, progress=progress)
+    return Path(out_dir)
