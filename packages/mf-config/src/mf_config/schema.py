@@ -268,6 +268,13 @@ def unknown_key_error(path: str, key: str, known: Iterable[str], top_level: bool
     return ConfigError(child_path(path, key), f"{what} (known: {', '.join(known)})")
 
 
+def _null_means_default(tp: Any) -> bool:
+    """Sections and lists of sections: YAML writes an empty one as a bare `key:` (null)."""
+    if _is_section(tp):
+        return True
+    return typing.get_origin(tp) is list and _is_section(typing.get_args(tp)[0])
+
+
 def build_section(cls: type[Section], raw: Any, path: str) -> Section:
     """Build the section `cls` from the mapping `raw` (None means all defaults)."""
     if raw is None:
@@ -293,9 +300,12 @@ def build_section(cls: type[Section], raw: Any, path: str) -> Section:
                 raise ConfigError(key_path, f"required key is missing (expected {describe(field_type(cls, f.name))})")
             continue
         value = raw[f.name]
+        tp = field_type(cls, f.name)
+        if value is None and _null_means_default(tp):
+            continue  # `callbacks:` with nothing after it, like an empty section, means the default
         if f.metadata.get("pre") is not None and value is not None:
             value = f.metadata["pre"](value, key_path)
-        value = convert(field_type(cls, f.name), value, key_path)
+        value = convert(tp, value, key_path)
         if f.metadata.get("check") is not None and value is not None:
             f.metadata["check"](value, key_path)
         kwargs[f.name] = value
