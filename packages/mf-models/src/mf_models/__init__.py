@@ -1,5 +1,28 @@
-"""Model registry and definitions (llama, qwen3, deepseek_v3) with per-model parallel plans and generation."""
+"""mf-models: model registry and definitions (llama, qwen3, deepseek_v3), HF loading and generation.
+
+    model = mf_models.build_model({"model_type": "qwen3", "hidden_size": 256, ...}, seed=0)
+    logits = model(input_ids)                       # [B, S, V] float32
+    model = mf_models.load_hf("path/to/hf_dir")     # config.json + safetensors via mf-ckpt
+    out = mf_models.generate(model, prompt, max_new_tokens=20)
+"""
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from .common.args import BaseArgs
+from .common.attention import KVCache
+from .common.transformer import CausalLM, init_weights
+from .deepseek_v3 import DeepseekV3Args, DeepseekV3ForCausalLM
+from .errors import ModelConfigError, ModelStateError
+from .generation import generate
+from .llama import LlamaArgs, LlamaForCausalLM
+from .qwen3 import Qwen3Args, Qwen3ForCausalLM
+from .registry import ModelSpec, available_models, build_args, build_model, register_model, resolve_spec
+from .state import load_hf, load_state, model_state
+
+__all__ = [
+    "__version__",
+    "BaseArgs", "CausalLM", "KVCache", "ModelConfigError", "ModelSpec", "ModelStateError",
+    "LlamaArgs", "LlamaForCausalLM", "Qwen3Args", "Qwen3ForCausalLM", "DeepseekV3Args", "DeepseekV3ForCausalLM",
+    "available_models", "build_args", "build_model", "generate", "init_weights", "load_hf", "load_state",
+    "model_state", "register_model", "resolve_spec",
+]

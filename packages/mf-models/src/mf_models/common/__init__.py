@@ -1,0 +1,1 @@
+"""Building blocks shared by the model folders (llama, qwen3, deepseek_v3)."""

@@ -1,0 +1,140 @@
+"""Hyper-parameters shared by every model, under Hugging Face config.json names.
+
+An HF config.json dict builds a model as is; keys that do not change the math are accepted and
+either used for what they mean here or checked (a value this code cannot honour is an error, never
+silently dropped):
+
+- used: `initializer_range` (init std), `pad_token_id` (zero row at init, padding in `generate`),
+  `eos_token_id` and `use_cache` (defaults of `generate`), `max_position_embeddings` (rope scaling)
+- checked: `hidden_act` must be silu, `attention_dropout` must be 0 (no dropout implemented),
+  `rope_*` (see common/rope.py)
+- bookkeeping of the checkpoint, not the model: `transformers_version`, `dtype`/`torch_dtype`
+  (storage dtype of the HF files; mf uses `params_dtype`), `bos_token_id` (a tokenizer setting),
+  `pretraining_tp` (HF's sliced-matmul switch, mathematically equivalent)
+
+mf extras: `seq_length` (training sequence length; default of `num_flops_per_token`),
+`compute_dtype`, `params_dtype` (float32 | float16 | bfloat16), `use_flash_attention`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..errors import ModelConfigError, did_you_mean
+from .rope import normalize_rope
+
+DTYPE_NAMES = ("float32", "float16", "bfloat16")
+_PY_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str, "dict": dict, "list": list}
+
+
+@dataclass
+class BaseArgs:
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    rope_parameters: dict | None = None
+    rope_scaling: dict | None = None
+    rope_theta: float | None = None
+    initializer_range: float = 0.02
+    attention_dropout: float = 0.0
+    # bookkeeping keys of HF config.json (see module docstring)
+    bos_token_id: int | list | None = None
+    eos_token_id: int | list | None = None
+    pad_token_id: int | None = None
+    use_cache: bool = True
+    dtype: str | None = None
+    torch_dtype: str | None = None
+    transformers_version: str | None = None
+    pretraining_tp: int = 1
+    # mf extras
+    seq_length: int | None = None
+    compute_dtype: str = "float32"
+    params_dtype: str = "float32"
+    use_flash_attention: bool = False
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        self.validate()
+
+    # -- validation ---------------------------------------------------------------------------
+    def _check_types(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            allowed = [t.strip() for t in str(f.type).split("|")]
+            if value is None and "None" in allowed:
+                continue
+            ok = any(
+                isinstance(value, _PY_TYPES[t]) and not (t in ("int", "float") and isinstance(value, bool))
+                for t in allowed if t in _PY_TYPES
+            )
+            if not ok:
+                raise ModelConfigError(f"model.{f.name}: expected {f.type}, got {value!r}")
+
+    def _positive(self, *names: str) -> None:
+        for name in names:
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ModelConfigError(f"model.{name}: must be positive, got {value!r}")
+
+    def validate(self) -> None:
+        self._positive("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                       "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+                       "rms_norm_eps", "initializer_range", "seq_length", "pretraining_tp")
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ModelConfigError(
+                f"model.num_key_value_heads: {self.num_key_value_heads} must divide "
+                f"num_attention_heads={self.num_attention_heads}")
+        if self.hidden_act != "silu":
+            raise ModelConfigError(f"model.hidden_act: only 'silu' (SwiGLU) is implemented, got {self.hidden_act!r}")
+        if self.attention_dropout != 0:
+            raise ModelConfigError(
+                f"model.attention_dropout: attention dropout is not implemented; must be 0.0, got {self.attention_dropout!r}")
+        for name in ("compute_dtype", "params_dtype"):
+            value = getattr(self, name)
+            if value not in DTYPE_NAMES:
+                raise ModelConfigError(
+                    f"model.{name}: unknown dtype {value!r};{did_you_mean(value, DTYPE_NAMES)} "
+                    f"accepted: {', '.join(DTYPE_NAMES)}")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ModelConfigError(f"model.pad_token_id: {self.pad_token_id} is outside the vocabulary [0, {self.vocab_size})")
+        self.rope = normalize_rope(self.rope_parameters, self.rope_scaling, self.rope_theta)
+
+    # -- helpers ------------------------------------------------------------------------------
+    @property
+    def eos_token_ids(self) -> list[int]:
+        if self.eos_token_id is None:
+            return []
+        return list(self.eos_token_id) if isinstance(self.eos_token_id, list) else [self.eos_token_id]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def accepted_keys(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_section(cls, section: dict[str, Any], what: str) -> BaseArgs:
+        """Build from a `model` mapping (without model_type/architectures); unknown keys are one error."""
+        accepted = cls.accepted_keys()
+        for key in section:
+            if key not in accepted:
+                raise ModelConfigError(
+                    f"model.{key}: unknown key for {what};{did_you_mean(str(key), accepted)} "
+                    f"accepted keys: {', '.join(accepted)}")
+        return cls(**section)
+
+    def replace(self, **changes: Any) -> BaseArgs:
+        return dataclasses.replace(self, **changes)

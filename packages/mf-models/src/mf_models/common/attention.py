@@ -1,0 +1,98 @@
+"""Causal attention core (plain math or Ascend's fused kernel), the causal mask, and the KV cache.
+
+Mask convention (Megatron): boolean, True = masked out, shape broadcastable to [B, 1, S, T].
+A user mask (e.g. reset_attention_mask for packed documents, or left padding in generation) is
+OR-ed with the causal mask, so it can only hide positions, never reveal future ones.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import mint, nn, ops
+
+from .layers import device_target
+from .logs import log_once
+
+# Finite "minus infinity": a fully masked row (a left-padding query) gives a uniform softmax, as in
+# HF, instead of NaN.
+_MASK_VALUE = -3.4028234663852886e38
+
+
+def causal_mask(q_len: int, kv_len: int, attention_mask=None):
+    """[1|B, 1, q_len, kv_len] bool, True where query i (at absolute kv_len - q_len + i) may not look."""
+    offset = kv_len - q_len
+    mask = ops.triu(ops.ones((q_len, kv_len), ms.bool_), 1 + offset).reshape(1, 1, q_len, kv_len)
+    if attention_mask is not None:
+        mask = ops.logical_or(mask, attention_mask.astype(ms.bool_))
+    return mask
+
+
+def repeat_kv(x, n_rep: int):
+    """[B, nKV, T, d] -> [B, nKV * n_rep, T, d] (each kv head serves n_rep query heads)."""
+    if n_rep == 1:
+        return x
+    b, n_kv, t, d = x.shape
+    return ops.broadcast_to(ops.expand_dims(x, 2), (b, n_kv, n_rep, t, d)).reshape(b, n_kv * n_rep, t, d)
+
+
+class CoreAttention(nn.Cell):
+    """softmax(q k^T * scale + mask) v for q [B, nH, S, d], k [B, nKV, T, d], v [B, nKV, T, dv].
+
+    The head counts come from the tensors, so a tensor-parallel plan that shards heads needs no
+    change here; a context-parallel plan can replace this sub-cell as a whole.
+    """
+
+    def __init__(self, scale: float, use_flash_attention: bool = False, compute_dtype: ms.Type = ms.float32):
+        super().__init__()
+        self.scale = scale
+        self.use_flash = False
+        if use_flash_attention:
+            if device_target() != "Ascend":
+                log_once(f"use_flash_attention: the fused kernel exists only on Ascend; "
+                         f"using the plain attention path on {device_target()}")
+            elif compute_dtype == ms.float32:
+                log_once("use_flash_attention: the fused kernel takes float16/bfloat16 only; "
+                         "using the plain attention path for compute_dtype float32")
+            else:
+                self.use_flash = True
+
+    def construct(self, q, k, v, mask):
+        if self.use_flash:
+            return self._flash(q, k, v, mask)
+        n_rep = q.shape[1] // k.shape[1]
+        k = repeat_kv(k, n_rep)
+        v = repeat_kv(v, n_rep)
+        scores = ops.matmul(q, k.swapaxes(-1, -2)).astype(ms.float32) * self.scale
+        scores = ops.masked_fill(scores, mask, _MASK_VALUE)
+        probs = ops.softmax(scores, -1).astype(v.dtype)
+        return ops.matmul(probs, v)
+
+    def _flash(self, q, k, v, mask):
+        b, heads, s, d = q.shape
+        dv = v.shape[-1]
+        if dv != d:  # MLA: the kernel wants one head size; pad v and cut the output back
+            v = mint.cat((v, ops.zeros(v.shape[:-1] + (d - dv,), v.dtype)), -1)
+        full_mask = ops.broadcast_to(mask, (b, 1, s, k.shape[2])).astype(ms.uint8)
+        out = ops.flash_attention_score(q, k, v, heads, attn_mask=full_mask, scalar_value=self.scale,
+                                        input_layout="BNSD")
+        return out[..., :dv] if dv != d else out
+
+
+class KVCache:
+    """Keys/values of every layer, grown by concatenation: used by `generate` in PyNative mode."""
+
+    def __init__(self, num_layers: int):
+        self.keys: list = [None] * num_layers
+        self.values: list = [None] * num_layers
+
+    @property
+    def seq_len(self) -> int:
+        return 0 if self.keys[0] is None else int(self.keys[0].shape[2])
+
+    def update(self, layer_id: int, k, v):
+        if self.keys[layer_id] is not None:
+            k = mint.cat((self.keys[layer_id], k), 2)
+            v = mint.cat((self.values[layer_id], v), 2)
+        self.keys[layer_id] = k
+        self.values[layer_id] = v
+        return k, v

@@ -1,0 +1,105 @@
+"""Building blocks shared by every model: Linear, Embedding, RMSNorm, the SwiGLU feed-forward.
+
+Each is a small Cell owning its own Parameters with the names of the parameter-name contract
+(`weight`, `bias`), so a tensor-parallel plan can swap one sub-cell (e.g. `attention.wq`) for a
+column/row-parallel version without touching the model code. Weights are [out, in] like torch.
+Parameters live in `params_dtype`; matmuls run in `compute_dtype`; norms and softmax in float32.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, mint, nn, ops
+
+from .logs import log_once
+
+DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
+
+def device_target() -> str:
+    return str(ms.get_context("device_target"))
+
+
+def resolve_compute_dtype(name: str) -> ms.Type:
+    """The dtype matmuls actually run in on this device.
+
+    MindSpore 2.10 has no bfloat16 MatMul/BatchMatMul/Sigmoid kernels on CPU, so bfloat16 falls back
+    to float32 there (said once in the log). float16 works on CPU but is slow.
+    """
+    if name == "bfloat16" and device_target() == "CPU":
+        log_once("compute_dtype bfloat16 runs in float32 on CPU (MindSpore has no bf16 matmul kernel there)")
+        return ms.float32
+    return DTYPES[name]
+
+
+def _zeros(shape: tuple[int, ...], dtype: ms.Type) -> Tensor:
+    # Real values are written by `init_weights` (numpy, seeded, device-independent).
+    return Tensor(np.zeros(shape, np.float32), dtype)
+
+
+class Linear(nn.Cell):
+    """y = x @ weight.T (+ bias); weight [out, in]."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 params_dtype: ms.Type = ms.float32, compute_dtype: ms.Type = ms.float32):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = Parameter(_zeros((out_features, in_features), params_dtype), name="weight")
+        self.bias = Parameter(_zeros((out_features,), params_dtype), name="bias") if bias else None
+        self.compute_dtype = compute_dtype
+        self.cast_weight = params_dtype != compute_dtype
+
+    def construct(self, x):
+        weight = self.weight
+        bias = self.bias
+        if self.cast_weight:
+            weight = weight.astype(self.compute_dtype)
+            if bias is not None:
+                bias = bias.astype(self.compute_dtype)
+        return mint.nn.functional.linear(x.astype(self.compute_dtype), weight, bias)
+
+
+class Embedding(nn.Cell):
+    """Token lookup; `weight` [V, H] (ops.gather: mint's embedding has no CPU kernel)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, params_dtype: ms.Type = ms.float32,
+                 padding_idx: int | None = None):
+        super().__init__()
+        self.weight = Parameter(_zeros((num_embeddings, embedding_dim), params_dtype), name="weight")
+        # HF zeroes the padding row at initialisation (nothing else): honoured by init_weights.
+        self.padding_idx = padding_idx
+
+    def construct(self, input_ids):
+        return ops.gather(self.weight, input_ids, 0)
+
+
+class RMSNorm(nn.Cell):
+    """weight * x / sqrt(mean(x^2) + eps), statistics in float32, result in the input dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, params_dtype: ms.Type = ms.float32):
+        super().__init__()
+        self.weight = Parameter(_zeros((dim,), params_dtype), name="weight")
+        self.eps = eps
+
+    def construct(self, x):
+        dtype = x.dtype
+        x32 = x.astype(ms.float32)
+        variance = ops.mean(x32 * x32, -1, keep_dims=True)
+        normed = (x32 * ops.rsqrt(variance + self.eps)).astype(dtype)
+        return self.weight.astype(dtype) * normed
+
+
+class FeedForward(nn.Cell):
+    """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w3 = up_proj, w2 = down_proj."""
+
+    def __init__(self, dim: int, hidden_dim: int, bias: bool = False,
+                 params_dtype: ms.Type = ms.float32, compute_dtype: ms.Type = ms.float32):
+        super().__init__()
+        self.w1 = Linear(dim, hidden_dim, bias, params_dtype, compute_dtype)
+        self.w2 = Linear(hidden_dim, dim, bias, params_dtype, compute_dtype)
+        self.w3 = Linear(dim, hidden_dim, bias, params_dtype, compute_dtype)
+
+    def construct(self, x):
+        return self.w2(mint.nn.functional.silu(self.w1(x)) * self.w3(x))

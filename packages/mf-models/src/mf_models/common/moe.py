@@ -1,0 +1,113 @@
+"""Mixture of experts as DeepSeek-V3 defines it: sigmoid router with a score-correction bias,
+group-limited top-k, normalised and scaled weights, stacked routed experts, shared experts.
+
+Computation choice (one process, graph mode): *dense-masked*. Every routed expert runs on every
+token as one batched matmul over the stacked [E, out, in] weights, and the outputs are combined
+with a dense [T, E] weight matrix that is zero outside each token's top-k. All shapes are static,
+there is no data-dependent control flow, and the result equals HF's per-expert loop exactly
+(a zero weight contributes nothing to values or gradients). The price is E / top_k times the
+routed-expert FLOPs and an [E, T, I] activation: right for small expert counts and tests, wrong
+for a 256-expert model. Sort-based dispatch with a capacity would cut the FLOPs but drops tokens
+over capacity (changing the math) and needs all-to-all for expert parallelism; that belongs to
+the EP plan, which can replace `moe.experts` with a dispatching version that takes the same
+(x, routing weights) inputs.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, mint, nn, ops
+
+from .layers import FeedForward, Linear, _zeros
+
+
+class TopKRouter(nn.Cell):
+    """Routing weights [T, E] (zero outside each token's top-k) from hidden states [T, H]."""
+
+    def __init__(self, dim: int, num_experts: int, top_k: int, n_group: int, topk_group: int,
+                 norm_topk_prob: bool, routed_scaling_factor: float, params_dtype: ms.Type = ms.float32):
+        super().__init__()
+        # The router runs in float32 whatever the compute dtype, as in HF.
+        self.gate = Linear(dim, num_experts, False, params_dtype, ms.float32)
+        # Aux-loss-free balancing bias: moves expert *selection* only, updated outside autograd.
+        self.expert_bias = Parameter(_zeros((num_experts,), ms.float32), name="expert_bias", requires_grad=False)
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.n_group = n_group
+        self.topk_group = topk_group
+        self.norm_topk_prob = norm_topk_prob
+        self.routed_scaling_factor = routed_scaling_factor
+        self.one = Tensor(1.0, ms.float32)
+        self.zero = Tensor(0.0, ms.float32)
+
+    def construct(self, x):
+        scores = ops.sigmoid(self.gate(x.astype(ms.float32)))
+        # Selection is not differentiated (HF: no_grad); gradients reach the gate through `scores`.
+        choice = ops.stop_gradient(scores) + self.expert_bias
+        if self.n_group > 1:
+            tokens = choice.shape[0]
+            grouped = choice.reshape(tokens, self.n_group, self.num_experts // self.n_group)
+            group_scores = ops.topk(grouped, 2)[0].sum(-1)
+            _, group_idx = ops.topk(group_scores, self.topk_group)
+            group_mask = ops.one_hot(group_idx, self.n_group, self.one, self.zero).sum(1)
+            expert_mask = ops.broadcast_to(ops.expand_dims(group_mask, -1), grouped.shape).reshape(tokens, -1)
+            # HF fills excluded experts with 0.0 (not -inf); a negative biased score can lose to them.
+            choice = choice * expert_mask
+        _, topk_idx = ops.topk(choice, self.top_k)
+        weights = ops.gather_elements(scores, 1, topk_idx)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
+        weights = weights * self.routed_scaling_factor
+        one_hot = ops.one_hot(topk_idx, self.num_experts, self.one, self.zero)  # [T, k, E]
+        return (one_hot * ops.expand_dims(weights, -1)).sum(1)
+
+
+class GroupedExperts(nn.Cell):
+    """E SwiGLU experts stacked as w1/w3 [E, I, H] and w2 [E, H, I] (torch [out, in] per expert)."""
+
+    def __init__(self, dim: int, hidden_dim: int, num_experts: int, top_k: int,
+                 params_dtype: ms.Type = ms.float32, compute_dtype: ms.Type = ms.float32):
+        super().__init__()
+        self.w1 = Parameter(_zeros((num_experts, hidden_dim, dim), params_dtype), name="w1")
+        self.w2 = Parameter(_zeros((num_experts, dim, hidden_dim), params_dtype), name="w2")
+        self.w3 = Parameter(_zeros((num_experts, hidden_dim, dim), params_dtype), name="w3")
+        self.compute_dtype = compute_dtype
+        self.top_k = top_k
+
+    def active_params_per_token(self) -> int:
+        return int(np.prod(self.w1.shape) + np.prod(self.w2.shape) + np.prod(self.w3.shape)) // self.w1.shape[0] * self.top_k
+
+    def construct(self, x, routing_weights):
+        """x [T, H], routing_weights [T, E] -> [T, H]."""
+        cdt = self.compute_dtype
+        xe = ops.expand_dims(x.astype(cdt), 0)  # [1, T, H] broadcast over experts
+        gate = ops.matmul(xe, self.w1.astype(cdt).swapaxes(1, 2))
+        up = ops.matmul(xe, self.w3.astype(cdt).swapaxes(1, 2))
+        out = ops.matmul(mint.nn.functional.silu(gate) * up, self.w2.astype(cdt).swapaxes(1, 2))  # [E, T, H]
+        weights = ops.expand_dims(routing_weights.swapaxes(0, 1), -1)  # [E, T, 1] float32
+        return (out.astype(ms.float32) * weights).sum(0).astype(cdt)
+
+
+class MoE(nn.Cell):
+    """routed experts (weighted by the router) + shared experts, on [B, S, H]."""
+
+    def __init__(self, dim: int, moe_hidden_dim: int, num_experts: int, top_k: int, n_shared_experts: int,
+                 n_group: int, topk_group: int, norm_topk_prob: bool, routed_scaling_factor: float,
+                 params_dtype: ms.Type = ms.float32, compute_dtype: ms.Type = ms.float32):
+        super().__init__()
+        self.router = TopKRouter(dim, num_experts, top_k, n_group, topk_group, norm_topk_prob,
+                                 routed_scaling_factor, params_dtype)
+        self.experts = GroupedExperts(dim, moe_hidden_dim, num_experts, top_k, params_dtype, compute_dtype)
+        self.has_shared = n_shared_experts > 0
+        if self.has_shared:
+            self.shared_experts = FeedForward(dim, moe_hidden_dim * n_shared_experts, False, params_dtype,
+                                              compute_dtype)
+
+    def construct(self, x):
+        b, s, h = x.shape
+        tokens = x.reshape(b * s, h)
+        out = self.experts(tokens, self.router(tokens)).reshape(b, s, h)
+        if self.has_shared:
+            out = out + self.shared_experts(x)
+        return out

@@ -1,0 +1,191 @@
+"""Rotary position embedding: HF `rope_parameters` / legacy `rope_scaling` kinds, and the rotation.
+
+Frequencies follow transformers' `modeling_rope_utils` (v5) formulas, computed once in numpy:
+- default: inv_freq[i] = theta ** (-2i / dim)
+- linear:  inv_freq / factor
+- llama3:  low frequencies (wavelength > original_max / low_freq_factor) divided by factor, high
+           ones kept, the band between interpolated smoothly (Llama 3.1)
+- yarn:    per-dimension blend of interpolated (1/factor) and extrapolated frequencies over the
+           correction range [beta_fast, beta_slow] rotations, and cos/sin scaled by the attention
+           factor (0.1 ln(factor) + 1, or mscale/mscale_all_dim ratio as DeepSeek sets it)
+`dynamic` and `longrope` are rejected: both change frequencies with the running sequence length
+(stateful across calls in HF), which a compiled static-shape training step cannot follow.
+Rotation uses HF's rotate_half convention (no q/k permutation on conversion).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, mint, nn, ops
+
+from ..errors import ModelConfigError, did_you_mean
+
+_TYPE_KEYS: dict[str, set[str]] = {
+    "default": set(),
+    "linear": {"factor"},
+    "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
+    "yarn": {"factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+             "original_max_position_embeddings", "truncate"},
+}
+_COMMON_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
+_REJECTED = {
+    "dynamic": "dynamic NTK scaling recomputes frequencies from the running sequence length (stateful in HF); "
+               "not supported in a static-shape compiled model",
+    "longrope": "longrope switches factor sets with the running sequence length; not supported",
+}
+
+
+def normalize_rope(rope_parameters: dict | None, rope_scaling: dict | None, rope_theta: float | None,
+                   default_theta: float = 10000.0) -> dict[str, Any]:
+    """One validated rope dict {rope_type, rope_theta, ...} from v5 `rope_parameters` or legacy fields."""
+    if rope_parameters is not None and not isinstance(rope_parameters, dict):
+        raise ModelConfigError(f"model.rope_parameters: must be a mapping, got {rope_parameters!r}")
+    if rope_scaling is not None and not isinstance(rope_scaling, dict):
+        raise ModelConfigError(f"model.rope_scaling: must be a mapping or null, got {rope_scaling!r}")
+    if rope_parameters is not None and rope_scaling is not None:
+        merged = {**rope_parameters}
+        for key, value in rope_scaling.items():
+            if key in merged and merged[key] != value:
+                raise ModelConfigError(
+                    f"model.rope_scaling.{key}: {value!r} contradicts rope_parameters.{key}={merged[key]!r}; "
+                    "give one of them")
+            merged[key] = value
+        rope_parameters = merged
+    source = "rope_parameters" if rope_parameters is not None else "rope_scaling"
+    raw = dict(rope_parameters if rope_parameters is not None else (rope_scaling or {}))
+    if rope_theta is not None:
+        if "rope_theta" in raw and float(raw["rope_theta"]) != float(rope_theta):
+            raise ModelConfigError(
+                f"model.rope_theta: {rope_theta!r} contradicts {source}.rope_theta={raw['rope_theta']!r}")
+        raw["rope_theta"] = rope_theta
+    rope_type = raw.pop("rope_type", None) or raw.pop("type", None) or "default"
+    raw.pop("type", None)
+    if rope_type in _REJECTED:
+        raise ModelConfigError(f"model.{source}.rope_type: {rope_type!r} is not supported ({_REJECTED[rope_type]})")
+    if rope_type not in _TYPE_KEYS:
+        raise ModelConfigError(
+            f"model.{source}.rope_type: unknown {rope_type!r};{did_you_mean(rope_type, _TYPE_KEYS)} "
+            f"accepted: {', '.join(sorted(_TYPE_KEYS))}")
+    allowed = _TYPE_KEYS[rope_type] | _COMMON_KEYS
+    for key in raw:
+        if key not in allowed:
+            raise ModelConfigError(
+                f"model.{source}.{key}: not a parameter of rope_type {rope_type!r};{did_you_mean(key, allowed)} "
+                f"accepted: {', '.join(sorted(allowed - {'type'}))}")
+    partial = float(raw.pop("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ModelConfigError(f"model.{source}.partial_rotary_factor: only 1.0 is supported, got {partial}")
+    out: dict[str, Any] = {"rope_type": rope_type, "rope_theta": float(raw.pop("rope_theta", default_theta))}
+    if out["rope_theta"] <= 0:
+        raise ModelConfigError(f"model.{source}.rope_theta: must be positive, got {out['rope_theta']}")
+    out.update(raw)
+    if rope_type in ("linear", "llama3") and "factor" not in out:
+        raise ModelConfigError(f"model.{source}.factor: required for rope_type {rope_type!r}")
+    if rope_type == "llama3":
+        for key in ("low_freq_factor", "high_freq_factor"):
+            if key not in out:
+                raise ModelConfigError(f"model.{source}.{key}: required for rope_type 'llama3'")
+    if rope_type == "yarn" and out.get("factor") is None and out.get("original_max_position_embeddings") is None:
+        raise ModelConfigError(f"model.{source}.factor: required for rope_type 'yarn'")
+    return out
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_frequencies(rope: dict[str, Any], dim: int, max_position_embeddings: int) -> tuple[np.ndarray, float]:
+    """(inv_freq [dim/2] float32, attention scaling of cos/sin) for a normalized rope dict."""
+    base = rope["rope_theta"]
+    inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    kind = rope["rope_type"]
+    scaling = 1.0
+    if kind == "linear":
+        inv_freq = inv_freq / float(rope["factor"])
+    elif kind == "llama3":
+        factor = float(rope["factor"])
+        low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+        old_len = float(rope.get("original_max_position_embeddings") or max_position_embeddings)
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+        inv_freq = np.where(medium, smoothed, scaled)
+    elif kind == "yarn":
+        original = rope.get("original_max_position_embeddings") or max_position_embeddings
+        factor = rope.get("factor")
+        factor = float(factor) if factor is not None else max_position_embeddings / original
+        scaling = rope.get("attention_factor")
+        if scaling is None:
+            mscale, mscale_all = rope.get("mscale"), rope.get("mscale_all_dim")
+            if mscale and mscale_all:
+                scaling = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+            else:
+                scaling = _yarn_mscale(factor)
+        beta_fast = rope.get("beta_fast") or 32
+        beta_slow = rope.get("beta_slow") or 1
+
+        def correction_dim(rotations: float) -> float:
+            return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+        if rope.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # as HF: avoid a zero-width ramp
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        extrapolation = 1 - ramp
+        inv_freq = (inv_freq / factor) * (1 - extrapolation) + inv_freq * extrapolation
+    return inv_freq.astype(np.float32), float(scaling)
+
+
+def softmax_mscale(rope: dict[str, Any]) -> float:
+    """DeepSeek's extra softmax-scale factor mscale^2 for scaled rope with `mscale_all_dim` (1.0 otherwise)."""
+    if rope["rope_type"] == "default" or not rope.get("mscale_all_dim"):
+        return 1.0
+    m = _yarn_mscale(float(rope["factor"]), float(rope["mscale_all_dim"]))
+    return m * m
+
+
+class RotaryEmbedding(nn.Cell):
+    """cos/sin [B, S, dim] (float32) for integer positions [B, S]; positions may restart (packing)."""
+
+    def __init__(self, inv_freq: np.ndarray, attention_scaling: float = 1.0):
+        super().__init__()
+        self.inv_freq = Tensor(inv_freq, ms.float32)
+        self.attention_scaling = attention_scaling
+
+    def construct(self, position_ids):
+        freqs = ops.expand_dims(position_ids.astype(ms.float32), -1) * self.inv_freq
+        emb = mint.cat((freqs, freqs), -1)
+        cos = ops.cos(emb)
+        sin = ops.sin(emb)
+        if self.attention_scaling != 1.0:
+            cos = cos * self.attention_scaling
+            sin = sin * self.attention_scaling
+        return cos, sin
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return mint.cat((-x[..., half:], x[..., :half]), -1)
+
+
+def apply_rotary(x, cos, sin):
+    """x [B, heads, S, d] rotated by cos/sin [B, S, d] (HF rotate_half layout)."""
+    cos = ops.expand_dims(cos, 1).astype(x.dtype)
+    sin = ops.expand_dims(sin, 1).astype(x.dtype)
+    return x * cos + rotate_half(x) * sin
+
+
+def deinterleave(x):
+    """[.., d] pairs (x0,x1),(x2,x3).. -> (x0,x2,..,x1,x3,..): DeepSeek's `rope_interleave` weights."""
+    shape = x.shape
+    pairs = x.reshape(shape[:-1] + (shape[-1] // 2, 2))
+    return pairs.swapaxes(-1, -2).reshape(shape)

@@ -1,0 +1,122 @@
+"""The decoder-only skeleton every model shares: embed -> blocks -> norm -> output projection.
+
+A model folder supplies its block class; this module owns the forward signature, the causal mask,
+positions, tied/untied output, seeded initialisation and the FLOPs count.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, mint, nn, ops
+
+from .args import BaseArgs
+from .attention import causal_mask
+from .layers import DTYPES, Embedding, Linear, RMSNorm, resolve_compute_dtype
+from .rope import RotaryEmbedding, rope_frequencies
+
+
+class CausalLM(nn.Cell):
+    """`model(input_ids, position_ids=None, attention_mask=None) -> logits [B, S, V] float32`.
+
+    - input_ids [B, S] int.
+    - position_ids [B, S] int, default 0..S-1 (after the cached length when a KV cache is given);
+      Megatron's reset_position_ids packing just passes restarting positions.
+    - attention_mask: Megatron convention, bool/int [B, 1, S, S] (or broadcastable), True/1 = masked
+      out; OR-ed with the causal mask (e.g. reset_attention_mask's block-diagonal causal mask).
+    - cache: a `KVCache` (PyNative only; used by `generate`).
+    """
+
+    def __init__(self, args: BaseArgs, rope_dim: int, make_block: Callable[[int, ms.Type, ms.Type], nn.Cell]):
+        super().__init__()
+        self.args = args
+        self.compute_dtype = resolve_compute_dtype(args.compute_dtype)
+        self.params_dtype = DTYPES[args.params_dtype]
+        pdt, cdt = self.params_dtype, self.compute_dtype
+        self.tok_embeddings = Embedding(args.vocab_size, args.hidden_size, pdt, args.pad_token_id)
+        self.layers = nn.CellList([make_block(i, cdt, pdt) for i in range(args.num_hidden_layers)])
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, pdt)
+        self.tie_word_embeddings = args.tie_word_embeddings
+        if not self.tie_word_embeddings:
+            self.output = Linear(args.hidden_size, args.vocab_size, False, pdt, cdt)
+        self.rope = RotaryEmbedding(*rope_frequencies(args.rope, rope_dim, args.max_position_embeddings))
+
+    def construct(self, input_ids, position_ids=None, attention_mask=None, cache=None):
+        batch, seq = input_ids.shape
+        past = 0 if cache is None else cache.seq_len
+        if position_ids is None:
+            position_ids = ops.broadcast_to(ops.arange(past, past + seq, dtype=ms.int32).reshape(1, seq), (batch, seq))
+        cos, sin = self.rope(position_ids)
+        mask = causal_mask(seq, past + seq, attention_mask)
+        h = self.tok_embeddings(input_ids).astype(self.compute_dtype)
+        for layer in self.layers:
+            h = layer(h, cos, sin, mask, cache)
+        h = self.norm(h)
+        if self.tie_word_embeddings:
+            logits = mint.nn.functional.linear(h, self.tok_embeddings.weight.astype(self.compute_dtype))
+        else:
+            logits = self.output(h)
+        return logits.astype(ms.float32)
+
+    # -- accounting -----------------------------------------------------------------------------
+    def attention_flops_dims(self) -> tuple[int, int, int]:
+        """(query heads, q.k head size, v head size) for the attention FLOPs term."""
+        raise NotImplementedError
+
+    def active_matmul_params(self) -> int:
+        """Weights multiplied per token: every Linear (the output projection even when tied), and
+        for MoE only the `num_experts_per_tok` routed experts a token visits. Embedding lookup,
+        norms and biases are not matmuls and are left out."""
+        from .moe import GroupedExperts  # local: moe imports layers only
+
+        total = 0
+        for _, cell in self.cells_and_names():
+            if isinstance(cell, Linear):
+                total += cell.in_features * cell.out_features
+            elif isinstance(cell, GroupedExperts):
+                total += cell.active_params_per_token()
+        if self.tie_word_embeddings:
+            total += self.args.vocab_size * self.args.hidden_size
+        return total
+
+    def num_flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token, PaLM-style (Chowdhery et al. 2022, appendix B):
+        6 N (forward 2N + backward 4N over the active matmul weights N) plus the attention scores
+        and weighted sum, 6 * layers * heads * (d_qk + d_v) * seq_len (= PaLM's 12 L H Q T when
+        d_qk = d_v = Q), without the causal halving, as PaLM and TorchTitan count it."""
+        seq_len = seq_len or self.args.seq_length or self.args.max_position_embeddings
+        heads, d_qk, d_v = self.attention_flops_dims()
+        attention = 6 * self.args.num_hidden_layers * heads * (d_qk + d_v) * seq_len
+        return 6 * self.active_matmul_params() + attention
+
+
+def _rng(seed: int, name: str) -> np.random.Generator:
+    # One stream per parameter name: a tensor's initial value does not depend on which other
+    # tensors exist, so pipeline stages or a resharded model initialise identically.
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+def init_weights(model: nn.Cell, seed: int = 0) -> None:
+    """HF-style init from numpy (device independent): normal(0, initializer_range) for matmul
+    weights, embeddings and routers, ones for norms, zeros for biases and the expert-score bias."""
+    from .moe import GroupedExperts, TopKRouter
+
+    std = model.args.initializer_range
+    for _, cell in model.cells_and_names():
+        own = cell.parameters_dict(recurse=False) if hasattr(cell, "parameters_dict") else {}
+        for name, param in own.items():
+            shape = tuple(param.shape)
+            if isinstance(cell, RMSNorm):
+                value = np.ones(shape, np.float32)
+            elif isinstance(cell, (Linear, Embedding, GroupedExperts)) and param is not getattr(cell, "bias", None):
+                value = _rng(seed, name).normal(0.0, std, shape).astype(np.float32)
+                if isinstance(cell, Embedding) and cell.padding_idx is not None:
+                    value[cell.padding_idx] = 0.0
+            elif isinstance(cell, TopKRouter) or param is getattr(cell, "bias", None):
+                value = np.zeros(shape, np.float32)
+            else:
+                raise TypeError(f"init_weights: no rule for parameter {name} of {type(cell).__name__}")
+            param.set_data(Tensor(value, param.dtype))

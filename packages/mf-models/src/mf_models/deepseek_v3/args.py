@@ -1,0 +1,87 @@
+"""DeepSeek-V3 hyper-parameters (HF `DeepseekV3Config` names; defaults are HF's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..common.args import BaseArgs
+from ..errors import ModelConfigError
+
+
+@dataclass
+class DeepseekV3Args(BaseArgs):
+    """MLA attention and DeepSeek MoE.
+
+    MLA: queries through a low-rank bottleneck when `q_lora_rank` is set (else one projection), keys
+    and values from a shared `kv_lora_rank` latent plus one rope key of `qk_rope_head_dim` shared by
+    all heads; q/k head size = qk_nope_head_dim + qk_rope_head_dim (`qk_head_dim`, derived), values
+    `v_head_dim`. `head_dim` is HF's name for the rotary size (= qk_rope_head_dim).
+    MoE (layers >= first_k_dense_replace): `n_routed_experts` of size `moe_intermediate_size`,
+    `num_experts_per_tok` chosen per token among the best `topk_group` of `n_group` groups,
+    `n_shared_experts` always on; dense layers use `intermediate_size`.
+    `num_nextn_predict_layers` (multi-token-prediction heads) is accepted as HF does: those layers
+    are not part of the causal LM and are not built. `num_key_value_heads` must equal the head
+    count (MLA has per-head keys).
+    """
+
+    vocab_size: int = 129280
+    hidden_size: int = 7168
+    intermediate_size: int = 18432
+    moe_intermediate_size: int = 2048
+    num_hidden_layers: int = 61
+    num_attention_heads: int = 128
+    n_shared_experts: int = 1
+    n_routed_experts: int = 256
+    routed_scaling_factor: float = 2.5
+    kv_lora_rank: int = 512
+    q_lora_rank: int | None = 1536
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+    qk_nope_head_dim: int = 128
+    qk_head_dim: int | None = None
+    n_group: int = 8
+    topk_group: int = 4
+    num_experts_per_tok: int = 8
+    first_k_dense_replace: int = 3
+    norm_topk_prob: bool = True
+    rope_interleave: bool = True
+    max_position_embeddings: int = 4096
+    attention_bias: bool = False
+    num_nextn_predict_layers: int = 0
+    output_router_logits: bool = False
+
+    def validate(self) -> None:
+        super().validate()
+        self._positive("moe_intermediate_size", "n_routed_experts", "routed_scaling_factor", "kv_lora_rank",
+                       "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "n_group",
+                       "topk_group", "num_experts_per_tok")
+        for name, derived in (("head_dim", self.qk_rope_head_dim),
+                              ("qk_head_dim", self.qk_nope_head_dim + self.qk_rope_head_dim)):
+            if getattr(self, name) is None:
+                setattr(self, name, derived)
+            elif getattr(self, name) != derived:
+                raise ModelConfigError(f"model.{name}: {getattr(self, name)} contradicts the MLA sizes (expected {derived})")
+        if self.qk_rope_head_dim % 2:
+            raise ModelConfigError(f"model.qk_rope_head_dim: must be even for rotary embedding, got {self.qk_rope_head_dim}")
+        if self.num_key_value_heads != self.num_attention_heads:
+            raise ModelConfigError(
+                f"model.num_key_value_heads: MLA has one key per head; must equal num_attention_heads="
+                f"{self.num_attention_heads}, got {self.num_key_value_heads}")
+        if self.attention_bias:
+            raise ModelConfigError("model.attention_bias: biases on MLA projections are not supported; set false")
+        if self.output_router_logits:
+            raise ModelConfigError("model.output_router_logits: the model returns logits only; set false")
+        if self.n_shared_experts < 0 or self.first_k_dense_replace < 0 or self.num_nextn_predict_layers < 0:
+            raise ModelConfigError("model.n_shared_experts / first_k_dense_replace / num_nextn_predict_layers: "
+                                   "must be >= 0")
+        if self.n_routed_experts % self.n_group:
+            raise ModelConfigError(f"model.n_group: {self.n_group} must divide n_routed_experts={self.n_routed_experts}")
+        if self.n_group > 1 and self.n_routed_experts // self.n_group < 2:
+            raise ModelConfigError("model.n_group: group scoring sums each group's best two experts; "
+                                   "needs at least 2 experts per group")
+        if self.topk_group > self.n_group:
+            raise ModelConfigError(f"model.topk_group: {self.topk_group} exceeds n_group={self.n_group}")
+        if self.num_experts_per_tok > self.n_routed_experts // self.n_group * self.topk_group:
+            raise ModelConfigError(
+                f"model.num_experts_per_tok: {self.num_experts_per_tok} exceeds the experts in the "
+                f"{self.topk_group} selected group(s)")
