@@ -1,5 +1,30 @@
 """The Trainer: optimizers, LR schedulers, callbacks, metrics and checkpoint/resume glue."""
 
+from mf_trainer.callbacks import CALLBACKS, Callback, StopAfterLoss, StopAtStep, build_callbacks, register_callback
+from mf_trainer.errors import TrainerConfigError, TrainingError
+from mf_trainer.lr_schedulers import SCHEDULERS, LRScheduler, build_scheduler
+from mf_trainer.monitor import MetricsLogger
+from mf_trainer.optimizer import AdamW, build_adamw
+from mf_trainer.weight_decay import DEFAULT_EXCLUDE, decay_mask
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "CALLBACKS",
+    "DEFAULT_EXCLUDE",
+    "SCHEDULERS",
+    "AdamW",
+    "Callback",
+    "LRScheduler",
+    "MetricsLogger",
+    "StopAfterLoss",
+    "StopAtStep",
+    "TrainerConfigError",
+    "TrainingError",
+    "__version__",
+    "build_adamw",
+    "build_callbacks",
+    "build_scheduler",
+    "decay_mask",
+    "register_callback",
+]

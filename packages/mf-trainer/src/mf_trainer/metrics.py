@@ -1,0 +1,148 @@
+"""What a step costs: model FLOPs, the device's peak FLOP/s (for MFU) and host memory.
+
+MFU = (model FLOPs per step / step time) / peak FLOP/s of the devices used. Model FLOPs follow
+the PaLM appendix: 6 x (parameters taking part in matmuls) per token for forward + backward, plus
+12 x layers x heads x head_dim x seq_len per token for the attention scores and values. The
+embedding lookup is no matmul and does not count; a tied output head does.
+
+Peak per device: `monitor.peak_flops_per_device` when given; on Ascend a table of known parts;
+on CPU measured once by timing a float32 numpy GEMM in this process (its BLAS threads, its
+environment) and cached under `$MF_CACHE_DIR` (default `~/.cache/mf`) keyed by CPU model and
+thread count, so MFU on CPU is relative to the GEMM rate this process can actually reach.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+# Dense fp16/bf16 peak per device, FLOP/s (vendor figures). Used when no peak is configured.
+ASCEND_PEAK_FLOPS: dict[str, float] = {
+    "Ascend910A": 256e12,
+    "Ascend910B1": 414e12,
+    "Ascend910B2": 376e12,
+    "Ascend910B3": 313e12,
+    "Ascend910B4": 280e12,
+}
+
+
+def train_flops_per_token(
+    matmul_params: int, num_layers: int, num_heads: int, head_dim: int, seq_len: int,
+) -> float:
+    """Forward + backward FLOPs per token (PaLM, appendix B), causal mask not discounted."""
+    return 6.0 * matmul_params + 12.0 * num_layers * num_heads * head_dim * seq_len
+
+
+def matmul_param_count(named_shapes: list[tuple[str, tuple[int, ...]]], active_fraction: dict[str, float] | None = None,
+                       tied_output: tuple[int, int] | None = None) -> int:
+    """Parameters that enter matmuls: every >= 2-D weight except the embedding table.
+
+    `active_fraction` scales weights whose name contains a key (MoE experts: top-k / experts);
+    `tied_output` is the [V, H] shape of a tied output head, which the embedding table provides.
+    """
+    total = 0.0
+    for name, shape in named_shapes:
+        if len(shape) < 2 or "embed" in name:
+            continue
+        size = float(np.prod(shape))
+        for key, frac in (active_fraction or {}).items():
+            if key in name:
+                size *= frac
+        total += size
+    if tied_output is not None:
+        total += tied_output[0] * tied_output[1]
+    return int(total)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("MF_CACHE_DIR") or Path.home() / ".cache" / "mf")
+
+
+def _cpu_key() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return f"{model} x{threads}"
+
+
+def measure_cpu_gemm_flops(n: int = 1536, seconds: float = 0.5) -> float:
+    """Float32 GEMM FLOP/s of this process (numpy's BLAS), best of a short series of n x n products."""
+    rng = np.random.default_rng(0)
+    a = rng.random((n, n), dtype=np.float32)
+    b = rng.random((n, n), dtype=np.float32)
+    a @ b  # warm-up: thread pool start, page faults
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while True:
+        t0 = time.perf_counter()
+        a @ b
+        dt = time.perf_counter() - t0
+        best = max(best, 2.0 * n ** 3 / dt)
+        if time.perf_counter() > deadline:
+            return best
+
+
+def cpu_peak_flops() -> tuple[float, str]:
+    """(peak FLOP/s, where it came from): the cached measurement for this CPU, or a new one."""
+    key = _cpu_key()
+    path = _cache_dir() / "peak_flops.json"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if isinstance(cache.get(key), (int, float)) and cache[key] > 0:
+        return float(cache[key]), f"measured earlier for {key} ({path})"
+    peak = measure_cpu_gemm_flops()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cache[key] = peak
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(cache, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache only costs a re-measurement next run
+    return peak, f"measured now for {key}"
+
+
+def peak_flops_per_device(device_target: str, configured: float | None) -> tuple[float | None, str]:
+    """The peak used for MFU, and a phrase saying where it came from (logged once)."""
+    if configured:
+        return float(configured), "monitor.peak_flops_per_device"
+    if device_target == "CPU":
+        return cpu_peak_flops()
+    if device_target == "Ascend":
+        try:
+            import mindspore as ms
+
+            name = ms.hal.get_device_name("Ascend", 0) if hasattr(ms, "hal") else ""
+        except Exception:  # the device query is best effort; MFU is then reported as unknown
+            name = ""
+        for part, peak in ASCEND_PEAK_FLOPS.items():
+            if name.startswith(part):
+                return peak, f"table entry {part}"
+        return None, f"unknown Ascend part {name!r}: set monitor.peak_flops_per_device"
+    return None, f"no peak known for {device_target}: set monitor.peak_flops_per_device"
+
+
+def host_rss_bytes() -> int:
+    """Resident set size of this process now (Linux /proc), else its peak (getrusage)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024

@@ -1,0 +1,161 @@
+"""AdamW with PyTorch's semantics, as a MindSpore Cell that compiles inside a GRAPH_MODE step.
+
+Why not a MindSpore optimizer: `mint.optim.AdamW` and `FusedAdamW` have no CPU kernel,
+`nn.AdamWeightDecay` has no bias correction, and `mindspore.experimental.optim.AdamW` keeps its
+step counter and an unused `max_exp_avg_sq` copy of every parameter inside the graph. Here the
+update is the element-wise arithmetic of `torch.optim.AdamW` (single-tensor path):
+
+    p   <- p * (1 - lr * wd)                      (decoupled decay; skipped for no-decay params)
+    m   <- m + (1 - beta1) * (g - m)              (torch's lerp)
+    v   <- v * beta2 + (1 - beta2) * g * g
+    p   <- p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+
+The scalars that depend on the step `t` and the learning rate are computed on the host in double
+precision, as torch does, and enter the compiled graph as 0-d float32 tensors. So a changing LR
+never recompiles, and the step counter is plain Python state: saved and restored exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+
+from mf_trainer.errors import TrainerConfigError
+
+
+class AdamW(nn.Cell):
+    """`AdamW(params, betas, eps, weight_decay, decay)`; `decay[i]` says whether params[i] decays.
+
+    Call pattern (inside or outside a compiled step)::
+
+        scalars = opt.scalars(lr)          # host: 3 float32 0-d tensors for step t = opt.step + 1
+        opt(grads, *scalars)               # graph: updates params, exp_avg, exp_avg_sq in place
+        opt.step += 1                      # host: only when the update was really applied
+    """
+
+    def __init__(
+        self,
+        params: Sequence[Parameter],
+        betas: Sequence[float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        decay: Sequence[bool] | None = None,
+    ):
+        super().__init__(auto_prefix=False)
+        betas = tuple(float(b) for b in betas)
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise TrainerConfigError(f"optimizer.betas: need two values in [0, 1), got {list(betas)}")
+        if not eps > 0.0:
+            raise TrainerConfigError(f"optimizer.eps: must be positive, got {eps}")
+        if weight_decay < 0.0:
+            raise TrainerConfigError(f"optimizer.weight_decay: must be >= 0, got {weight_decay}")
+        params = list(params)
+        decay = [True] * len(params) if decay is None else list(decay)
+        if len(decay) != len(params):
+            raise ValueError(f"decay has {len(decay)} entries for {len(params)} parameters")
+        self.beta1, self.beta2 = betas
+        self.eps = float(eps)
+        self.weight_decay = float(weight_decay)
+        # Python tuple of bools: a compile-time constant, so the graph holds no multiply for
+        # parameters that do not decay.
+        self.decay = tuple(bool(d) and self.weight_decay > 0.0 for d in decay)
+        # Names as given: a parent Cell with auto_prefix may rename the Parameters later, and the
+        # checkpoint keys must not depend on how the optimizer is wrapped.
+        self.param_names = [p.name for p in params]
+        self.params = ParameterTuple(params)
+        self.exp_avg = self.params.clone(prefix="exp_avg", init="zeros")
+        self.exp_avg_sq = self.params.clone(prefix="exp_avg_sq", init="zeros")
+        self.step = 0  # number of updates applied so far (host state)
+
+    # ---- host side -------------------------------------------------------------------------
+    def scalars(self, lr: float) -> tuple[Tensor, Tensor, Tensor]:
+        """(decay factor, -step size, sqrt of bias correction 2) for the next update, as torch."""
+        t = self.step + 1
+        bias_correction1 = 1.0 - self.beta1 ** t
+        bias_correction2 = 1.0 - self.beta2 ** t
+        lr = float(lr)
+        return (
+            Tensor(np.float32(1.0 - lr * self.weight_decay)),
+            Tensor(np.float32(-lr / bias_correction1)),
+            Tensor(np.float32(math.sqrt(bias_correction2))),
+        )
+
+    def _moments(self):
+        for prefix, moments in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
+            for name, p in zip(self.param_names, moments):
+                yield f"{prefix}.{name}", p
+
+    def state_dict(self) -> dict:
+        """Moments as numpy arrays keyed `exp_avg.<param>` / `exp_avg_sq.<param>`, plus `step`."""
+        state: dict = {"step": self.step}
+        for key, p in self._moments():
+            state[key] = p.asnumpy().copy()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of `state_dict`; every moment is checked before any is written."""
+        values = {}
+        for key, p in self._moments():
+            if key not in state:
+                raise KeyError(f"optimizer state has no {key!r}")
+            value = np.asarray(state[key], dtype=np.float32)
+            if tuple(value.shape) != tuple(p.shape):
+                raise ValueError(f"optimizer state {key!r}: shape {value.shape} != {tuple(p.shape)}")
+            values[key] = value
+        for key, p in self._moments():
+            p.set_data(Tensor(values[key]))
+        self.step = int(state["step"])
+
+    def moment_names(self) -> list[str]:
+        return [key for key, _ in self._moments()]
+
+    # ---- graph side ------------------------------------------------------------------------
+    def construct(self, grads, decay_factor, neg_step_size, bias_correction2_sqrt):
+        one_minus_beta1 = 1.0 - self.beta1
+        one_minus_beta2 = 1.0 - self.beta2
+        for i in range(len(self.params)):
+            param = self.params[i]
+            grad = grads[i]
+            exp_avg = self.exp_avg[i]
+            exp_avg_sq = self.exp_avg_sq[i]
+            new_avg = exp_avg + (grad - exp_avg) * one_minus_beta1
+            new_avg_sq = exp_avg_sq * self.beta2 + grad * grad * one_minus_beta2
+            denom = ops.sqrt(new_avg_sq) / bias_correction2_sqrt + self.eps
+            start = param * decay_factor if self.decay[i] else param
+            ops.assign(exp_avg, new_avg)
+            ops.assign(exp_avg_sq, new_avg_sq)
+            ops.assign(param, start + neg_step_size * (new_avg / denom))
+        return True
+
+
+def build_adamw(named_params: Sequence[tuple[str, Parameter]], cfg) -> AdamW:
+    """AdamW from the YAML `optimizer` section (type, betas, eps, weight_decay, include/exclude).
+
+    `cfg` is mf_config's OptimizerConfig (or anything with those attributes); its pass-through
+    extras must be empty, because AdamW takes no other keys.
+    """
+    from mf_trainer.weight_decay import decay_mask
+
+    opt_type = getattr(cfg, "type", "AdamW") or "AdamW"
+    if opt_type != "AdamW":
+        raise TrainerConfigError(f"optimizer.type: unknown optimizer {opt_type!r}; available: AdamW")
+    extra = dict(getattr(cfg, "extra", None) or {})
+    if extra:
+        raise TrainerConfigError(
+            f"optimizer.{sorted(extra)[0]}: AdamW takes no such key; accepted keys: "
+            "type, betas, eps, weight_decay, weight_decay_include, weight_decay_exclude")
+    names = [n for n, _ in named_params]
+    mask = decay_mask(names, getattr(cfg, "weight_decay_include", None), getattr(cfg, "weight_decay_exclude", None))
+    return AdamW(
+        [p for _, p in named_params],
+        betas=tuple(getattr(cfg, "betas", (0.9, 0.95))),
+        eps=float(getattr(cfg, "eps", 1e-8)),
+        weight_decay=float(getattr(cfg, "weight_decay", 0.01)),
+        decay=mask,
+    )
+
+
+__all__ = ["AdamW", "build_adamw"]

@@ -1,0 +1,147 @@
+"""The compiled training step: forward, backward, global-norm clipping, skip-on-non-finite, AdamW.
+
+Two shapes of step, both Cells that MindSpore compiles whole in GRAPH_MODE (or runs op by op in
+PyNative):
+
+* `FusedStep` (no gradient accumulation): one graph from the batch to the updated weights; the
+  gradients never leave the graph.
+* `AccumulateStep` + `ApplyStep` (accumulation > 1): each micro-batch adds its gradients into
+  float32 buffers; once per global batch the apply graph clips, checks and updates, then zeroes
+  the buffers.
+
+Clipping follows torch's `clip_grad_norm_`: norm = sqrt(sum of squares of every gradient),
+coef = max_norm / (norm + 1e-6), gradients scaled by min(coef, 1) (multiplying by exactly 1.0
+when not clipping changes no bit). If the loss or the norm is NaN/Inf, nothing is updated (the
+optimizer moments and step counter included); the host counts such steps.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import ParameterTuple, Tensor, nn, ops
+
+CLIP_EPS = 1e-6
+
+
+def _global_norm(grads):
+    total = ops.square(grads[0]).sum()
+    for i in range(1, len(grads)):
+        total = total + ops.square(grads[i]).sum()
+    return ops.sqrt(total)
+
+
+def _clip(grads, norm, max_norm):
+    coef = ops.minimum(max_norm / (norm + CLIP_EPS), 1.0)
+    return tuple(g * coef for g in grads)
+
+
+class FusedStep(nn.Cell):
+    """(batch, scalars) -> (loss, grad norm before clipping, applied?)."""
+
+    def __init__(self, loss_cell: nn.Cell, optimizer, max_norm: float):
+        super().__init__(auto_prefix=False)
+        self.loss_cell = loss_cell
+        self.optimizer = optimizer
+        self.weights = optimizer.params
+        self.max_norm = float(max_norm)
+        self.grad_fn = ms.value_and_grad(loss_cell, None, self.weights)
+
+    def construct(self, input_ids, labels, loss_mask, inv_tokens, decay_factor, neg_step_size, bc2_sqrt):
+        loss, grads = self.grad_fn(input_ids, labels, loss_mask, inv_tokens)
+        norm = _global_norm(grads)
+        finite = ops.logical_and(ops.isfinite(norm), ops.isfinite(loss))
+        if finite:
+            self.optimizer(_clip(grads, norm, self.max_norm), decay_factor, neg_step_size, bc2_sqrt)
+        return loss, norm, finite
+
+
+class AccumulateStep(nn.Cell):
+    """(micro-batch) -> its share of the loss; gradients are added into `buffers`."""
+
+    def __init__(self, loss_cell: nn.Cell, optimizer, buffers: ParameterTuple):
+        super().__init__(auto_prefix=False)
+        self.loss_cell = loss_cell
+        self.weights = optimizer.params
+        self.buffers = buffers
+        self.grad_fn = ms.value_and_grad(loss_cell, None, self.weights)
+
+    def construct(self, input_ids, labels, loss_mask, inv_tokens):
+        loss, grads = self.grad_fn(input_ids, labels, loss_mask, inv_tokens)
+        for i in range(len(self.buffers)):
+            ops.assign(self.buffers[i], self.buffers[i] + grads[i])
+        return loss
+
+
+class ApplyStep(nn.Cell):
+    """(total loss, scalars) -> (grad norm, applied?); clips, updates and zeroes the buffers."""
+
+    def __init__(self, optimizer, buffers: ParameterTuple, max_norm: float):
+        super().__init__(auto_prefix=False)
+        self.optimizer = optimizer
+        self.buffers = buffers
+        self.max_norm = float(max_norm)
+
+    def construct(self, loss, decay_factor, neg_step_size, bc2_sqrt):
+        grads = tuple(self.buffers[i] * 1.0 for i in range(len(self.buffers)))
+        norm = _global_norm(grads)
+        finite = ops.logical_and(ops.isfinite(norm), ops.isfinite(loss))
+        if finite:
+            self.optimizer(_clip(grads, norm, self.max_norm), decay_factor, neg_step_size, bc2_sqrt)
+        for i in range(len(self.buffers)):
+            ops.assign(self.buffers[i], ops.zeros_like(self.buffers[i]))
+        return norm, finite
+
+
+def make_buffers(optimizer) -> ParameterTuple:
+    """Zeroed float32 gradient buffers, one per trained parameter (names `grad_acc.<param>`)."""
+    return optimizer.params.clone(prefix="grad_acc", init="zeros")
+
+
+def _tensors(mb: dict) -> tuple[Tensor, Tensor, Tensor]:
+    # int32 ids (what embedding lookups and gathers take on every backend), float32 mask.
+    return (Tensor(np.ascontiguousarray(mb["input_ids"], dtype=np.int32)),
+            Tensor(np.ascontiguousarray(mb["labels"], dtype=np.int32)),
+            Tensor(np.ascontiguousarray(mb["loss_mask"], dtype=np.float32)))
+
+
+class StepRunner:
+    """Host side of one optimizer step over `micro_batches` (lists of numpy arrays).
+
+    Computes 1 / tokens of the global batch, feeds the LR-dependent scalars, and returns
+    (loss, grad_norm, applied) as Python values.
+    """
+
+    def __init__(self, loss_cell: nn.Cell, optimizer, max_norm: float, accumulation: int):
+        self.optimizer = optimizer
+        self.accumulation = int(accumulation)
+        if self.accumulation == 1:
+            self.fused = FusedStep(loss_cell, optimizer, max_norm)
+        else:
+            self.buffers = make_buffers(optimizer)
+            self.accumulate = AccumulateStep(loss_cell, optimizer, self.buffers)
+            self.apply = ApplyStep(optimizer, self.buffers, max_norm)
+
+    def cells(self) -> list[nn.Cell]:
+        return [self.fused] if self.accumulation == 1 else [self.accumulate, self.apply]
+
+    def __call__(self, micro_batches: list[dict], lr: float) -> tuple[float, float, bool]:
+        tokens = float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches))
+        # A global batch whose every token is masked out has no loss; 1/0 would make NaN, which
+        # the non-finite path then skips and counts, as it should.
+        inv = Tensor(np.float32(1.0 / tokens if tokens > 0 else np.inf))
+        scalars = self.optimizer.scalars(lr)
+        if self.accumulation == 1:
+            mb = micro_batches[0]
+            loss, norm, finite = self.fused(*_tensors(mb), inv, *scalars)
+            loss_value = float(loss.asnumpy())
+        else:
+            loss_value = 0.0
+            for mb in micro_batches:
+                part = self.accumulate(*_tensors(mb), inv)
+                loss_value += float(part.asnumpy())
+            norm, finite = self.apply(Tensor(loss_value, ms.float32), *scalars)
+        applied = bool(finite.asnumpy())
+        if applied:
+            self.optimizer.step += 1
+        return loss_value, float(norm.asnumpy()), applied
