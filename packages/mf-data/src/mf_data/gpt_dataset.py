@@ -1,0 +1,307 @@
+"""`GPTDataset`: fixed-length samples cut from a shuffled stream of documents.
+
+The three index arrays are Megatron-Core's, bit for bit:
+
+* document index: the split's document ids repeated for every epoch needed and shuffled by
+  `RandomState(random_seed)`; when the last epoch would contribute fewer than 80% of an epoch's
+  samples it is shuffled separately (so a partial epoch does not favour some documents);
+* sample index: where each sample starts, as (position in the document index, token offset);
+* shuffle index: a permutation of the samples (the last epoch's samples again separately).
+
+The same random state serves all shuffles, in the order document index(es) then shuffle
+index(es), as in Megatron. Sample i reads `sequence_length + 1` tokens (with
+`add_extra_token_to_sequence`) starting at its position, pads with `pad` when the stream runs out,
+and becomes the columns described in `mf_data.samples`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import helpers
+from .cache import CACHE_FORMAT_VERSION, Expected, IndexCache, describe, directory_writable, load_or_build
+from .config import GPTDatasetConfig
+from .errors import DatasetTooSmallError
+from .indexed_dataset import IndexedDataset
+from .samples import build_columns
+from .utils import Split, as_split
+
+logger = logging.getLogger("mf_data")
+
+_SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
+_INDEX_NAMES = ("document_index", "sample_index", "shuffle_index")
+
+
+def _always() -> bool:
+    return True
+
+
+class GPTDataset:
+    """Megatron-Core's `GPTDataset` over one split of an `IndexedDataset`.
+
+    Args mirror Megatron's: `indexed_dataset`, `dataset_path` (for bookkeeping and the cache
+    description), `indexed_indices` (the document ids this split exposes), `num_samples` (at
+    least this many samples, or None for one epoch), `index_split`, `config`. `is_built_on_rank`
+    says whether this process builds and writes the index cache (see `mf_data.cache`).
+    """
+
+    def __init__(
+        self,
+        indexed_dataset: IndexedDataset,
+        dataset_path: str | None,
+        indexed_indices: np.ndarray,
+        num_samples: int | None,
+        index_split: Split | str,
+        config: GPTDatasetConfig,
+        *,
+        is_built_on_rank: Callable[[], bool] | None = None,
+    ) -> None:
+        self.dataset = indexed_dataset
+        self.dataset_path = dataset_path
+        self.indices = np.asarray(indexed_indices, dtype=np.int32)
+        if num_samples is not None and (isinstance(num_samples, bool) or int(num_samples) != num_samples or num_samples < 0):
+            raise ValueError(f"num_samples must be None or an integer >= 0, got {num_samples!r}")
+        self.num_samples = None if num_samples is None else int(num_samples)
+        self.index_split = as_split(index_split)
+        self.config = config
+        self.is_built_on_rank = is_built_on_rank or _always
+        self._pad = int(config.pad)
+        self._eod = config.eod
+        info = np.iinfo(self.dataset.dtype) if np.issubdtype(self.dataset.dtype, np.integer) else None
+        # Data can only hold the pad id when the token dtype can represent it.
+        self._pad_in_data = info is None or info.min <= self._pad <= info.max
+        self.unique_identifiers = self._identifiers()
+        self.unique_description, self.unique_description_hash = describe(self.unique_identifiers)
+        self.document_index, self.sample_index, self.shuffle_index = self._build_document_sample_shuffle_indices()
+        self._padding_sample: dict[str, np.ndarray] | None = None
+
+    # --- Megatron's low-level hooks ----------------------------------------------------------
+    @staticmethod
+    def numel_low_level_dataset(low_level_dataset: IndexedDataset) -> int:
+        """GPT splits by sequence (Megatron's choice; a sequence is a document unless pre-split)."""
+        return int(low_level_dataset.sequence_lengths.shape[0])
+
+    @staticmethod
+    def build_low_level_dataset(dataset_path: str, config: GPTDatasetConfig) -> IndexedDataset:
+        return IndexedDataset(dataset_path, multimodal=False, mmap=config.mmap_bin_files)
+
+    # --- description and cache -----------------------------------------------------------------
+    def _identifiers(self) -> OrderedDict:
+        cfg = self.config
+        ids: OrderedDict[str, Any] = OrderedDict()
+        ids["class"] = type(self).__name__
+        ids["dataset_path"] = self.dataset_path
+        ids["num_samples"] = self.num_samples
+        ids["index_split"] = self.index_split.name
+        ids["random_seed"] = cfg.random_seed
+        ids["sequence_length"] = cfg.sequence_length
+        ids["split"] = cfg.split
+        ids["split_matrix"] = cfg.split_matrix
+        # Beyond Megatron's key: what else the arrays depend on, so a changed input never hits
+        # a stale cache (re-preprocessed data under the same prefix, other documents, ...).
+        ids["add_extra_token_to_sequence"] = cfg.add_extra_token_to_sequence
+        ids["drop_last_partial_sequence"] = self._drop_last_partial_sequence()
+        ids["documents"] = {
+            "count": int(self.indices.size),
+            "md5": hashlib.md5(self.indices.tobytes(), usedforsecurity=False).hexdigest(),
+        }
+        ids["source"] = {"sequences": len(self.dataset), "tokens": self.dataset.num_tokens}
+        ids["format"] = CACHE_FORMAT_VERSION
+        return ids
+
+    def _drop_last_partial_sequence(self) -> bool:
+        if self.index_split == Split.valid:
+            return self.config.drop_last_partial_validation_sequence
+        return True
+
+    def _cache(self) -> IndexCache | None:
+        path = self.config.path_to_cache
+        if path is None:
+            prefix = getattr(self.dataset, "path_prefix", None)
+            if prefix is None:
+                return None
+            path = os.path.join(prefix, "cache", f"{type(self).__name__}_indices")
+            if not directory_writable(path):
+                logger.warning(
+                    "cannot create the index cache beside the data (%s): building the %s indices in memory; "
+                    "set path_to_cache to share them between runs and ranks", path, self.index_split.name,
+                )
+                return None
+        base = f"{self.unique_description_hash}-{type(self).__name__}-{self.index_split.name}"
+        return IndexCache(path, base, self.unique_description, _INDEX_NAMES)
+
+    # --- index building ---------------------------------------------------------------------
+    def _plan(self) -> dict[str, Any]:
+        """Epochs and sizes of the indices, before building anything."""
+        cfg = self.config
+        seq, extra = cfg.sequence_length, int(cfg.add_extra_token_to_sequence)
+        tokens = int(self.dataset.sequence_lengths[self.indices].sum(dtype=np.int64)) if self.indices.size else 0
+        where = f"{self.dataset_path or getattr(self.dataset, 'path_prefix', '?')} ({self.index_split.name} split)"
+        if tokens == 0:
+            if self.num_samples:
+                raise DatasetTooSmallError(
+                    f"{where}: no tokens in its {self.indices.size} documents (split {cfg.split!r}), "
+                    f"so {self.num_samples} samples cannot be drawn; change the split or the data"
+                )
+            return {"tokens": 0, "epochs": 1, "separate": False, "num_samples": 0, "sans_final": 0}
+        if self.num_samples is None:
+            epochs = 1
+        else:
+            requested = self.num_samples * seq + extra
+            epochs = max(1, -(-requested // tokens))
+        if epochs * self.indices.size > np.iinfo(np.int32).max:
+            raise DatasetTooSmallError(
+                f"{where}: {tokens} tokens per epoch would have to be repeated {epochs} times for "
+                f"{self.num_samples} samples of {seq} tokens; the split is far too small for the request"
+            )
+        separate, sans_final = False, 0
+        if epochs > 1:
+            sans_final = ((epochs - 1) * tokens - extra) // seq
+            from_final = self.num_samples - sans_final
+            per_epoch = (tokens - extra) // seq
+            if not 0 <= from_final <= per_epoch + 1:  # Megatron asserts this; it holds by construction
+                raise AssertionError(f"inconsistent epoch arithmetic for {where}")
+            separate = from_final < int(_SEPARATE_FINAL_EPOCH_THRESHOLD * per_epoch)
+        num_samples = helpers.sample_count(epochs, tokens, seq, self._drop_last_partial_sequence(), extra)
+        return {"tokens": tokens, "epochs": epochs, "separate": separate, "num_samples": max(num_samples, 0), "sans_final": sans_final}
+
+    def _build(self, plan: dict[str, Any]) -> dict[str, np.ndarray]:
+        cfg = self.config
+        rng = np.random.RandomState(cfg.random_seed)
+        document_index = helpers.build_document_index(self.indices, plan["epochs"], rng, plan["separate"])
+        sample_index = helpers.build_sample_idx(
+            self.dataset.sequence_lengths,
+            document_index,
+            cfg.sequence_length,
+            plan["epochs"],
+            plan["tokens"],
+            self._drop_last_partial_sequence(),
+            cfg.add_extra_token_to_sequence,
+        )
+        total = sample_index.shape[0] - 1
+        first = plan["sans_final"] if plan["separate"] else total
+        shuffle_index = helpers.build_shuffle_index(first, total, rng)
+        return {"document_index": document_index, "sample_index": sample_index, "shuffle_index": shuffle_index}
+
+    def _build_document_sample_shuffle_indices(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        plan = self._plan()
+        if plan["tokens"] == 0:
+            logger.warning("%s split of %s has no tokens: it is empty", self.index_split.name, self.dataset_path)
+            return np.zeros(0, np.int32), np.zeros((1, 2), np.int32), np.zeros(0, np.uint32)
+        n = plan["num_samples"]
+        sizes = self.dataset.sequence_lengths
+        doc_len = plan["epochs"] * int(self.indices.size)
+        expected = {
+            "document_index": Expected((np.int32,), (doc_len,)),
+            "sample_index": Expected((helpers.sample_index_dtype(doc_len, sizes),), (n + 1, 2)),
+            "shuffle_index": Expected((np.uint32, np.int64), (n,)),
+        }
+        arrays = load_or_build(
+            self._cache(), expected, lambda: self._build(plan), self.is_built_on_rank,
+            self.config.cache_wait_timeout, f"{type(self).__name__} {self.index_split.name}",
+        )
+        if n == 0:
+            logger.warning(
+                "%s split of %s: %d tokens per epoch do not fill one sample of %d tokens: it is empty",
+                self.index_split.name, self.dataset_path, plan["tokens"], self.config.sequence_length,
+            )
+        return arrays["document_index"], arrays["sample_index"], arrays["shuffle_index"]
+
+    # --- samples ------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self.sample_index.shape[0] - 1)
+
+    def __getitem__(self, idx: int | None) -> dict[str, np.ndarray]:
+        """One sample as a dict of arrays; `None` gives Megatron's batch-padding sample."""
+        if idx is None:
+            return self.padding_sample()
+        batch = self.get_batch([idx])
+        return {k: v[0] for k, v in batch.items()}
+
+    def padding_sample(self) -> dict[str, np.ndarray]:
+        """Sample 0 with a zero loss mask: fills a short last batch without adding to the loss."""
+        if self._padding_sample is None:
+            sample = self[0]
+            sample["loss_mask"] = np.zeros_like(sample["loss_mask"])
+            self._padding_sample = sample
+        return {k: v.copy() for k, v in self._padding_sample.items()}
+
+    def get_batch(self, idxs: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
+        """Samples `idxs` stacked: each column gets a leading batch dimension."""
+        text, short = self.read_text(idxs)
+        cfg = self.config
+        return build_columns(
+            text,
+            add_extra_token=cfg.add_extra_token_to_sequence,
+            eod=self._eod,
+            pad=self._pad,
+            check_pad=short or self._pad_in_data,
+            reset_position_ids=cfg.reset_position_ids,
+            reset_attention_mask=cfg.reset_attention_mask,
+            eod_mask_loss=cfg.eod_mask_loss,
+            create_attention_mask=cfg.create_attention_mask,
+            create_compressed_eod_mask=cfg.create_compressed_eod_mask,
+            eod_pad_length=cfg.eod_pad_length,
+        )
+
+    def read_text(self, idxs: Sequence[int] | np.ndarray) -> tuple[np.ndarray, bool]:
+        """[B, window] int64 token windows of samples `idxs`, and whether any needed padding."""
+        idxs = np.asarray(idxs, dtype=np.int64).reshape(-1)
+        n = len(self)
+        if idxs.size and (idxs.min() < -n or idxs.max() >= n):
+            raise IndexError(f"sample index out of range for a dataset of {n} samples")
+        idxs = np.where(idxs < 0, idxs + n, idxs)
+        window_ = self.config.sequence_length + int(self.config.add_extra_token_to_sequence)
+        if idxs.size == 0:
+            return np.zeros((0, window_), dtype=np.int64), False
+        window = self.config.sequence_length + int(self.config.add_extra_token_to_sequence)
+        extra = int(self.config.add_extra_token_to_sequence)
+        rows = self.shuffle_index[idxs].astype(np.int64)
+        beg = np.asarray(self.sample_index[rows], dtype=np.int64)
+        end = np.asarray(self.sample_index[rows + 1], dtype=np.int64)
+        # One piece per document a sample touches: positions beg_doc..end_doc of the document index.
+        counts = end[:, 0] - beg[:, 0] + 1
+        total = int(counts.sum())
+        sample_of = np.repeat(np.arange(idxs.size), counts)
+        first = np.zeros(total, dtype=bool)
+        first_at = np.zeros(idxs.size, dtype=np.int64)
+        np.cumsum(counts[:-1], out=first_at[1:])
+        first[first_at] = True
+        last = np.zeros(total, dtype=bool)
+        last[first_at + counts - 1] = True
+        position = np.arange(total, dtype=np.int64) - first_at[sample_of] + beg[sample_of, 0]
+        docs = np.asarray(self.document_index[position], dtype=np.int64)
+        seq_len = self.dataset.sequence_lengths[docs].astype(np.int64)
+        start = np.where(first, beg[sample_of, 1], 0)
+        stop = np.where(last, end[sample_of, 1] + extra, seq_len)
+        length = stop - start
+        # Where each piece lands in its sample's window.
+        dest = np.cumsum(length) - length
+        dest -= dest[first_at][sample_of]
+        piece_end = np.cumsum(length)
+        filled = piece_end[first_at + counts - 1] - (piece_end - length)[first_at]
+
+        out = np.empty((idxs.size, window), dtype=np.int64)
+        flat = out.reshape(-1)
+        base = (np.arange(idxs.size, dtype=np.int64) * window)[sample_of] + dest
+        itemsize = np.dtype(self.dataset.dtype).itemsize
+        src = self.dataset.sequence_pointers[docs] // itemsize + start
+        tokens = self.dataset.token_array()
+        if tokens is not None:
+            for s, d, k in zip(src.tolist(), base.tolist(), length.tolist()):
+                flat[d : d + k] = tokens[s : s + k]
+        else:
+            for doc, s0, d, k in zip(docs.tolist(), start.tolist(), base.tolist(), length.tolist()):
+                flat[d : d + k] = self.dataset.get(doc, s0, k)
+        short = bool((filled < window).any())
+        if short:
+            cols = np.arange(window)[None, :]
+            out[cols >= filled[:, None]] = self._pad
+        return out, short
