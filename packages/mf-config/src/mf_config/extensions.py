@@ -56,8 +56,8 @@ class InferenceConfig(Section):
     stop_token_ids: list[int] | None = fld(None, check=each(non_negative), doc="generation stops at these ids")
     batch_size: int = fld(1, check=positive, doc="prompts generated together")
     prompts: list[str] | None = fld(None, check=all_of(non_empty, each(non_empty)), doc="prompts to complete")
-    input_file: str | None = fld(None, check=non_empty, doc="file of prompts (one JSON object or line each)")
-    output_file: str | None = fld(None, check=non_empty, doc="where generations are written; null = stdout")
+    input_file: str | None = fld(None, check=non_empty, doc="JSON Lines file of prompts, one {\"prompt\": ...} object per line")
+    output_file: str | None = fld(None, check=non_empty, doc="JSON Lines file the generations are written to; null = stdout")
 
 
 @dataclass(kw_only=True)

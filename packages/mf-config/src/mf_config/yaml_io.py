@@ -70,6 +70,8 @@ def parse_yaml(text: str, source: str) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "invalid YAML"
+        if exc.context and problem.startswith("but "):  # "expected X" + "but found Y" read as one
+            problem = f"{exc.context} {problem}"
         raise ConfigError(source, f"invalid YAML at {_where(mark)}: {problem}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(source, f"invalid YAML: {exc}") from None
