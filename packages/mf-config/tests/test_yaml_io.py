@@ -24,6 +24,12 @@ def _error(tmp_path, text: str | bytes) -> str:
 def test_syntax_error_reports_line_and_column(tmp_path):
     message = _error(tmp_path, "training:\n  steps: 10\n  global_batch_size: [8, 9\nmodel:\n  a: 1\n")
     assert "invalid YAML at line 4, column 6" in message
+    assert message.endswith("(while parsing a flow sequence at line 3, column 22)")
+
+
+def test_unclosed_quote_says_where_it_opened(tmp_path):
+    message = _error(tmp_path, 'model:\n  model_type: "qwen3\ntraining: {}\n')
+    assert message.endswith("(while scanning a quoted scalar at line 2, column 15)")
 
 
 def test_bad_indentation_reports_its_line(tmp_path):

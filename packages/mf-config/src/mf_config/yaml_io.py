@@ -39,8 +39,7 @@ class _Loader(yaml.SafeLoader):
                 except TypeError:  # unhashable key: the base class reports it
                     continue
                 if duplicate:
-                    raise ConstructorError("while constructing a mapping", node.start_mark,
-                                           f"found duplicate key {key!r}", key_node.start_mark)
+                    raise ConstructorError(None, None, f"found duplicate key {key!r}", key_node.start_mark)
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -72,6 +71,9 @@ def parse_yaml(text: str, source: str) -> Any:
         problem = exc.problem or exc.context or "invalid YAML"
         if exc.context and problem.startswith("but "):  # "expected X" + "but found Y" read as one
             problem = f"{exc.context} {problem}"
+        elif exc.context and exc.context_mark is not None and mark is not None and exc.context_mark.line != mark.line:
+            # An unclosed bracket or quote is detected lines later: say where it was opened.
+            problem = f"{problem} ({exc.context} at {_where(exc.context_mark)})"
         raise ConfigError(source, f"invalid YAML at {_where(mark)}: {problem}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(source, f"invalid YAML: {exc}") from None
