@@ -92,3 +92,25 @@ def test_non_string_keys(load_text):
         load_text("training:\n  1: 2\n")
     with pytest.raises(ConfigError, match=r"^top level: keys must be strings, got True$"):
         load_text("true: 1\n")
+
+
+def test_recursive_alias_in_pass_through_data(load_text):
+    with pytest.raises(ConfigError, match=r"^model.self: contains itself \(a recursive YAML alias\)$"):
+        load_text("model: &m\n  model_type: x\n  self: *m\n")
+
+
+def test_alias_bombs_are_refused(load_text):
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"  a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 8)]
+    fragment = "model:\n  model_type: x\n  " + levels[0] + "\n" + "\n".join(levels[1:]) + "\n"
+    with pytest.raises(ConfigError, match=r"^model.a\d\[.*holds more than 1000000 values"):
+        load_text(fragment)
+
+
+def test_shared_aliases_are_written_out_in_full(load_text):
+    from mf_config import dump_config
+
+    cfg = load_text("model:\n  model_type: x\n  a: &v [1, 2]\n  b: *v\n")
+    text = dump_config(cfg)
+    assert "&" not in text and "*" not in text
+    assert "  a: [1, 2]\n  b: [1, 2]\n" in text

@@ -241,17 +241,36 @@ def _convert_literal(tp: Any, value: Any, path: str) -> Any:
     raise ConfigError(path, f"must be {describe(tp)}, got {_show(value)}{hint}")
 
 
-def plain_data(value: Any, path: str) -> Any:
-    """A deep copy of free-form YAML data (pass-through keys), refusing anything YAML cannot hold."""
+# Pass-through data is copied node by node; YAML aliases can make a small file expand into a huge
+# (or, with a self-reference, infinite) structure, so the copy has a budget.
+MAX_PLAIN_NODES = 1_000_000
+
+
+def plain_data(value: Any, path: str, parent: Any = None, budget: list[int] | None = None) -> Any:
+    """A deep copy of free-form YAML data (pass-through keys), refusing anything YAML cannot hold,
+    self-referencing aliases, and alias expansions beyond MAX_PLAIN_NODES nodes. `parent` is the
+    mapping holding `value` (so a reference back to it is caught), `budget` a node count shared
+    by several calls."""
+    return _plain(value, path, {id(parent)} if parent is not None else set(), budget if budget is not None else [0])
+
+
+def _plain(value: Any, path: str, ancestors: set[int], budget: list[int]) -> Any:
+    budget[0] += 1
+    if budget[0] > MAX_PLAIN_NODES:
+        raise ConfigError(path, f"holds more than {MAX_PLAIN_NODES} values (YAML aliases expanding?)")
+    if isinstance(value, (Mapping, list, tuple)):
+        if id(value) in ancestors:
+            raise ConfigError(path, "contains itself (a recursive YAML alias)")
+        ancestors = ancestors | {id(value)}
     if isinstance(value, Mapping):
         out = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise ConfigError(path, "keys must be strings", key)
-            out[key] = plain_data(item, child_path(path, key))
+            out[key] = _plain(item, child_path(path, key), ancestors, budget)
         return out
     if isinstance(value, (list, tuple)):
-        return [plain_data(item, child_path(path, i)) for i, item in enumerate(value)]
+        return [_plain(item, child_path(path, i), ancestors, budget) for i, item in enumerate(value)]
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(path, "must be a finite number", value)
     if isinstance(value, _PLAIN_SCALARS):
@@ -284,6 +303,7 @@ def build_section(cls: type[Section], raw: Any, path: str) -> Section:
     fields = declared_fields(cls)
     names = [f.name for f in fields]
     extra: dict[str, Any] = {}
+    budget = [0]
     for key, value in raw.items():
         if not isinstance(key, str):
             raise ConfigError(path or "top level", "keys must be strings", key)
@@ -291,7 +311,7 @@ def build_section(cls: type[Section], raw: Any, path: str) -> Section:
             continue
         if not cls.allow_extra:
             raise unknown_key_error(path, key, names, top_level=not path)
-        extra[key] = plain_data(value, child_path(path, key))
+        extra[key] = plain_data(value, child_path(path, key), parent=raw, budget=budget)
     kwargs: dict[str, Any] = {}
     for f in fields:
         key_path = child_path(path, f.name)

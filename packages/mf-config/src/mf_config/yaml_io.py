@@ -45,7 +45,8 @@ class _Loader(yaml.SafeLoader):
 
 
 class _Dumper(yaml.SafeDumper):
-    pass
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # a resolved config is written out in full, never with &anchors / *aliases
 
 
 def _represent_list(dumper: yaml.SafeDumper, data: list) -> Any:
