@@ -3,21 +3,45 @@
 Depends on numpy and safetensors only (tqdm for progress bars); never on MindSpore.
 """
 
+from .collectives import Collective, RankFailed, SingleProcess, ThreadedWorld, exchange_bytes, run_threaded
 from .dtypes import BF16, bf16_from_float32, to_float32
 from .errors import CheckpointError
 from .hf import hf_to_mf, load_hf_state, mf_to_hf, save_hf, supported_model_types
+from .loader import LoadResult, load
+from .options import LoadOptions, SaveOptions
+from .saver import Saver, SaveResult, save
+from .sharding import ShardedTensor, replicated, shard_array, split_evenly, split_padded, split_sizes
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BF16",
     "CheckpointError",
+    "Collective",
+    "LoadOptions",
+    "LoadResult",
+    "RankFailed",
+    "SaveOptions",
+    "SaveResult",
+    "Saver",
+    "ShardedTensor",
+    "SingleProcess",
+    "ThreadedWorld",
     "__version__",
     "bf16_from_float32",
+    "exchange_bytes",
     "hf_to_mf",
+    "load",
     "load_hf_state",
     "mf_to_hf",
+    "replicated",
+    "run_threaded",
+    "save",
     "save_hf",
+    "shard_array",
+    "split_evenly",
+    "split_padded",
+    "split_sizes",
     "supported_model_types",
     "to_float32",
 ]

@@ -117,3 +117,13 @@ def cast(arr: np.ndarray, code: str) -> np.ndarray:
     if src == "BF16":
         return to_float32(arr).astype(numpy_dtype(code), copy=False)
     return arr.astype(numpy_dtype(code))
+
+
+def assign(out: np.ndarray, data: np.ndarray) -> None:
+    """`out[...] = data`, converting floating types and bridging equivalent BF16/F8 dtypes."""
+    out_code, data_code = code_of(out.dtype), code_of(data.dtype)
+    if out_code != data_code:
+        data = cast(data, out_code)
+    if data.dtype != out.dtype:
+        data = data.view(out.dtype)
+    out[...] = data

@@ -247,7 +247,7 @@ class FileReader:
                 data = self._safe_open().get_slice(key)[slices]
             if out is None:
                 return np.ascontiguousarray(data)
-        _assign(out, data)
+        dtypes.assign(out, data)
         return out
 
     def _pread_into(self, out: np.ndarray, offset: int, nbytes: int) -> None:
@@ -278,15 +278,6 @@ class FileReader:
                 self._memmap = np.memmap(self.header.path, dtype=np.uint8, mode="r")
         dt = dtypes.numpy_dtype(info.dtype)
         return self._memmap[info.start : info.end].view(dt).reshape(info.shape)
-
-
-def _assign(out: np.ndarray, data: np.ndarray) -> None:
-    """Copy `data` into `out`; dtypes must carry the same safetensors code (e.g. BF16 raw vs ml_dtypes)."""
-    if out.dtype != data.dtype:
-        if dtypes.code_of(out.dtype) != dtypes.code_of(data.dtype):
-            raise AssertionError(f"internal: reading {data.dtype} into {out.dtype} without a cast")
-        data = data.view(out.dtype)
-    out[...] = data
 
 
 class ReaderPool:

@@ -18,15 +18,13 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import CheckpointError
-from ..fsutil import atomic_output_dir, read_json, safe_member
+from ..fsutil import atomic_output_dir, read_json
 from ..progress import Progress
-from ..st_io import Entry, FileHeader, ReaderPool, read_header, write_file
+from ..st_dir import has_tensors, tensor_locations, write_tensors
+from ..st_io import Entry, FileHeader, ReaderPool
 from ..units import parse_size
 from .convert import assemble, mf_to_hf, plan_for, warn_skipped
 from .rules import Plan, check_hf
-
-INDEX_NAME = "model.safetensors.index.json"
-SINGLE_NAME = "model.safetensors"
 
 
 @dataclass
@@ -46,7 +44,7 @@ class HFDirectory:
 
 def is_hf_dir(path: Path) -> bool:
     path = Path(path)
-    return (path / "config.json").is_file() and ((path / INDEX_NAME).is_file() or (path / SINGLE_NAME).is_file())
+    return (path / "config.json").is_file() and has_tensors(path, "model")
 
 
 def read_config(hf_dir: str | Path) -> dict[str, Any]:
@@ -54,38 +52,6 @@ def read_config(hf_dir: str | Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise CheckpointError(f"{hf_dir}/config.json: must be a JSON object")
     return config
-
-
-def tensor_locations(root: Path) -> tuple[dict[str, Path], dict[Path, FileHeader]]:
-    """HF tensor name -> file, from the index if there is one, else model.safetensors."""
-    index_path = root / INDEX_NAME
-    headers: dict[Path, FileHeader] = {}
-    if index_path.is_file():
-        index = read_json(index_path, INDEX_NAME)
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index_path}: missing 'weight_map' object")
-        locations = {}
-        for name, file in weight_map.items():
-            path = safe_member(root, file, "shard file name")
-            if path not in headers:
-                if not path.is_file():
-                    raise CheckpointError(f"{index_path}: shard {file!r} listed for {name!r} does not exist")
-                headers[path] = read_header(path)
-            if name not in headers[path].tensors:
-                raise CheckpointError(f"{index_path}: tensor {name!r} is not in its shard {file!r}")
-            locations[name] = path
-        for path, header in headers.items():
-            stray = [n for n in header.tensors if locations.get(n) != path]
-            if stray:
-                raise CheckpointError(f"{path}: tensor {stray[0]!r} is not listed in {INDEX_NAME}")
-        return locations, headers
-    path = root / SINGLE_NAME
-    if not path.is_file():
-        raise CheckpointError(f"{root}: no {SINGLE_NAME} or {INDEX_NAME}")
-    safe_member(root, SINGLE_NAME)
-    headers[path] = read_header(path)
-    return {name: path for name in headers[path].tensors}, headers
 
 
 def open_hf_dir(hf_dir: str | Path) -> HFDirectory:
@@ -131,21 +97,6 @@ def load_hf_state(hf_dir: str | Path, dtype=None, *, progress: bool = False) -> 
     return hf.config, state
 
 
-def shard_groups(entries: list[Entry], max_shard_size: int | None) -> list[list[Entry]]:
-    """Greedy split in order; a tensor larger than the limit gets a shard of its own."""
-    if max_shard_size is None:
-        return [entries]
-    groups: list[list[Entry]] = [[]]
-    size = 0
-    for e in entries:
-        if groups[-1] and size + e.nbytes > max_shard_size:
-            groups.append([])
-            size = 0
-        groups[-1].append(e)
-        size += e.nbytes
-    return groups
-
-
 def write_hf_files(
     out: Path,
     entries: list[Entry],
@@ -157,19 +108,9 @@ def write_hf_files(
 ) -> None:
     """Write config.json and the safetensors shards (+ index) of `entries` into existing dir `out`."""
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
-    groups = shard_groups(entries, limit)
     total = sum(e.nbytes for e in entries)
     with Progress(total, "write", enabled=progress) as bar:
-        if len(groups) == 1:
-            write_file(out / SINGLE_NAME, groups[0], {"format": "pt"}, on_bytes=bar.update)
-        else:
-            weight_map = {}
-            for k, group in enumerate(groups, 1):
-                file = f"model-{k:05d}-of-{len(groups):05d}.safetensors"
-                write_file(out / file, group, {"format": "pt"}, on_bytes=bar.update)
-                weight_map.update({e.name: file for e in group})
-            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-            (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+        write_tensors(out, entries, "model", limit, {"format": "pt"}, on_bytes=bar.update)
     (out / "config.json").write_text(json.dumps(dict(hf_config), indent=2, sort_keys=True) + "\n")
     if generation_config is not None:
         (out / "generation_config.json").write_text(json.dumps(dict(generation_config), indent=2, sort_keys=True) + "\n")

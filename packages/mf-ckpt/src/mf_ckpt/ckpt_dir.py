@@ -1,0 +1,102 @@
+"""Names inside a save directory, the commit marker, and finding the checkpoint to load.
+
+    <save_path>/latest_checkpointed_iteration.txt    the iteration number; replaced atomically last
+    <save_path>/iteration_00000100/                  a committed checkpoint
+    <save_path>/.iteration_00000100.<token>.incomplete   being written (never loaded)
+    <save_path>/.iteration_00000100.replaced         the previous copy while iteration 100 is re-saved
+    <save_path>/.iteration_00000100.<token>.trash    being deleted (rotation, stale attempts)
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .errors import CheckpointError
+from .fsutil import atomic_write_bytes
+
+MARKER = "latest_checkpointed_iteration.txt"
+METADATA = "metadata.json"
+COMMON = "common.json"
+FORMAT = "mf-ckpt"
+FORMAT_VERSION = 1
+
+_ITER_RE = re.compile(r"^iteration_(\d{8,})$")
+
+
+def iteration_name(iteration: int) -> str:
+    return f"iteration_{iteration:08d}"
+
+
+def staging_name(iteration: int, token: str) -> str:
+    return f".{iteration_name(iteration)}.{token}.incomplete"
+
+
+def replaced_name(iteration: int) -> str:
+    return f".{iteration_name(iteration)}.replaced"
+
+
+def trash_name(name: str, token: str) -> str:
+    return f".{name.lstrip('.')}.{token}.trash"
+
+
+def shard_file(prefix: str, part: str, rank: int, world: int) -> str:
+    kind = {"model": "model", "optimizer": "opt"}[part]
+    return f"{prefix}-{kind}-{rank:07d}-{world:07d}.safetensors"
+
+
+def read_marker(root: Path) -> int | None:
+    """The committed iteration, None if there is no marker; a corrupt marker is an error."""
+    path = Path(root) / MARKER
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: cannot read ({e})") from None
+    if not text.isdigit():
+        raise CheckpointError(f"{path}: expected an iteration number, found {text[:40]!r}")
+    return int(text)
+
+
+def write_marker(root: Path, iteration: int, *, fsync: bool = True) -> None:
+    atomic_write_bytes(Path(root) / MARKER, f"{iteration}\n".encode(), fsync=fsync)
+
+
+def committed_dirs(root: Path) -> dict[int, Path]:
+    """{iteration: directory} for every `iteration_N` directory under root."""
+    out = {}
+    if Path(root).is_dir():
+        for p in Path(root).iterdir():
+            m = _ITER_RE.match(p.name)
+            if m and p.is_dir():
+                out[int(m.group(1))] = p
+    return out
+
+
+def iteration_dir(root: Path, iteration: int) -> Path:
+    """The directory of a committed iteration, falling back to the copy kept while it is re-saved."""
+    root = Path(root)
+    path = root / iteration_name(iteration)
+    if path.is_dir():
+        return path
+    kept = root / replaced_name(iteration)
+    if kept.is_dir():
+        return kept
+    raise CheckpointError(f"{root}: checkpoint directory {iteration_name(iteration)} is missing")
+
+
+def resolve(path: Path, iteration: int | None = None) -> tuple[Path, int]:
+    """(iteration directory, iteration) for a save directory or an iteration directory."""
+    path = Path(path)
+    if (path / METADATA).is_file():
+        m = re.match(r"^\.?iteration_(\d{8,})", path.name)
+        found = int(m.group(1)) if m else None
+        if iteration is not None and found is not None and iteration != found:
+            raise CheckpointError(f"{path}: is iteration {found}, not {iteration}")
+        return path, found if found is not None else (iteration or 0)
+    if iteration is None:
+        iteration = read_marker(path)
+        if iteration is None:
+            raise CheckpointError(f"{path}: no {MARKER} (no committed checkpoint) and no {METADATA}")
+    return iteration_dir(path, iteration), iteration

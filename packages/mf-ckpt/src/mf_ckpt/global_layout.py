@@ -1,0 +1,140 @@
+"""Save side of the layout: describe each rank's chunks, gather them once, decide who writes what.
+
+The global layout (metadata.json and each rank's write list) depends only on the structure of the
+sharded state (names, dtypes, shapes, offsets, replica ids), not on values. `LayoutCache` keeps it
+with a fingerprint of every rank's structure; later saves only gather fingerprints (a few bytes
+per rank) and reuse the layout when they match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import dtypes
+from .ckpt_dir import FORMAT, FORMAT_VERSION, shard_file
+from .errors import CheckpointError
+from .layout import Chunk, TensorMeta, check_coverage, tensors_to_json
+from .sharding import ShardedTensor, replicated
+
+
+@dataclass(frozen=True)
+class LocalEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: tuple[int, ...]
+    chunk: tuple[int, ...]
+    replica: int
+
+
+LocalDescription = dict[str, list[LocalEntry]]  # part -> entries
+
+
+def as_sharded(state: Mapping[str, object], part: str) -> dict[str, ShardedTensor]:
+    """Normalise a state dict: plain arrays are replicated tensors (replica 0)."""
+    if not isinstance(state, Mapping):
+        raise CheckpointError(f"{part} state must be a mapping of names to ShardedTensor or numpy arrays")
+    out = {}
+    for name, value in state.items():
+        if not isinstance(name, str) or not name:
+            raise CheckpointError(f"{part} state: tensor names must be non-empty strings, got {name!r}")
+        if isinstance(value, ShardedTensor):
+            out[name] = value
+        elif isinstance(value, np.ndarray):
+            out[name] = replicated(value)
+        else:
+            raise CheckpointError(f"{part} state: {name!r} is a {type(value).__name__}, expected ShardedTensor or ndarray")
+    return out
+
+
+def describe(states: Mapping[str, Mapping[str, ShardedTensor]]) -> LocalDescription:
+    out: LocalDescription = {}
+    for part, state in states.items():
+        entries = []
+        for name, st in state.items():
+            try:
+                code = dtypes.code_of(st.data.dtype)
+            except CheckpointError as e:
+                raise CheckpointError(f"{part} tensor {name!r}: {e}") from None
+            entries.append(LocalEntry(name, code, st.global_shape, st.global_offset, st.chunk_shape, st.replica_id))
+        out[part] = entries
+    return out
+
+
+def fingerprint(desc: LocalDescription) -> str:
+    return hashlib.blake2b(repr(sorted(desc.items())).encode(), digest_size=16).hexdigest()
+
+
+@dataclass
+class GlobalLayout:
+    metadata_bytes: bytes
+    tensors: dict[str, dict[str, TensorMeta]]
+    writes: list[dict[str, list[str]]]  # per rank: part -> names this rank writes
+    files: list[str]
+
+
+def build(gathered: list[LocalDescription], prefix: str, remove_redundancy: bool) -> GlobalLayout:
+    """Check the ranks' descriptions against each other and assign a writer to every chunk."""
+    world = len(gathered)
+    parts = sorted({p for d in gathered for p in d}, key=lambda p: ("model", "optimizer").index(p))
+    writes: list[dict[str, list[str]]] = [{p: [] for p in parts} for _ in range(world)]
+    load = [0] * world
+    tensors: dict[str, dict[str, TensorMeta]] = {}
+    for part in parts:
+        missing = [r for r, d in enumerate(gathered) if part not in d]
+        if missing:
+            raise CheckpointError(f"{part} state was given on some ranks but not on rank(s) {missing}")
+        info: dict[str, tuple[str, tuple[int, ...]]] = {}
+        holders: dict[str, dict[tuple, list[tuple[int, int]]]] = {}
+        for rank, desc in enumerate(gathered):
+            for e in desc[part]:
+                known = info.setdefault(e.name, (e.dtype, e.shape))
+                if known != (e.dtype, e.shape):
+                    raise CheckpointError(
+                        f"{part} tensor {e.name!r}: rank {rank} has {e.dtype}{list(e.shape)}, "
+                        f"another rank {known[0]}{list(known[1])}"
+                    )
+                boxes = holders.setdefault(e.name, {})
+                if math.prod(e.chunk):
+                    boxes.setdefault((e.offset, e.chunk), []).append((e.replica, rank))
+        items = []
+        for name, (code, shape) in info.items():
+            check_coverage(f"{part} state", name, shape, list(holders[name]))
+            for box, owners in holders[name].items():
+                items.append((math.prod(box[1]) * dtypes.itemsize(code), name, box, sorted(owners)))
+        chunks: dict[str, list[Chunk]] = {name: [] for name in info}
+        if remove_redundancy:
+            # Largest first, each to the least-loaded of its replicas: every chunk once, bytes even.
+            items.sort(key=lambda it: (-it[0], it[1], it[2]))
+        for nbytes, name, box, owners in items:
+            if remove_redundancy:
+                writer = min(owners, key=lambda o: (load[o[1]], o[0], o[1]))[1]
+                writers = [writer]
+            else:
+                writer = owners[0][1]  # lowest replica id is the copy metadata points at
+                writers = [o[1] for o in owners]
+            for w in writers:
+                writes[w][part].append(name)
+                load[w] += nbytes
+            chunks[name].append(Chunk(box[0], box[1], shard_file(prefix, part, writer, world), name))
+        for name in chunks:
+            chunks[name].sort(key=lambda c: c.offset)
+        tensors[part] = {name: TensorMeta(code, shape, chunks[name]) for name, (code, shape) in info.items()}
+    files = sorted(shard_file(prefix, part, r, world) for r in range(world) for part in parts if writes[r][part])
+    metadata = {"format": FORMAT, "format_version": FORMAT_VERSION, "world_size": world, "prefix": prefix,
+                "files": files}
+    metadata.update({part: tensors_to_json(tensors[part]) for part in parts})
+    blob = (json.dumps(metadata, indent=1, sort_keys=True) + "\n").encode("utf-8")
+    return GlobalLayout(blob, tensors, writes, files)
+
+
+@dataclass
+class LayoutCache:
+    fingerprints: list[str]
+    layout: GlobalLayout

@@ -1,0 +1,351 @@
+"""Saving a sharded state: every rank writes its own files, rank 0 commits.
+
+One save, in order (all ranks call `Saver.save` together):
+1. metadata: each rank describes its chunks; the ranks gather fingerprints (and, on the first
+   save or when the structure changed, the descriptions) and every rank derives the same global
+   layout, or the same error. No rank touches the disk before all agree the request is valid.
+2. write: each rank writes `{prefix}-model-{rank:07d}-{world:07d}.safetensors` (and `-opt-`) into a
+   hidden staging directory; rank 0 adds metadata.json. With `async_save` the chunks are copied to
+   host memory first and a background thread writes them.
+3. commit (at once, or for async saves at the next save/poll/wait/finalize): the ranks gather
+   their write status; if all succeeded rank 0 writes common.json, renames the staging directory
+   to `iteration_{N:08d}`, replaces `latest_checkpointed_iteration.txt` atomically, and rotates.
+   Any failure is raised on every rank. A process killed at any point leaves the previous
+   committed checkpoint, and the marker pointing at it, intact.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import jsonable
+from .async_writer import AsyncWriter
+from .ckpt_dir import (
+    COMMON,
+    FORMAT,
+    FORMAT_VERSION,
+    METADATA,
+    iteration_name,
+    read_marker,
+    replaced_name,
+    shard_file,
+    staging_name,
+    trash_name,
+    write_marker,
+)
+from .collectives import Collective, SingleProcess
+from .errors import CheckpointError
+from .fsutil import atomic_write_bytes, fsync_dir, write_json
+from .global_layout import GlobalLayout, LayoutCache, as_sharded, build, describe, fingerprint
+from .options import SaveOptions
+from .rotation import remove_leftovers, rotate
+from .st_io import Entry, write_file
+
+
+@dataclass
+class SaveResult:
+    iteration: int
+    path: Path  # the committed iteration directory (the staging directory until committed)
+    committed: bool
+    layout_cache_hit: bool
+    bytes_written: int = 0  # by this rank
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: metadata, snapshot, write, commit
+    deleted: list[int] = field(default_factory=list)  # iterations removed by save_max rotation
+
+
+@dataclass
+class _Pending:
+    iteration: int
+    staging: Path
+    common: Any
+    per_rank: Any
+    result: SaveResult
+    future: Future | None = None
+    error: str | None = None
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for dist in ("mf-ckpt", "numpy", "safetensors"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "unknown"
+    return out
+
+
+def _describe_error(e: BaseException) -> str:
+    if isinstance(e, CheckpointError):
+        return str(e)
+    if isinstance(e, OSError):
+        return f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")
+    return f"{type(e).__name__}: {e}"
+
+
+class Saver:
+    """Saves sharded states to `options.save_path`; keeps the layout cache and the async writer.
+
+    All ranks construct it with their collective and call `save`, `poll`, `wait` and `finalize`
+    together. Use as a context manager, or call `finalize()` at the end of training so the last
+    async save is committed.
+    """
+
+    def __init__(self, options: SaveOptions, comm: Collective | None = None):
+        if not isinstance(options, SaveOptions):
+            raise TypeError("Saver needs a SaveOptions")
+        if options.enable_save and not options.save_path:
+            raise CheckpointError("SaveOptions.save_path: must be set when enable_save is true")
+        self.options = options
+        self.comm = comm if comm is not None else SingleProcess()
+        self.root = Path(options.save_path)
+        self._cache: LayoutCache | None = None
+        self._pending: _Pending | None = None
+        self._writer = AsyncWriter() if options.async_save else None
+
+    # ---------------------------------------------------------------------------------- save
+
+    def save(
+        self,
+        iteration: int,
+        model_state: Mapping[str, Any],
+        optimizer_state: Mapping[str, Any] | None = None,
+        *,
+        common: Mapping[str, Any] | None = None,
+        per_rank: Any = None,
+    ) -> SaveResult | None:
+        """Save one iteration. Returns None when `enable_save` is false.
+
+        `model_state` / `optimizer_state` map names to ShardedTensor (or plain arrays, taken as
+        replicated). `common` (step, consumed_samples, RNG states, `hf_config`, ...) is written by
+        rank 0 to common.json; `per_rank` is gathered from every rank and stored beside it.
+        Synchronous saves return once committed; async saves return after the snapshot.
+        """
+        if not self.options.enable_save:
+            return None
+        if self._pending is not None:
+            self.wait()
+        opts = self.options
+        rank, world = self.comm.rank, self.comm.world_size
+        t0 = time.perf_counter()
+        error = desc = fp = states = common_json = per_rank_json = None
+        try:
+            if isinstance(iteration, bool) or not isinstance(iteration, (int, np.integer)) or iteration < 0:
+                raise CheckpointError(f"iteration must be a non-negative integer, got {iteration!r}")
+            iteration = int(iteration)
+            states = {"model": as_sharded(model_state, "model")}
+            if optimizer_state is not None and not opts.no_save_optim:
+                states["optimizer"] = as_sharded(optimizer_state, "optimizer")
+            desc = describe(states)
+            fp = fingerprint(desc)
+            common_json = jsonable.encode(dict(common or {}), "common")
+            per_rank_json = jsonable.encode(per_rank, "per_rank")
+        except CheckpointError as e:
+            error = str(e)
+
+        cached = self._cache if opts.save_global_layout_cache else None
+        token = secrets.token_hex(4) if rank == 0 else None
+        gathered = self.comm.all_gather_object((error, iteration, fp, token, None if cached else desc))
+        failures = [(r, g[0]) for r, g in enumerate(gathered) if g[0]]
+        if failures:
+            r, msg = failures[0]
+            raise CheckpointError(msg if world == 1 else f"rank {r}: {msg}")
+        if len({g[1] for g in gathered}) != 1:
+            raise CheckpointError(f"ranks disagree on the iteration to save: {[g[1] for g in gathered]}")
+        fingerprints = [g[2] for g in gathered]
+        hit = cached is not None and cached.fingerprints == fingerprints
+        if hit:
+            layout = cached.layout
+        else:
+            descs = self.comm.all_gather_object(desc) if cached is not None else [g[4] for g in gathered]
+            layout = build(descs, opts.prefix, opts.remove_redundancy)  # same result, or error, on every rank
+            self._cache = LayoutCache(fingerprints, layout) if opts.save_global_layout_cache else None
+        t1 = time.perf_counter()
+
+        staging = self.root / staging_name(iteration, gathered[0][3])
+        entries = self._entries(layout, states, rank, copy=opts.async_save)
+        t2 = time.perf_counter()
+        result = SaveResult(iteration, staging, False, hit, timings={"metadata": t1 - t0, "snapshot": t2 - t1})
+        pending = _Pending(iteration, staging, common_json, per_rank_json, result)
+
+        def write() -> int:
+            start = time.perf_counter()
+            staging.mkdir(parents=True, exist_ok=True)
+            written = 0
+            for part, part_entries in entries.items():
+                if part_entries:
+                    path = staging / shard_file(opts.prefix, part, rank, world)
+                    written += write_file(path, part_entries, {"format": FORMAT}, fsync=opts.fsync)
+            if rank == 0:
+                atomic_write_bytes(staging / METADATA, layout.metadata_bytes, fsync=opts.fsync)
+            result.bytes_written = written
+            result.timings["write"] = time.perf_counter() - start
+            return written
+
+        self._pending = pending
+        if self._writer is not None:
+            pending.future = self._writer.submit(write)
+            return result
+        try:
+            write()
+        except Exception as e:  # reported on every rank by the commit step
+            pending.error = _describe_error(e)
+        return self._commit(block=True)
+
+    @staticmethod
+    def _entries(layout: GlobalLayout, states, rank: int, copy: bool) -> dict[str, list[Entry]]:
+        out = {}
+        for part, names in layout.writes[rank].items():
+            entries = []
+            for name in names:
+                chunk = states[part][name].chunk
+                # async: a host snapshot, so training may update its buffers while we write
+                arr = np.array(chunk, copy=True, order="C") if copy else chunk
+                entries.append(Entry.of(name, arr))
+            out[part] = entries
+        return out
+
+    # -------------------------------------------------------------------------------- commit
+
+    def poll(self) -> bool:
+        """Commit the pending async save if every rank finished writing. Collective; never blocks
+        on I/O. True when nothing is pending any more."""
+        if self._pending is None:
+            return True
+        return self._commit(block=False) is not None
+
+    def wait(self) -> SaveResult | None:
+        """Block until the pending save is written and committed (raises if it failed anywhere)."""
+        if self._pending is None:
+            return None
+        return self._commit(block=True)
+
+    def finalize(self) -> SaveResult | None:
+        """Commit what is pending and stop the background writer. Call once at the end."""
+        try:
+            return self.wait()
+        finally:
+            if self._writer is not None:
+                self._writer.shutdown()
+
+    def __enter__(self) -> Saver:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finalize()
+        elif self._writer is not None:
+            # Another error is propagating (maybe on one rank only): no collectives now, but do
+            # not leave a half-written file behind a still-running thread.
+            self._writer.shutdown()
+
+    def _commit(self, block: bool) -> SaveResult | None:
+        pending = self._pending
+        assert pending is not None
+        done = True
+        if pending.future is not None:
+            if block:
+                try:
+                    pending.future.result()
+                except Exception as e:
+                    pending.error = _describe_error(e)
+            elif pending.future.done():
+                exc = pending.future.exception()
+                if exc is not None:
+                    pending.error = _describe_error(exc)
+            else:
+                done = False
+        t0 = time.perf_counter()
+        status = self.comm.all_gather_object((done, pending.error, pending.per_rank))
+        if not all(s[0] for s in status):
+            return None
+        self._pending = None
+        failures = [(r, s[1]) for r, s in enumerate(status) if s[1]]
+        rank = self.comm.rank
+        if failures:
+            if rank == 0:
+                shutil.rmtree(pending.staging, ignore_errors=True)
+            r, msg = failures[0]
+            raise CheckpointError(f"saving iteration {pending.iteration} to {self.root} failed on rank {r}: {msg}")
+        outcome = None
+        if rank == 0:
+            try:
+                pending.result.deleted = self._publish(pending, [s[2] for s in status])
+            except Exception as e:
+                outcome = _describe_error(e)
+        outcome = self.comm.all_gather_object(outcome)[0]
+        if outcome:
+            raise CheckpointError(f"committing iteration {pending.iteration} to {self.root} failed: {outcome}")
+        result = pending.result
+        result.committed = True
+        result.path = self.root / iteration_name(pending.iteration)
+        result.timings["commit"] = time.perf_counter() - t0
+        return result
+
+    def _publish(self, pending: _Pending, per_rank: list[Any]) -> list[int]:
+        """Rank 0: common.json, rename into place, move the marker, rotate."""
+        opts, root, it = self.options, self.root, pending.iteration
+        info = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "iteration": it,
+            "world_size": self.comm.world_size,
+            "saved_at": time.time(),
+            "versions": _versions(),
+            "common": pending.common,
+        }
+        if any(p is not None for p in per_rank):
+            info["per_rank"] = per_rank
+        write_json(pending.staging / COMMON, info, fsync=opts.fsync)
+        if opts.fsync:
+            fsync_dir(pending.staging)
+        final = root / iteration_name(it)
+        if final.exists():
+            if read_marker(root) == it:
+                # Re-saving the committed iteration: keep the old copy reachable until the new one
+                # is in place (the loader falls back to `.replaced` if it finds no iteration dir).
+                shutil.rmtree(root / replaced_name(it), ignore_errors=True)
+                os.replace(final, root / replaced_name(it))
+            else:
+                trash = root / trash_name(final.name, secrets.token_hex(4))
+                os.replace(final, trash)
+        os.replace(pending.staging, final)
+        if opts.fsync:
+            fsync_dir(root)
+        write_marker(root, it, fsync=opts.fsync)
+        remove_leftovers(root)
+        return rotate(root, opts.save_max, keep=it)
+
+
+def save(
+    options: SaveOptions | str | os.PathLike,
+    iteration: int,
+    model_state: Mapping[str, Any],
+    optimizer_state: Mapping[str, Any] | None = None,
+    *,
+    common: Mapping[str, Any] | None = None,
+    per_rank: Any = None,
+    comm: Collective | None = None,
+) -> SaveResult | None:
+    """One-shot save (committed when it returns). For repeated saves keep a `Saver`, which holds
+    the layout cache and the async writer."""
+    if not isinstance(options, SaveOptions):
+        options = SaveOptions(save_path=os.fspath(options))
+    saver = Saver(options, comm)
+    try:
+        result = saver.save(iteration, model_state, optimizer_state, common=common, per_rank=per_rank)
+        final = saver.finalize()
+        return final or result
+    finally:
+        if saver._writer is not None:
+            saver._writer.shutdown()
