@@ -28,6 +28,10 @@ logger = logging.getLogger("mf_data")
 _INDEX_NAMES = ("dataset_index", "dataset_sample_index")
 
 
+def _always() -> bool:
+    return True
+
+
 class BlendedDataset:
     """Megatron-Core's `BlendedDataset(datasets, weights, size, config)`."""
 
@@ -72,7 +76,7 @@ class BlendedDataset:
         self.weights = weights
         self.size = size
         self.config = config
-        self.is_built_on_rank = is_built_on_rank or (lambda: True)
+        self.is_built_on_rank = is_built_on_rank or _always
         ids: OrderedDict[str, Any] = OrderedDict()
         ids["class"] = type(self).__name__
         ids["datasets"] = [d.unique_identifiers for d in self.datasets]
@@ -83,6 +87,16 @@ class BlendedDataset:
         self.unique_identifiers = ids
         self.unique_description, self.unique_description_hash = describe(ids)
         self.dataset_index, self.dataset_sample_index = self._build_indices()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The build callback is only needed while building; it may not pickle (a lambda).
+        state = dict(self.__dict__)
+        state["is_built_on_rank"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.is_built_on_rank = _always
 
     def _build(self) -> dict[str, np.ndarray]:
         if self.size is not None:

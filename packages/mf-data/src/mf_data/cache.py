@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CacheTimeoutError, DataFileError
+from .fsutil import atomic_write
 
 logger = logging.getLogger("mf_data")
 
@@ -107,22 +107,8 @@ class IndexCache:
     def save(self, arrays: Mapping[str, np.ndarray]) -> None:
         os.makedirs(self.directory, exist_ok=True)
         for name in self.names:
-            _atomic_write(self.npy_path(name), lambda f, a=arrays[name]: np.save(f, a, allow_pickle=False))
-        _atomic_write(self.description_path, lambda f: f.write(self.description.encode("utf-8")))
-
-
-def _atomic_write(path: str, write: Callable[[Any], Any]) -> None:
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+            atomic_write(self.npy_path(name), lambda f, a=arrays[name]: np.save(f, a, allow_pickle=False))
+        atomic_write(self.description_path, lambda f: f.write(self.description.encode("utf-8")))
 
 
 def directory_writable(path: str) -> bool:

@@ -82,6 +82,16 @@ class GPTDataset:
         self.document_index, self.sample_index, self.shuffle_index = self._build_document_sample_shuffle_indices()
         self._padding_sample: dict[str, np.ndarray] | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The build callback is only needed while building; it may not pickle (a lambda).
+        state = dict(self.__dict__)
+        state["is_built_on_rank"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.is_built_on_rank = _always
+
     # --- Megatron's low-level hooks ----------------------------------------------------------
     @staticmethod
     def numel_low_level_dataset(low_level_dataset: IndexedDataset) -> int:

@@ -1,0 +1,102 @@
+"""Reading jsonl corpora (plain or gzip): documents with line numbers, bad lines counted.
+
+A line is a document when it is a JSON object whose every requested key holds a string (or a
+list of strings: pre-split sentences, kept as separate sequences of one document, as Megatron's
+preprocessing does). Blank lines are skipped. Anything else is a bad line: fatal with
+`strict=True` (one error naming file and line), otherwise counted and reported.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO
+
+from .errors import InputError
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def open_binary(path: str) -> IO[bytes]:
+    """The file's bytes, gunzipped when it starts with the gzip magic (whatever its name)."""
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: input file not found")
+    with open(path, "rb") as probe:
+        magic = probe.read(2)
+    return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
+
+
+class LineError(ValueError):
+    """Why one line is not a usable document."""
+
+
+def parse_line(line: bytes, json_keys: Sequence[str]) -> dict[str, str | list[str]] | None:
+    """The requested fields of one line; None for a blank line; LineError when unusable."""
+    if not line.strip():
+        return None
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise LineError(f"invalid JSON ({str(err).split(':')[0]})") from None
+    if not isinstance(obj, dict):
+        raise LineError(f"expected a JSON object, got {type(obj).__name__}")
+    out: dict[str, str | list[str]] = {}
+    for key in json_keys:
+        if key not in obj:
+            raise LineError(f"missing key {key!r}")
+        value = obj[key]
+        if isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            out[key] = value
+        else:
+            raise LineError(f"key {key!r} holds {type(value).__name__}, expected a string")
+    return out
+
+
+@dataclass
+class BadLines:
+    """Bad lines seen so far: the count and the first few locations."""
+
+    keep: int = 10
+    count: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, where: str, reason: str) -> None:
+        self.count += 1
+        if len(self.examples) < self.keep:
+            self.examples.append(f"{where}: {reason}")
+
+    def summary(self) -> str:
+        more = f" (and {self.count - len(self.examples)} more)" if self.count > len(self.examples) else ""
+        return f"skipped {self.count} bad line(s): " + "; ".join(self.examples) + more
+
+
+def iter_lines(paths: Iterable[str]) -> Iterator[tuple[str, int, bytes]]:
+    """(path, 1-based line number, raw line) over every input file."""
+    for path in paths:
+        with open_binary(path) as f:
+            for number, line in enumerate(f, start=1):
+                yield path, number, line
+
+
+def iter_documents(
+    paths: Sequence[str], json_keys: Sequence[str], strict: bool, stats: dict[str, int] | None = None,
+    bad: BadLines | None = None,
+) -> Iterator[dict[str, str | list[str]]]:
+    bad = bad if bad is not None else BadLines()
+    docs = 0
+    for path, number, line in iter_lines(paths):
+        try:
+            doc = parse_line(line, json_keys)
+        except LineError as err:
+            if strict:
+                raise InputError(f"{path}:{number}: {err}") from None
+            bad.add(f"{path}:{number}", str(err))
+            continue
+        if doc is not None:
+            docs += 1
+            yield doc
+    if stats is not None:
+        stats.update(documents=docs, bad_lines=bad.count)

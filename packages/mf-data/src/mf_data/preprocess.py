@@ -1,0 +1,248 @@
+"""jsonl -> Megatron `.bin/.idx`, tokenized with a sentencepiece model, on N worker processes.
+
+For each `--json-keys` key K the output is `<output_prefix>_K_document.{bin,idx}`, as Megatron's
+`tools/preprocess_data.py` names it. Each input line is one document; a string value is one
+sequence, a list of strings one sequence per entry (empty ones dropped); `append_eod` adds the
+model's end-of-sentence id to the document's last sequence. A document with no tokens is kept as
+a document without sequences, like Megatron, so the outputs of several keys stay aligned line
+for line. Token dtype: uint16 for a vocabulary below 65500, else int32 (Megatron's rule).
+
+Lines are read by the main process, encoded in chunks by the workers (each with its own model,
+one thread each) and written back in input order. Outputs are built under temporary names and
+renamed at the end; on any error (or a bad line with `strict`) nothing is left behind and
+existing files are untouched. Existing outputs are refused unless `overwrite`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import numpy as np
+
+from .errors import InputError
+from .indexed_dataset import DType, IndexedDatasetBuilder, get_bin_path, get_idx_path
+from .jsonl import BadLines, LineError, open_binary, parse_line
+from .tokenizer import SentencePieceTokenizer
+
+_worker_tokenizer: SentencePieceTokenizer | None = None
+
+
+@dataclass
+class Chunk:
+    path: str
+    first_line: int
+    lines: list[bytes]
+
+
+@dataclass
+class Encoded:
+    """One chunk, encoded: per key the flat tokens, sequence lengths and sequences per document."""
+
+    tokens: dict[str, np.ndarray]
+    lengths: dict[str, np.ndarray]
+    per_doc: dict[str, np.ndarray]
+    documents: int
+    empty: dict[str, int]
+    bad: list[tuple[str, int, str]] = field(default_factory=list)
+    nbytes: int = 0
+
+
+def _init_worker(model_path: str) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = SentencePieceTokenizer(model_path)
+
+
+def encode_chunk(chunk: Chunk, json_keys: Sequence[str], append_eod: int | None, tokenizer: SentencePieceTokenizer | None = None) -> Encoded:
+    tok = tokenizer or _worker_tokenizer
+    assert tok is not None
+    docs: list[dict[str, Any]] = []
+    bad: list[tuple[str, int, str]] = []
+    for offset, line in enumerate(chunk.lines):
+        try:
+            doc = parse_line(line, json_keys)
+        except LineError as err:
+            bad.append((chunk.path, chunk.first_line + offset, str(err)))
+            continue
+        if doc is not None:
+            docs.append(doc)
+    out = Encoded({}, {}, {}, len(docs), {}, bad, sum(len(line) for line in chunk.lines))
+    for key in json_keys:
+        texts: list[str] = []
+        counts: list[int] = []
+        for doc in docs:
+            value = doc[key]
+            parts = value if isinstance(value, list) else [value]
+            texts.extend(parts)
+            counts.append(len(parts))
+        ids = tok.encode(texts) if texts else []
+        flat: list[int] = []
+        lengths: list[int] = []
+        per_doc: list[int] = []
+        empty = 0
+        pos = 0
+        for n in counts:
+            seqs = [s for s in ids[pos : pos + n] if s]
+            pos += n
+            if seqs and append_eod is not None:
+                seqs[-1] = [*seqs[-1], append_eod]
+            if not seqs:
+                empty += 1
+            for s in seqs:
+                flat.extend(s)
+                lengths.append(len(s))
+            per_doc.append(len(seqs))
+        out.tokens[key] = np.asarray(flat, dtype=np.int32)
+        out.lengths[key] = np.asarray(lengths, dtype=np.int64)
+        out.per_doc[key] = np.asarray(per_doc, dtype=np.int64)
+        out.empty[key] = empty
+    return out
+
+
+def _encode_in_worker(args: tuple[Chunk, Sequence[str], int | None]) -> Encoded:
+    return encode_chunk(*args)
+
+
+def _chunks(paths: Sequence[str], chunk_lines: int) -> Iterator[Chunk]:
+    for path in paths:
+        with open_binary(path) as f:
+            lines: list[bytes] = []
+            first = 1
+            for number, line in enumerate(f, start=1):
+                if not lines:
+                    first = number
+                lines.append(line)
+                if len(lines) >= chunk_lines:
+                    yield Chunk(path, first, lines)
+                    lines = []
+            if lines:
+                yield Chunk(path, first, lines)
+
+
+def output_prefixes(output_prefix: str, json_keys: Sequence[str]) -> dict[str, str]:
+    return {key: f"{output_prefix}_{key}_document" for key in json_keys}
+
+
+def preprocess(
+    inputs: Sequence[str],
+    tokenizer_model: str,
+    output_prefix: str,
+    json_keys: Sequence[str] = ("text",),
+    append_eod: bool = False,
+    workers: int = 1,
+    strict: bool = False,
+    overwrite: bool = False,
+    chunk_lines: int = 512,
+    progress: bool | None = None,
+    log: IO[str] | None = None,
+) -> dict[str, Any]:
+    """Tokenize `inputs` into one `.bin/.idx` pair per key; returns the summary figures."""
+    log = log or sys.stderr
+    if workers < 1:
+        raise InputError(f"--workers must be at least 1, got {workers}")
+    if not json_keys or len(set(json_keys)) != len(json_keys):
+        raise InputError(f"--json-keys must name distinct keys, got {list(json_keys)}")
+    for path in inputs:
+        if not os.path.isfile(path):
+            raise InputError(f"{path}: input file not found")
+    tokenizer = SentencePieceTokenizer(tokenizer_model)
+    eod = None
+    if append_eod:
+        eod = tokenizer.eod
+        if eod is None:
+            raise InputError(f"{tokenizer_model}: the model has no end-of-sentence piece, so --append-eod has no id to add")
+    dtype = DType.optimal_dtype(tokenizer.vocab_size)
+    prefixes = output_prefixes(output_prefix, json_keys)
+    out_dir = os.path.dirname(os.path.abspath(output_prefix))
+    if not os.path.isdir(out_dir):
+        raise InputError(f"{out_dir}: output directory does not exist")
+    for prefix in prefixes.values():
+        for path in (get_bin_path(prefix), get_idx_path(prefix)):
+            if os.path.exists(path) and not overwrite:
+                raise InputError(f"{path}: exists; refusing to overwrite (pass --overwrite)")
+
+    builders = {key: IndexedDatasetBuilder(get_bin_path(p), dtype=dtype, overwrite=True) for key, p in prefixes.items()}
+    bad = BadLines()
+    totals = {"documents": 0, "tokens": dict.fromkeys(json_keys, 0), "empty": dict.fromkeys(json_keys, 0)}
+    started = time.perf_counter()
+    pool = None
+    bar = _progress_bar(inputs, progress)
+    try:
+        tasks = ((chunk, list(json_keys), eod) for chunk in _chunks(inputs, chunk_lines))
+        if workers == 1:
+            results: Iterator[Encoded] = (encode_chunk(c, k, e, tokenizer) for c, k, e in tasks)
+        else:
+            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.model_path,))
+            results = pool.imap(_encode_in_worker, tasks, chunksize=1)
+        for enc in results:
+            for path, number, reason in enc.bad:
+                if strict:
+                    raise InputError(f"{path}:{number}: {reason} (--strict)")
+                bad.add(f"{path}:{number}", reason)
+            totals["documents"] += enc.documents
+            for key, builder in builders.items():
+                builder.add_documents(enc.tokens[key], enc.lengths[key], enc.per_doc[key])
+                totals["tokens"][key] += int(enc.tokens[key].size)
+                totals["empty"][key] += enc.empty[key]
+            if bar is not None:
+                bar.update(enc.nbytes)
+        if totals["documents"] == 0:
+            raise InputError(f"no documents in {', '.join(inputs)} (every line was blank or bad)")
+        for key, builder in builders.items():
+            builder.finalize(get_idx_path(prefixes[key]))
+    except BaseException:
+        for builder in builders.values():
+            builder.abort()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    seconds = time.perf_counter() - started
+    all_tokens = sum(totals["tokens"].values())
+    summary = {
+        "documents": totals["documents"],
+        "tokens": totals["tokens"],
+        "empty_documents": totals["empty"],
+        "bad_lines": bad.count,
+        "seconds": seconds,
+        "tokens_per_second": all_tokens / seconds if seconds > 0 else float("inf"),
+        "outputs": prefixes,
+        "dtype": np.dtype(dtype).name,
+        "vocab_size": tokenizer.vocab_size,
+    }
+    for key, prefix in prefixes.items():
+        print(f"{prefix}.{{bin,idx}}: {totals['documents']} documents, {totals['tokens'][key]} tokens "
+              f"({np.dtype(dtype).name}), {totals['empty'][key]} empty", file=log)
+    print(f"preprocessed {totals['documents']} documents, {all_tokens} tokens in {seconds:.2f} s "
+          f"({summary['tokens_per_second']:,.0f} tokens/s, {workers} worker(s))", file=log)
+    if bad.count:
+        print(bad.summary(), file=log)
+    return summary
+
+
+def _progress_bar(inputs: Sequence[str], enabled: bool | None) -> Any:
+    if enabled is False:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # declared dependency; degrade to no bar rather than fail the job
+        return None
+    plain = all(not _is_gzip(p) for p in inputs)
+    total = sum(os.path.getsize(p) for p in inputs) if plain else None
+    # disable=None: a bar on a terminal only, so logs and pipes stay clean unless asked.
+    return tqdm(total=total, unit="B", unit_scale=True, desc="preprocess", disable=None if enabled is None else False,
+                file=sys.stderr)
+
+
+def _is_gzip(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"

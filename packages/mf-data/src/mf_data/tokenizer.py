@@ -1,0 +1,120 @@
+"""SentencePiece models: loading one for preprocessing, training one from a jsonl corpus.
+
+sentencepiece is the optional `tokenizer` extra (`pip install "mf-data[tokenizer]"`); everything
+else in mf-data works without it. Errors (missing package, unreadable model, impossible vocabulary
+size) become one-line `InputError`s.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from .errors import InputError
+from .fsutil import atomic_write_bytes
+from .jsonl import iter_documents
+
+
+def _spm() -> Any:
+    try:
+        import sentencepiece
+    except ImportError:
+        raise InputError("sentencepiece is not installed: pip install 'mf-data[tokenizer]'") from None
+    return sentencepiece
+
+
+class SentencePieceTokenizer:
+    """A loaded `.model`: `vocab_size`, `eod` (the model's end-of-sentence id) and batch `encode`."""
+
+    def __init__(self, model_path: str) -> None:
+        self.model_path = os.fspath(model_path)
+        if not os.path.isfile(self.model_path):
+            raise InputError(f"{self.model_path}: tokenizer model not found")
+        spm = _spm()
+        self._sp = spm.SentencePieceProcessor()
+        try:
+            self._sp.Load(self.model_path)
+        except (OSError, RuntimeError) as err:
+            raise InputError(f"{self.model_path}: not a sentencepiece model ({_short(err)})") from None
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._sp.GetPieceSize())
+
+    @property
+    def eod(self) -> int | None:
+        eos = int(self._sp.eos_id())
+        return None if eos < 0 else eos
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        # One thread per call: parallelism comes from worker processes, one per requested worker.
+        return self._sp.Encode(list(texts), out_type=int, num_threads=1)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._sp.Decode([int(i) for i in ids])
+
+    # Workers receive the path and load their own copy.
+    def __getstate__(self) -> str:
+        return self.model_path
+
+    def __setstate__(self, state: str) -> None:
+        self.__init__(state)  # type: ignore[misc]
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    # sentencepiece prefixes messages with "INTERNAL: file.cc(123) [check] "; keep the sentence.
+    return re.sub(r"^.*?\]\s*", "", text) if "]" in text else text
+
+
+def _training_lines(paths: Sequence[str], json_keys: Sequence[str], stats: dict[str, int]) -> Iterator[str]:
+    """Non-empty lines of the documents: sentencepiece skips over-long "sentences", so whole
+    documents would mostly be ignored."""
+    for doc in iter_documents(paths, json_keys, strict=False, stats=stats):
+        for text in doc.values():
+            for part in text if isinstance(text, list) else [text]:
+                for line in part.splitlines():
+                    if line.strip():
+                        yield line
+
+
+def train_sentencepiece(
+    inputs: Sequence[str],
+    output: str,
+    vocab_size: int,
+    json_keys: Sequence[str] = ("text",),
+    model_type: str = "unigram",
+    character_coverage: float = 1.0,
+    byte_fallback: bool = False,
+    threads: int = 1,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Train a model on the json_keys of jsonl corpora; write it atomically to `output`."""
+    spm = _spm()
+    if vocab_size < 2:
+        raise InputError(f"--vocab-size must be at least 2, got {vocab_size}")
+    if os.path.exists(output) and not overwrite:
+        raise InputError(f"{output}: exists; refusing to overwrite (pass --overwrite)")
+    stats: dict[str, int] = {}
+    lines = _training_lines(inputs, json_keys, stats)
+    buffer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.Train(
+            sentence_iterator=lines,
+            model_writer=buffer,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            byte_fallback=byte_fallback,
+            num_threads=threads,
+            minloglevel=2,
+        )
+    except RuntimeError as err:
+        raise InputError(f"sentencepiece training failed: {_short(err)}") from None
+    if not buffer.getvalue():
+        raise InputError("sentencepiece training produced no model (is the corpus empty?)")
+    atomic_write_bytes(output, buffer.getvalue())
+    return {"output": output, "vocab_size": vocab_size, **stats}
