@@ -1,0 +1,85 @@
+"""Fixtures for mf-data's tests: small datasets written on the fly, the Megatron reference cases,
+and a sentencepiece model trained once per session on the demo corpus."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mf_data import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig, IndexedDatasetBuilder
+
+SPLITS = ("train", "valid", "test")
+
+
+def case_config(fixtures: Path, case: dict, cache: Path, **overrides) -> GPTDatasetConfig:
+    """The GPTDatasetConfig a cases.json entry describes (see shared/fixtures/README.md)."""
+    prefixes, weights = case["blend"]
+    fields = dict(
+        random_seed=case["seed"],
+        sequence_length=case["seq"],
+        blend=([str(fixtures / p) for p in prefixes], weights),
+        split=case["split"],
+        path_to_cache=str(cache),
+        eod=1,
+        pad=-1,
+        create_attention_mask=False,
+        reset_attention_mask=False,
+        mid_level_dataset_surplus=0.005,
+        add_extra_token_to_sequence=True,
+        **case.get("flags", {}),
+    )
+    fields.update(overrides)
+    return GPTDatasetConfig(**fields)
+
+
+@pytest.fixture(scope="session")
+def megatron_cases(megatron_fixtures: Path) -> dict[str, dict]:
+    with open(megatron_fixtures / "cases.json") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def built_cases(megatron_fixtures: Path, megatron_cases: dict, tmp_path_factory) -> dict[str, list]:
+    """Every reference case built once: name -> [train, valid, test]."""
+    out = {}
+    for name, case in megatron_cases.items():
+        cache = tmp_path_factory.mktemp(f"cache-{name}")
+        config = case_config(megatron_fixtures, case, cache)
+        out[name] = BlendedMegatronDatasetBuilder(GPTDataset, case["sizes"], lambda: True, config).build()
+    return out
+
+
+@pytest.fixture
+def write_dataset(tmp_path: Path) -> Callable[..., str]:
+    """write_dataset(docs, dtype=np.uint16, name="d") -> prefix of a .bin/.idx holding `docs`."""
+
+    def write(docs: Sequence[Sequence[int]], dtype=np.uint16, name: str = "d") -> str:
+        prefix = str(tmp_path / name)
+        builder = IndexedDatasetBuilder(prefix + ".bin", dtype=dtype)
+        for doc in docs:
+            builder.add_document(np.asarray(doc), [len(doc)])
+        builder.finalize(prefix + ".idx")
+        return prefix
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def demo_corpus(tmp_path_factory) -> Path:
+    from mf_data.demo_corpus import make_demo_corpus
+
+    directory = tmp_path_factory.mktemp("demo")
+    return Path(make_demo_corpus(str(directory))["path"])
+
+
+@pytest.fixture(scope="session")
+def spm_model(demo_corpus: Path, tmp_path_factory) -> Path:
+    from mf_data.tokenizer import train_sentencepiece
+
+    out = tmp_path_factory.mktemp("spm") / "spm.model"
+    train_sentencepiece([str(demo_corpus)], str(out), vocab_size=400)
+    return out

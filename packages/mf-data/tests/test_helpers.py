@@ -1,0 +1,98 @@
+"""The vectorised index builders against straight-line loops that follow Megatron's C++ step by step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mf_data import helpers
+from mf_data._reference import blending_indices_loop, build_sample_idx_loop, exhaustive_blending_indices_loop
+
+
+def _random_sample_idx_case(rng):
+    n = int(rng.integers(1, 80))
+    sizes = rng.integers(0, 50, size=n).astype(np.int32)
+    sizes[rng.integers(0, n)] = max(2, sizes.max())  # at least two tokens overall
+    epochs = int(rng.integers(1, 4))
+    docs = np.tile(np.arange(n, dtype=np.int32), epochs)
+    rng.shuffle(docs)
+    return sizes, docs, int(rng.integers(1, 60)), epochs, int(sizes.sum())
+
+
+def test_sample_index_matches_the_walk():
+    rng = np.random.default_rng(1234)
+    for _ in range(400):
+        sizes, docs, seq, epochs, tokens = _random_sample_idx_case(rng)
+        for drop_last in (True, False):
+            for extra in (True, False):
+                got = helpers.build_sample_idx(sizes, docs, seq, epochs, tokens, drop_last, extra)
+                want = build_sample_idx_loop(sizes, docs, seq, epochs, tokens, drop_last, extra)
+                assert got.dtype == want.dtype and np.array_equal(got, want), (seq, drop_last, extra)
+
+
+def test_sample_index_chunk_boundaries(monkeypatch):
+    """The running token count is processed in chunks; boundaries must not matter."""
+    rng = np.random.default_rng(7)
+    sizes, docs, seq, epochs, tokens = _random_sample_idx_case(rng)
+    want = build_sample_idx_loop(sizes, docs, seq, epochs, tokens)
+    for chunk in (1, 2, 3, 7):
+        monkeypatch.setattr(helpers, "_DOC_CHUNK", chunk)
+        assert np.array_equal(helpers.build_sample_idx(sizes, docs, seq, epochs, tokens), want)
+
+
+def test_sample_index_dtype_rule():
+    sizes = np.array([5, 7], dtype=np.int32)
+    docs = np.array([0, 1], dtype=np.int32)
+    assert helpers.build_sample_idx(sizes, docs, 3, 1, 12).dtype == np.int32
+    assert helpers.sample_index_dtype(2, np.array([5, 2**31 - 1], dtype=np.int64)) == np.int32
+    assert helpers.sample_index_dtype(2, np.array([5, 2**31], dtype=np.int64)) == np.int64
+    assert helpers.sample_index_dtype(2**31, sizes) == np.int64
+
+
+@pytest.mark.parametrize("size", [1, 37, 2047, 2048, 20000])
+def test_blending_matches_the_greedy_loop(size):
+    """Both the plain loop (small) and the speculative path (>= 2048 samples) are exact."""
+    rng = np.random.default_rng(size)
+    for trial in range(12):
+        n = int(rng.integers(1, 9))
+        w = rng.random(n) ** 3 + 1e-4
+        w = (w / w.sum()).tolist()
+        got = helpers.build_blending_indices(w, size)
+        want = blending_indices_loop(w, size)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), (trial, w)
+        assert got[0].dtype == np.int16 and got[1].dtype == np.int64
+
+
+def test_blending_extreme_and_tied_weights():
+    for w in ([0.5, 0.5], [1 / 3] * 3, [1e-6, 1 - 1e-6], [0.25] * 4, [0.1, 0.2, 0.3, 0.4], [1.0]):
+        got = helpers.build_blending_indices(w, 9000)
+        want = blending_indices_loop(w, 9000)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), w
+
+
+def test_exhaustive_blending_matches_the_loop():
+    rng = np.random.default_rng(3)
+    for _ in range(10):
+        sizes = rng.integers(1, 3000, size=int(rng.integers(1, 6))).tolist()
+        got = helpers.build_exhaustive_blending_indices(sizes)
+        want = exhaustive_blending_indices_loop(sizes)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), sizes
+        assert np.bincount(got[0], minlength=len(sizes)).tolist() == sizes
+
+
+def test_shuffles_follow_megatron_random_state_order():
+    docs = np.arange(10, 20, dtype=np.int32)
+    rs = np.random.RandomState(5)
+    doc_index = helpers.build_document_index(docs, 3, rs, separate_final_epoch=True)
+    shuffle = helpers.build_shuffle_index(7, 12, rs)
+    replay = np.random.RandomState(5)
+    first = np.tile(docs, 2)
+    replay.shuffle(first)
+    last = docs.copy()
+    replay.shuffle(last)
+    head = np.arange(7, dtype=np.uint32)
+    replay.shuffle(head)
+    tail = np.arange(7, 12, dtype=np.uint32)
+    replay.shuffle(tail)
+    assert np.array_equal(doc_index, np.concatenate([first, last])) and doc_index.dtype == np.int32
+    assert np.array_equal(shuffle, np.concatenate([head, tail])) and shuffle.dtype == np.uint32
