@@ -15,7 +15,7 @@ import secrets
 import shutil
 from pathlib import Path
 
-from .ckpt_dir import COMMON, committed_dirs, read_marker, trash_name
+from .ckpt_dir import COMMON, MARKER, committed_dirs, read_marker, trash_name
 
 
 def _saved_at(path: Path) -> float:
@@ -49,9 +49,11 @@ def rotate(root: Path, save_max: int | None, keep: int) -> list[int]:
     return deleted
 
 
-def remove_leftovers(root: Path, keep: set[str] = frozenset()) -> None:
-    """Delete hidden staging/trash/replaced directories left by interrupted saves."""
+def remove_leftovers(root: Path) -> None:
+    """Delete what interrupted saves leave behind: hidden staging/trash/replaced directories and
+    temp files of the marker. Called by rank 0 right after a commit, when no save is in flight."""
     for p in Path(root).iterdir():
-        if p.name.startswith(".iteration_") and p.name not in keep and p.is_dir():
-            if p.name.endswith((".incomplete", ".trash", ".replaced")):
-                shutil.rmtree(p, ignore_errors=True)
+        if p.name.startswith(".iteration_") and p.name.endswith((".incomplete", ".trash", ".replaced")):
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.name.startswith(f".{MARKER}.") and p.name.endswith(".tmp"):
+            p.unlink(missing_ok=True)
