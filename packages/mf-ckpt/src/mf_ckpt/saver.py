@@ -85,6 +85,22 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def common_info(iteration: int, world_size: int, common_json: Any, per_rank: list[Any] | None = None) -> dict:
+    """The content of common.json (`common_json` already encoded by `jsonable.encode`)."""
+    info = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "iteration": iteration,
+        "world_size": world_size,
+        "saved_at": time.time(),
+        "versions": _versions(),
+        "common": common_json,
+    }
+    if per_rank and any(p is not None for p in per_rank):
+        info["per_rank"] = per_rank
+    return info
+
+
 def _describe_error(e: BaseException) -> str:
     if isinstance(e, CheckpointError):
         return str(e)
@@ -295,18 +311,8 @@ class Saver:
     def _publish(self, pending: _Pending, per_rank: list[Any]) -> list[int]:
         """Rank 0: common.json, rename into place, move the marker, rotate."""
         opts, root, it = self.options, self.root, pending.iteration
-        info = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "iteration": it,
-            "world_size": self.comm.world_size,
-            "saved_at": time.time(),
-            "versions": _versions(),
-            "common": pending.common,
-        }
-        if any(p is not None for p in per_rank):
-            info["per_rank"] = per_rank
-        write_json(pending.staging / COMMON, info, fsync=opts.fsync)
+        write_json(pending.staging / COMMON, common_info(it, self.comm.world_size, pending.common, per_rank),
+                   fsync=opts.fsync)
         if opts.fsync:
             fsync_dir(pending.staging)
         final = root / iteration_name(it)

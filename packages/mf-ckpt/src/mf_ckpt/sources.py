@@ -15,6 +15,7 @@ from . import jsonable
 from .ckpt_dir import COMMON, FORMAT, FORMAT_VERSION, MARKER, METADATA, committed_dirs, resolve
 from .errors import CheckpointError
 from .fsutil import read_json, safe_member
+from .hf.convert import warn_skipped
 from .hf.io import is_hf_dir, open_hf_dir
 from .layout import PARTS, CheckpointLayout, Chunk, TensorMeta, parse_tensors
 from .st_dir import has_tensors, tensor_locations
@@ -65,6 +66,7 @@ def open_mf(path: Path, iteration: int | None = None) -> CheckpointLayout:
 
 def open_hf(path: Path) -> CheckpointLayout:
     hf = open_hf_dir(path)
+    warn_skipped(hf.skipped, str(path))
     tensors = {}
     for name, target in hf.plan.targets.items():
         code = hf.info(target.pieces[0].hf).dtype

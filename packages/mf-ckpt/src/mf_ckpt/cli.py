@@ -1,0 +1,167 @@
+"""`mf-ckpt` (also `mf ckpt`): inspect, verify, merge and convert checkpoints.
+
+Bad input never shows a traceback: one line on stderr and exit status 2; outputs are written to a
+temp directory renamed into place, and a non-empty destination is refused without --force.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+
+from . import __version__
+from .errors import CheckpointError
+from .hf.convert import supported_model_types
+from .inspection import describe, verify
+from .tools import convert_hf_to_mf, convert_mf_to_hf, merge
+from .units import format_size, parse_size
+
+EXIT_BAD_INPUT = 2
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print the usage too: keep it to one line
+        raise _UsageError(f"{self.prog}: {message}")
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except CheckpointError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mf-ckpt", description="Inspect, verify, merge and convert mf checkpoints.")
+    parser.add_argument("--version", action="version", version=f"mf-ckpt {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("inspect", help="show step, tensors, shapes, dtypes, shards and sizes")
+    p.add_argument("path", help="save directory, iteration directory, HF directory or merged directory")
+    p.add_argument("--iteration", type=int, help="an iteration other than the latest committed one")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("verify", help="check metadata against every file and read every chunk")
+    p.add_argument("path")
+    p.add_argument("--iteration", type=int)
+
+    p = sub.add_parser("merge", help="write one full (unsharded) copy, optionally in size-limited shards")
+    p.add_argument("path")
+    p.add_argument("out")
+    p.add_argument("--iteration", type=int)
+    p.add_argument("--max-shard-size", type=_size, help="e.g. 2GB: shards plus an HF-style index")
+    p.add_argument("--no-optim", action="store_true", help="leave the optimizer state out")
+    p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+
+    p = sub.add_parser("convert", help="Hugging Face <-> mf")
+    p.add_argument("--from", dest="src_format", choices=["hf", "mf"], required=True)
+    p.add_argument("--to", dest="dst_format", choices=["hf", "mf"], required=True)
+    p.add_argument("--arch", help=f"architecture of an HF source ({', '.join(supported_model_types())})")
+    p.add_argument("--hf-config", help="config.json (or its directory) for mf -> hf when the checkpoint has none")
+    p.add_argument("--iteration", type=int, help="mf source: iteration; hf source: iteration to write (default 0)")
+    p.add_argument("--max-shard-size", type=_size, help="hf output: shard size limit, e.g. 2GB")
+    p.add_argument("--force", action="store_true", help="replace a non-empty DST")
+    p.add_argument("src")
+    p.add_argument("dst")
+    return parser
+
+
+def _print_inspect(info: dict) -> None:
+    kinds = {"mf": "mf checkpoint", "hf": "Hugging Face directory", "safetensors": "merged safetensors directory"}
+    head = f"{kinds[info['kind']]}: {info['path']}"
+    if info["iteration"] is not None:
+        head += f"\niteration: {info['iteration']}"
+    if info["world_size"]:
+        head += f"\nsaved by: {info['world_size']} rank(s)"
+    print(head)
+    scalars = {k: v for k, v in info["common"].items() if isinstance(v, (int, float, str, bool))}
+    if scalars:
+        print("common: " + ", ".join(f"{k}={v}" for k, v in sorted(scalars.items())))
+    others = sorted(k for k in info["common"] if k not in scalars)
+    if others:
+        print("common (structured): " + ", ".join(others))
+    for part, tensors in info["parts"].items():
+        print(f"{part}: {len(tensors)} tensors, {format_size(info['tensor_bytes'][part])}")
+        width = max((len(n) for n in tensors), default=0)
+        for name, t in tensors.items():
+            shape = "[" + ", ".join(str(d) for d in t["shape"]) + "]"
+            print(f"  {name:<{width}}  {t['dtype']:<7} {shape:<20} chunks={t['chunks']}")
+    files = info["files"]
+    print(f"files: {len(files)}, {format_size(info['file_bytes'])}")
+    for name, size in files.items():
+        print(f"  {name}  {format_size(size) if size is not None else 'MISSING'}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    progress = sys.stderr.isatty()
+    if args.command == "inspect":
+        info = describe(args.path, args.iteration)
+        if args.json:
+            print(json.dumps(info, indent=2, sort_keys=True))
+        else:
+            _print_inspect(info)
+        return 0
+    if args.command == "verify":
+        result = verify(args.path, args.iteration, progress=progress)
+        print(f"OK: {result['tensors']} tensors, {result['chunks']} chunks, {format_size(result['bytes'])} "
+              f"read back from {result['path']}")
+        return 0
+    if args.command == "merge":
+        merge(args.path, args.out, iteration=args.iteration, max_shard_size=args.max_shard_size,
+              optimizer=not args.no_optim, overwrite=args.force, progress=progress)
+        print(f"merged into {args.out}")
+        return 0
+    if args.command == "convert":
+        if (args.src_format, args.dst_format) == ("hf", "mf"):
+            if not args.arch:
+                raise _UsageError("mf-ckpt convert: --arch is required with --from hf")
+            if args.hf_config or args.max_shard_size:
+                raise _UsageError("mf-ckpt convert: --hf-config and --max-shard-size apply to --to hf only")
+            convert_hf_to_mf(args.src, args.dst, arch=args.arch, iteration=args.iteration or 0,
+                             overwrite=args.force, progress=progress)
+        elif (args.src_format, args.dst_format) == ("mf", "hf"):
+            if args.arch:
+                raise _UsageError("mf-ckpt convert: --arch applies to --from hf only (mf -> hf uses the carried config.json)")
+            convert_mf_to_hf(args.src, args.dst, iteration=args.iteration, hf_config=args.hf_config,
+                             max_shard_size=args.max_shard_size, overwrite=args.force, progress=progress)
+        else:
+            raise _UsageError(f"mf-ckpt convert: --from {args.src_format} --to {args.dst_format} is not a conversion")
+        print(f"converted {args.src} ({args.src_format}) -> {args.dst} ({args.dst_format})")
+        return 0
+    raise AssertionError(args.command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `mf-ckpt` and of `mf ckpt`; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            status = _run(args)
+        for w in caught:
+            print(f"mf-ckpt: warning: {w.message}", file=sys.stderr)
+        return status
+    except (_UsageError, CheckpointError) as e:
+        print(f"mf-ckpt: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:  # `mf-ckpt inspect DIR | head`: the reader left, nothing to report
+        sys.stdout = open(os.devnull, "w")  # keeps the interpreter's exit flush quiet
+        return 0
+    except OSError as e:  # disk full, permission denied...: still one line, nothing half-written
+        print(f"mf-ckpt: error: {e.filename or ''}: {e.strerror or e}".replace("error: : ", "error: "), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("mf-ckpt: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
