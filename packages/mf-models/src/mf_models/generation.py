@@ -7,33 +7,67 @@ applies HF's warpers in HF's order (temperature, top-k, top-p) with a numpy gene
 `seed` (reproducible here, not bit-identical to torch's sampler). A row that emits an EOS token is
 padded with `pad_token_id` afterwards; generation stops when every row has finished.
 
-Runs in PyNative mode (the cache grows each step); a GRAPH_MODE context is switched for the call
-and restored.
+Runs in the context's mode. Shapes are fixed per call: the cached path has one prefill shape
+[B, P] and one decode shape [B, 1] (two graphs in GRAPH_MODE, reused for every step and kept for
+the next call with the same model and sizes); `use_cache=False` recomputes a fixed [B, P + n]
+buffer every step (positions past the current token are causally invisible), one graph.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor
+from mindspore import Tensor, nn, ops
 
 from .common.attention import KVCache
 from .common.transformer import CausalLM
 
 
-@contextmanager
-def _pynative() -> Iterator[None]:
-    mode = ms.get_context("mode")
-    if mode != ms.PYNATIVE_MODE:
-        ms.set_context(mode=ms.PYNATIVE_MODE)
-    try:
-        yield
-    finally:
-        if mode != ms.PYNATIVE_MODE:
-            ms.set_context(mode=mode)
+class _CachedStep(nn.Cell):
+    """Logits of the last position, with the KV cache bound (so a compiled graph owns it)."""
+
+    def __init__(self, model: CausalLM, cache: KVCache):
+        super().__init__()
+        self.model = model
+        self.cache = cache
+
+    def construct(self, input_ids, position_ids, attention_mask=None):
+        return self.model(input_ids, position_ids, attention_mask, self.cache)[:, -1]
+
+
+class _FullStep(nn.Cell):
+    """Logits at `index` [1] of a full forward over the whole (fixed-size) buffer."""
+
+    def __init__(self, model: CausalLM):
+        super().__init__()
+        self.model = model
+
+    def construct(self, input_ids, position_ids, index, attention_mask=None):
+        return ops.gather(self.model(input_ids, position_ids, attention_mask), index, 1)[:, 0]
+
+
+# The steps of the last generate call: a GRAPH_MODE caller generating again with the same model
+# and sizes reuses the compiled graphs (one entry, so at most one model is held).
+_last_steps: dict[tuple, nn.Cell] = {}
+
+
+def _step_for(model: CausalLM, use_cache: bool, batch: int, total: int) -> nn.Cell:
+    key = (id(model), use_cache, batch, total)
+    step = _last_steps.get(key)
+    if step is None:
+        if use_cache:
+            k_shape, v_shape = model.kv_cache_shapes()
+            cache = KVCache(len(model.layers), batch, total, k_shape, v_shape, model.compute_dtype)
+            step = _CachedStep(model, cache)
+        else:
+            step = _FullStep(model)
+        _last_steps.clear()
+        _last_steps[key] = step
+    if use_cache:
+        step.cache.reset()
+    return step
 
 
 def _warp(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
@@ -101,37 +135,45 @@ def generate(model: CausalLM, prompt_ids, max_new_tokens: int, do_sample: bool =
     if pad_token_id is None:
         pad_token_id = model.args.pad_token_id if model.args.pad_token_id is not None else (eos[0] if eos else 0)
     use_cache = model.args.use_cache if use_cache is None else use_cache
+    if max_new_tokens == 0:
+        return ids[0] if squeeze else ids
 
     batch, prompt_len = ids.shape
+    total = prompt_len + max_new_tokens
+    tokens = np.zeros((batch, total), np.int64)
+    tokens[:, :prompt_len] = ids
     if padding_mask is None:
-        positions = np.broadcast_to(np.arange(prompt_len), (batch, prompt_len)).copy()
-        key_padding = None
+        prompt_positions = np.broadcast_to(np.arange(prompt_len), (batch, prompt_len))
+        mask = None
     else:
         padding_mask = np.asarray(padding_mask).astype(np.int64)
         if padding_mask.shape != ids.shape:
             raise ValueError(f"generate: padding_mask shape {padding_mask.shape} != prompt shape {ids.shape}")
-        positions = _left_padding_positions(padding_mask)
-        key_padding = padding_mask == 0
+        prompt_positions = _left_padding_positions(padding_mask)
+        key_padding = np.zeros((batch, total), bool)
+        key_padding[:, :prompt_len] = padding_mask == 0
+        mask = Tensor(key_padding[:, None, None, :])
+    positions = np.concatenate(
+        [prompt_positions, prompt_positions[:, -1:] + np.arange(1, max_new_tokens + 1)], 1).astype(np.int32)
+
+    step = _step_for(model, use_cache, batch, total)
     rng = np.random.default_rng(seed)
-    cache = KVCache(len(model.layers)) if use_cache else None
     finished = np.zeros(batch, dtype=bool)
-    tokens = ids
-    with _pynative():
-        for step in range(max_new_tokens):
-            start = tokens.shape[1] - 1 if (cache is not None and step > 0) else 0
-            mask = None if key_padding is None else Tensor(key_padding[:, None, None, :])
-            logits = model(Tensor(tokens[:, start:], ms.int32), Tensor(positions[:, start:], ms.int32), mask, cache)
-            last = logits[:, -1].asnumpy()
-            if do_sample:
-                nxt = _sample(_warp(last, temperature, top_k, top_p), rng)
-            else:
-                nxt = last.argmax(-1)
-            nxt = np.where(finished, pad_token_id, nxt).astype(np.int64)
-            finished |= np.isin(nxt, eos)
-            tokens = np.concatenate([tokens, nxt[:, None]], 1)
-            positions = np.concatenate([positions, positions[:, -1:] + 1], 1)
-            if key_padding is not None:
-                key_padding = np.concatenate([key_padding, np.zeros((batch, 1), bool)], 1)
-            if eos and finished.all():
-                break
-    return tokens[0] if squeeze else tokens
+    length = prompt_len
+    while length < total:
+        if not use_cache:
+            logits = step(Tensor(tokens, ms.int32), Tensor(positions), Tensor([length - 1], ms.int32), mask)
+        elif length == prompt_len:
+            logits = step(Tensor(tokens[:, :length], ms.int32), Tensor(positions[:, :length]), mask)
+        else:
+            logits = step(Tensor(tokens[:, length - 1:length], ms.int32), Tensor(positions[:, length - 1:length]), mask)
+        last = logits.asnumpy()
+        nxt = _sample(_warp(last, temperature, top_k, top_p), rng) if do_sample else last.argmax(-1)
+        nxt = np.where(finished, pad_token_id, nxt)
+        finished |= np.isin(nxt, eos)
+        tokens[:, length] = nxt
+        length += 1
+        if eos and finished.all():
+            break
+    out = tokens[:, :length]
+    return out[0] if squeeze else out

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 from mindspore import Tensor, nn
 
+import mf_ckpt
+
 from .common.transformer import CausalLM
 from .errors import ModelStateError
 from .registry import build_model
@@ -42,7 +44,14 @@ def load_state(model: nn.Cell, state: Mapping[str, Any]) -> None:
     if problems:
         raise ModelStateError("state does not match the model: " + "; ".join(problems))
     for name, param in params.items():
-        param.set_data(Tensor(np.asarray(state[name], dtype=np.float32), param.dtype))
+        param.set_data(Tensor(_as_float32(state[name]), param.dtype))
+
+
+def _as_float32(value: Any) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype == mf_ckpt.BF16:  # mf-ckpt's raw bfloat16 (numpy has no bf16): exact widening
+        return mf_ckpt.to_float32(array)
+    return array.astype(np.float32, copy=False)
 
 
 def load_hf(hf_dir: str | Path, **overrides: Any) -> CausalLM:
@@ -51,9 +60,7 @@ def load_hf(hf_dir: str | Path, **overrides: Any) -> CausalLM:
     The conversion (names, expert stacking) is mf-ckpt's `load_hf_state`; `overrides` replace
     config.json keys or add mf extras (e.g. compute_dtype="float16", seq_length=4096).
     """
-    import mf_ckpt
-
-    config, state = mf_ckpt.load_hf_state(str(hf_dir))
+    config, state = mf_ckpt.load_hf_state(str(hf_dir), dtype="float32")
     model = build_model({**config, **overrides}, init=False)
     load_state(model, state)
     return model

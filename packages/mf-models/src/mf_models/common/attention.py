@@ -8,7 +8,8 @@ OR-ed with the causal mask, so it can only hide positions, never reveal future o
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import mint, nn, ops
+import numpy as np
+from mindspore import Parameter, Tensor, mint, nn, ops
 
 from .layers import device_target
 from .logs import log_once
@@ -45,6 +46,8 @@ class CoreAttention(nn.Cell):
     def __init__(self, scale: float, use_flash_attention: bool = False, compute_dtype: ms.Type = ms.float32):
         super().__init__()
         self.scale = scale
+        self.matmul_qk = ops.BatchMatMul(transpose_b=True)
+        self.matmul_pv = ops.BatchMatMul()
         self.use_flash = False
         if use_flash_attention:
             if device_target() != "Ascend":
@@ -62,10 +65,10 @@ class CoreAttention(nn.Cell):
         n_rep = q.shape[1] // k.shape[1]
         k = repeat_kv(k, n_rep)
         v = repeat_kv(v, n_rep)
-        scores = ops.matmul(q, k.swapaxes(-1, -2)).astype(ms.float32) * self.scale
+        scores = self.matmul_qk(q, k).astype(ms.float32) * self.scale
         scores = ops.masked_fill(scores, mask, _MASK_VALUE)
         probs = ops.softmax(scores, -1).astype(v.dtype)
-        return ops.matmul(probs, v)
+        return self.matmul_pv(probs, v)
 
     def _flash(self, q, k, v, mask):
         b, heads, s, d = q.shape
@@ -78,21 +81,56 @@ class CoreAttention(nn.Cell):
         return out[..., :dv] if dv != d else out
 
 
-class KVCache:
-    """Keys/values of every layer, grown by concatenation: used by `generate` in PyNative mode."""
+class KVCache(nn.Cell):
+    """Keys and values of every layer in fixed buffers [B, heads, max_len, d], for generation.
 
-    def __init__(self, num_layers: int):
-        self.keys: list = [None] * num_layers
-        self.values: list = [None] * num_layers
+    A Cell passed as the model's `cache` argument: its buffers are Parameters updated with
+    `ops.assign`, so the same code runs eagerly (PyNative) and compiled (GRAPH_MODE), where every
+    decode step has identical shapes and reuses one compiled graph. New keys are written through a
+    one-hot [max_len, S] selection matmul (exact: ones and zeros) at slots `length .. length+S-1`;
+    keys at slots >= a query's own slot are masked by `causal_mask`, so stale or empty slots
+    never leak. The buffers are not parameters of the model (nothing reaches model_state).
+    """
 
-    @property
-    def seq_len(self) -> int:
-        return 0 if self.keys[0] is None else int(self.keys[0].shape[2])
+    def __init__(self, num_layers: int, batch: int, max_len: int, k_shape: tuple[int, int],
+                 v_shape: tuple[int, int], dtype: ms.Type = ms.float32):
+        super().__init__()
+        self.max_len = max_len
+
+        def buffers(kind: str, heads: int, dim: int):
+            return ms.ParameterTuple(
+                Parameter(Tensor(np.zeros((batch, heads, max_len, dim), np.float32), dtype),
+                          name=f"{kind}{i}", requires_grad=False) for i in range(num_layers))
+
+        self.keys = buffers("k", *k_shape)
+        self.values = buffers("v", *v_shape)
+        self.length = Parameter(Tensor(0, ms.int32), name="length", requires_grad=False)
+        self.slots = Tensor(np.arange(max_len), ms.int32)
+
+    def reset(self) -> None:
+        self.length.set_data(Tensor(0, ms.int32))
+
+    def begin(self, seq: int):
+        """Claim the next `seq` slots; returns their indices [S] (int32)."""
+        positions = self.length + ops.arange(0, seq, dtype=ms.int32)
+        ops.assign(self.length, self.length + seq)
+        return positions
+
+    def causal_mask(self, query_slots, attention_mask=None):
+        """[1|B, 1, S, max_len] bool: True where the key slot is after the query's own slot."""
+        mask = self.slots.reshape(1, 1, 1, -1) > query_slots.reshape(1, 1, -1, 1)
+        if attention_mask is not None:
+            mask = ops.logical_or(mask, attention_mask.astype(ms.bool_))
+        return mask
 
     def update(self, layer_id: int, k, v):
-        if self.keys[layer_id] is not None:
-            k = mint.cat((self.keys[layer_id], k), 2)
-            v = mint.cat((self.values[layer_id], v), 2)
-        self.keys[layer_id] = k
-        self.values[layer_id] = v
-        return k, v
+        """Write k/v [B, heads, S, d] into the slots claimed by `begin`; returns the full buffers."""
+        seq = k.shape[2]
+        query_slots = self.length - seq + ops.arange(0, seq, dtype=ms.int32)
+        select = (self.slots.reshape(-1, 1) == query_slots.reshape(1, -1)).astype(k.dtype)  # [max_len, S]
+        keep = 1 - select.sum(1, keepdims=True)
+        new_k = self.keys[layer_id] * keep + ops.matmul(select, k)
+        new_v = self.values[layer_id] * keep + ops.matmul(select.astype(v.dtype), v)
+        ops.assign(self.keys[layer_id], new_k)
+        ops.assign(self.values[layer_id], new_v)
+        return new_k, new_v

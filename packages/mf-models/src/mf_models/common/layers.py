@@ -33,6 +33,18 @@ def resolve_compute_dtype(name: str) -> ms.Type:
     return DTYPES[name]
 
 
+_matmul_nt = ops.MatMul(transpose_b=True)
+
+
+def linear(x, weight, bias=None):
+    """x [..., in] @ weight[out, in].T as one 2-D GEMM (no transposed copy of the weight)."""
+    shape = x.shape
+    y = _matmul_nt(x.reshape(-1, shape[-1]), weight)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(shape[:-1] + (-1,))
+
+
 def _zeros(shape: tuple[int, ...], dtype: ms.Type) -> Tensor:
     # Real values are written by `init_weights` (numpy, seeded, device-independent).
     return Tensor(np.zeros(shape, np.float32), dtype)
@@ -58,7 +70,7 @@ class Linear(nn.Cell):
             weight = weight.astype(self.compute_dtype)
             if bias is not None:
                 bias = bias.astype(self.compute_dtype)
-        return mint.nn.functional.linear(x.astype(self.compute_dtype), weight, bias)
+        return linear(x.astype(self.compute_dtype), weight, bias)
 
 
 class Embedding(nn.Cell):

@@ -74,6 +74,7 @@ class GroupedExperts(nn.Cell):
         self.w3 = Parameter(_zeros((num_experts, hidden_dim, dim), params_dtype), name="w3")
         self.compute_dtype = compute_dtype
         self.top_k = top_k
+        self.bmm_nt = ops.BatchMatMul(transpose_b=True)
 
     def active_params_per_token(self) -> int:
         return int(np.prod(self.w1.shape) + np.prod(self.w2.shape) + np.prod(self.w3.shape)) // self.w1.shape[0] * self.top_k
@@ -81,11 +82,12 @@ class GroupedExperts(nn.Cell):
     def construct(self, x, routing_weights):
         """x [T, H], routing_weights [T, E] -> [T, H]."""
         cdt = self.compute_dtype
-        xe = ops.expand_dims(x.astype(cdt), 0)  # [1, T, H] broadcast over experts
-        gate = ops.matmul(xe, self.w1.astype(cdt).swapaxes(1, 2))
-        up = ops.matmul(xe, self.w3.astype(cdt).swapaxes(1, 2))
-        out = ops.matmul(mint.nn.functional.silu(gate) * up, self.w2.astype(cdt).swapaxes(1, 2))  # [E, T, H]
-        weights = ops.expand_dims(routing_weights.swapaxes(0, 1), -1)  # [E, T, 1] float32
+        num_experts = self.w1.shape[0]
+        xe = ops.broadcast_to(ops.expand_dims(x.astype(cdt), 0), (num_experts,) + x.shape)  # [E, T, H]
+        gate = self.bmm_nt(xe, self.w1.astype(cdt))
+        up = self.bmm_nt(xe, self.w3.astype(cdt))
+        out = self.bmm_nt(mint.nn.functional.silu(gate) * up, self.w2.astype(cdt))  # [E, T, H]
+        weights = ops.expand_dims(ops.transpose(routing_weights, (1, 0)), -1)  # [E, T, 1] float32
         return (out.astype(ms.float32) * weights).sum(0).astype(cdt)
 
 

@@ -188,4 +188,5 @@ def deinterleave(x):
     """[.., d] pairs (x0,x1),(x2,x3).. -> (x0,x2,..,x1,x3,..): DeepSeek's `rope_interleave` weights."""
     shape = x.shape
     pairs = x.reshape(shape[:-1] + (shape[-1] // 2, 2))
-    return pairs.swapaxes(-1, -2).reshape(shape)
+    rank = len(shape) + 1
+    return ops.transpose(pairs, tuple(range(rank - 2)) + (rank - 1, rank - 2)).reshape(shape)

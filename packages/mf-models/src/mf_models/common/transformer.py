@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, mint, nn, ops
+from mindspore import Tensor, nn, ops
 
 from .args import BaseArgs
 from .attention import causal_mask
-from .layers import DTYPES, Embedding, Linear, RMSNorm, resolve_compute_dtype
+from .layers import DTYPES, Embedding, Linear, RMSNorm, linear, resolve_compute_dtype
 from .rope import RotaryEmbedding, rope_frequencies
 
 
@@ -27,7 +27,7 @@ class CausalLM(nn.Cell):
       Megatron's reset_position_ids packing just passes restarting positions.
     - attention_mask: Megatron convention, bool/int [B, 1, S, S] (or broadcastable), True/1 = masked
       out; OR-ed with the causal mask (e.g. reset_attention_mask's block-diagonal causal mask).
-    - cache: a `KVCache` (PyNative only; used by `generate`).
+    - cache: a `KVCache` (used by `generate`; works eagerly and compiled).
     """
 
     def __init__(self, args: BaseArgs, rope_dim: int, make_block: Callable[[int, ms.Type, ms.Type], nn.Cell]):
@@ -46,20 +46,28 @@ class CausalLM(nn.Cell):
 
     def construct(self, input_ids, position_ids=None, attention_mask=None, cache=None):
         batch, seq = input_ids.shape
-        past = 0 if cache is None else cache.seq_len
+        if cache is None:
+            query_positions = ops.arange(0, seq, dtype=ms.int32)
+            mask = causal_mask(seq, seq, attention_mask)
+        else:
+            query_positions = cache.begin(seq)
+            mask = cache.causal_mask(query_positions, attention_mask)
         if position_ids is None:
-            position_ids = ops.broadcast_to(ops.arange(past, past + seq, dtype=ms.int32).reshape(1, seq), (batch, seq))
+            position_ids = ops.broadcast_to(query_positions.reshape(1, seq), (batch, seq))
         cos, sin = self.rope(position_ids)
-        mask = causal_mask(seq, past + seq, attention_mask)
         h = self.tok_embeddings(input_ids).astype(self.compute_dtype)
         for layer in self.layers:
             h = layer(h, cos, sin, mask, cache)
         h = self.norm(h)
         if self.tie_word_embeddings:
-            logits = mint.nn.functional.linear(h, self.tok_embeddings.weight.astype(self.compute_dtype))
+            logits = linear(h, self.tok_embeddings.weight.astype(self.compute_dtype))
         else:
             logits = self.output(h)
         return logits.astype(ms.float32)
+
+    def kv_cache_shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """((key heads, key size), (value heads, value size)) of one layer's KV cache."""
+        raise NotImplementedError
 
     # -- accounting -----------------------------------------------------------------------------
     def attention_flops_dims(self) -> tuple[int, int, int]:

@@ -56,10 +56,10 @@ class Attention(nn.Cell):
             q = self.wq_b(self.q_norm(self.wq_a(x)))
         else:
             q = self.wq(x)
-        q = q.reshape(b, s, -1, self.qk_dim).swapaxes(1, 2)  # [B, heads, S, qk]
+        q = q.reshape(b, s, -1, self.qk_dim).transpose(0, 2, 1, 3)  # [B, heads, S, qk]
         q_nope, q_rope = ops.split(q, [self.nope, self.rope], -1)
         c_kv, k_rope = ops.split(self.wkv_a(x), [self.kv_lora_rank, self.rope], -1)
-        kv = self.wkv_b(self.kv_norm(c_kv)).reshape(b, s, -1, self.nope + self.v_dim).swapaxes(1, 2)
+        kv = self.wkv_b(self.kv_norm(c_kv)).reshape(b, s, -1, self.nope + self.v_dim).transpose(0, 2, 1, 3)
         k_nope, v = ops.split(kv, [self.nope, self.v_dim], -1)
         k_rope = k_rope.reshape(b, 1, s, self.rope)
         if self.interleave:
@@ -72,7 +72,7 @@ class Attention(nn.Cell):
         if cache is not None:
             k, v = cache.update(self.layer_id, k, v)
         out = self.core(q, k, v, mask)
-        return self.wo(out.swapaxes(1, 2).reshape(b, s, -1))
+        return self.wo(out.transpose(0, 2, 1, 3).reshape(b, s, -1))
 
 
 class TransformerBlock(nn.Cell):
@@ -104,3 +104,6 @@ class DeepseekV3ForCausalLM(CausalLM):
 
     def attention_flops_dims(self) -> tuple[int, int, int]:
         return self.args.num_attention_heads, self.args.qk_head_dim, self.args.v_head_dim
+
+    def kv_cache_shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        return (self.args.num_attention_heads, self.args.qk_head_dim), (self.args.num_attention_heads, self.args.v_head_dim)

@@ -41,13 +41,13 @@ class Attention(nn.Cell):
         k = self.wk(x).reshape(b, s, -1, self.head_dim)
         v = self.wv(x).reshape(b, s, -1, self.head_dim)
         q, k = self.norm_qk(q, k)
-        q = apply_rotary(q.swapaxes(1, 2), cos, sin)  # [B, heads, S, hd]
-        k = apply_rotary(k.swapaxes(1, 2), cos, sin)
-        v = v.swapaxes(1, 2)
+        q = apply_rotary(q.transpose(0, 2, 1, 3), cos, sin)  # [B, heads, S, hd]
+        k = apply_rotary(k.transpose(0, 2, 1, 3), cos, sin)
+        v = v.transpose(0, 2, 1, 3)
         if cache is not None:
             k, v = cache.update(self.layer_id, k, v)
         out = self.core(q, k, v, mask)
-        return self.wo(out.swapaxes(1, 2).reshape(b, s, -1))
+        return self.wo(out.transpose(0, 2, 1, 3).reshape(b, s, -1))
 
 
 class TransformerBlock(nn.Cell):
@@ -72,3 +72,6 @@ class LlamaForCausalLM(CausalLM):
 
     def attention_flops_dims(self) -> tuple[int, int, int]:
         return self.args.num_attention_heads, self.args.head_dim, self.args.head_dim
+
+    def kv_cache_shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        return (self.args.num_key_value_heads, self.args.head_dim), (self.args.num_key_value_heads, self.args.head_dim)

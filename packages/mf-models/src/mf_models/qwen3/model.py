@@ -31,3 +31,6 @@ class Qwen3ForCausalLM(CausalLM):
 
     def attention_flops_dims(self) -> tuple[int, int, int]:
         return self.args.num_attention_heads, self.args.head_dim, self.args.head_dim
+
+    def kv_cache_shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        return (self.args.num_key_value_heads, self.args.head_dim), (self.args.num_key_value_heads, self.args.head_dim)
