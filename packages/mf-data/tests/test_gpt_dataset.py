@@ -120,6 +120,10 @@ def test_partial_validation_sequence_is_padded(write_dataset, tmp_path):
     assert 0 < filled < 9
     assert np.all(last["loss_mask"][: filled - 1] == 1) and np.all(last["loss_mask"][filled - 1 :] == 0)
     assert np.all(last["labels"][filled - 1 :] == 0) and np.all(last["input_ids"][filled:] == 0)
+    # The batched reader (vectorised above 32 samples, a loop below) pads the same way.
+    everything = valid.get_batch(np.arange(len(valid)))
+    for i in range(len(valid)):
+        assert all(np.array_equal(everything[k][i], v) for k, v in valid[i].items())
 
 
 def test_padding_sample_and_getitem_none(write_dataset, tmp_path):

@@ -37,6 +37,7 @@ logger = logging.getLogger("mf_data")
 
 _SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
 _INDEX_NAMES = ("document_index", "sample_index", "shuffle_index")
+_LOOP_BATCH = 32  # up to this many samples per read, a Python loop beats the vectorised bookkeeping
 
 
 def _always() -> bool:
@@ -80,6 +81,8 @@ class GPTDataset:
         self.unique_identifiers = self._identifiers()
         self.unique_description, self.unique_description_hash = describe(self.unique_identifiers)
         self.document_index, self.sample_index, self.shuffle_index = self._build_document_sample_shuffle_indices()
+        # Plain-ndarray views for the read path (indexing np.memmap objects costs extra per call).
+        self._hot = (np.asarray(self.shuffle_index), np.asarray(self.sample_index), np.asarray(self.document_index))
         self._padding_sample: dict[str, np.ndarray] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -262,20 +265,57 @@ class GPTDataset:
         )
 
     def read_text(self, idxs: Sequence[int] | np.ndarray) -> tuple[np.ndarray, bool]:
-        """[B, window] int64 token windows of samples `idxs`, and whether any needed padding."""
+        """[B, window] token windows of samples `idxs` (the file's integer dtype, or int64 when a
+        window needed padding), and whether any did."""
         idxs = np.asarray(idxs, dtype=np.int64).reshape(-1)
         n = len(self)
         if idxs.size and (idxs.min() < -n or idxs.max() >= n):
             raise IndexError(f"sample index out of range for a dataset of {n} samples")
         idxs = np.where(idxs < 0, idxs + n, idxs)
-        window_ = self.config.sequence_length + int(self.config.add_extra_token_to_sequence)
-        if idxs.size == 0:
-            return np.zeros((0, window_), dtype=np.int64), False
-        window = self.config.sequence_length + int(self.config.add_extra_token_to_sequence)
+        if 0 < idxs.size <= _LOOP_BATCH and self.dataset.token_array() is not None:
+            return self._read_text_loop(idxs)
+        return self._read_text_vectorised(idxs)
+
+    def _read_text_loop(self, idxs: np.ndarray) -> tuple[np.ndarray, bool]:
+        """Small batches: one sample at a time with Python ints (cheaper than ~40 numpy calls)."""
         extra = int(self.config.add_extra_token_to_sequence)
-        rows = self.shuffle_index[idxs].astype(np.int64)
-        beg = np.asarray(self.sample_index[rows], dtype=np.int64)
-        end = np.asarray(self.sample_index[rows + 1], dtype=np.int64)
+        window = self.config.sequence_length + extra
+        shuffle, sample_index, document_index = self._hot
+        lengths = self.dataset.sequence_lengths
+        pointers = self.dataset.sequence_pointers
+        tokens = self.dataset.token_array()
+        itemsize = np.dtype(self.dataset.dtype).itemsize
+        out = np.empty((idxs.size, window), dtype=self.dataset.dtype)
+        filled = []
+        for b, i in enumerate(idxs.tolist()):
+            r = int(shuffle[i])
+            (b_doc, b_off), (e_doc, e_off) = sample_index[r : r + 2].tolist()
+            row = out[b]
+            pos = 0
+            last = e_doc - b_doc
+            for j, doc in enumerate(document_index[b_doc : e_doc + 1].tolist()):
+                start = b_off if j == 0 else 0
+                stop = e_off + extra if j == last else int(lengths[doc])
+                src = int(pointers[doc]) // itemsize + start
+                row[pos : pos + stop - start] = tokens[src : src + stop - start]
+                pos += stop - start
+            filled.append(pos)
+        if min(filled) < window:
+            out = out.astype(np.int64)
+            out[np.arange(window)[None, :] >= np.asarray(filled)[:, None]] = self._pad
+            return out, True
+        return out, False
+
+    def _read_text_vectorised(self, idxs: np.ndarray) -> tuple[np.ndarray, bool]:
+        """Large batches: the per-piece bookkeeping as array operations, then one copy per piece."""
+        shuffle, sample_index, document_index = self._hot
+        extra = int(self.config.add_extra_token_to_sequence)
+        window = self.config.sequence_length + extra
+        if idxs.size == 0:
+            return np.zeros((0, window), dtype=self.dataset.dtype), False
+        rows = shuffle[idxs].astype(np.int64)
+        beg = np.asarray(sample_index[rows], dtype=np.int64)
+        end = np.asarray(sample_index[rows + 1], dtype=np.int64)
         # One piece per document a sample touches: positions beg_doc..end_doc of the document index.
         counts = end[:, 0] - beg[:, 0] + 1
         total = int(counts.sum())
@@ -287,7 +327,7 @@ class GPTDataset:
         last = np.zeros(total, dtype=bool)
         last[first_at + counts - 1] = True
         position = np.arange(total, dtype=np.int64) - first_at[sample_of] + beg[sample_of, 0]
-        docs = np.asarray(self.document_index[position], dtype=np.int64)
+        docs = np.asarray(document_index[position], dtype=np.int64)
         seq_len = self.dataset.sequence_lengths[docs].astype(np.int64)
         start = np.where(first, beg[sample_of, 1], 0)
         stop = np.where(last, end[sample_of, 1] + extra, seq_len)
@@ -297,11 +337,15 @@ class GPTDataset:
         dest -= dest[first_at][sample_of]
         piece_end = np.cumsum(length)
         filled = piece_end[first_at + counts - 1] - (piece_end - length)[first_at]
-
-        out = np.empty((idxs.size, window), dtype=np.int64)
+        short = bool((filled < window).any())
+        # Copy in the file's own dtype (a plain memcpy per piece); int64 only when padding with
+        # an id the token dtype may not hold. Columns are widened to int64 later, in one pass.
+        token_dtype = self.dataset.dtype
+        wide = short or not np.issubdtype(token_dtype, np.integer)
+        out = np.empty((idxs.size, window), dtype=np.int64 if wide else token_dtype)
         flat = out.reshape(-1)
         base = (np.arange(idxs.size, dtype=np.int64) * window)[sample_of] + dest
-        itemsize = np.dtype(self.dataset.dtype).itemsize
+        itemsize = np.dtype(token_dtype).itemsize
         src = self.dataset.sequence_pointers[docs] // itemsize + start
         tokens = self.dataset.token_array()
         if tokens is not None:
@@ -310,7 +354,6 @@ class GPTDataset:
         else:
             for doc, s0, d, k in zip(docs.tolist(), start.tolist(), base.tolist(), length.tolist()):
                 flat[d : d + k] = self.dataset.get(doc, s0, k)
-        short = bool((filled < window).any())
         if short:
             cols = np.arange(window)[None, :]
             out[cols >= filled[:, None]] = self._pad

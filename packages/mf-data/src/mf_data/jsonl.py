@@ -38,8 +38,10 @@ def parse_line(line: bytes, json_keys: Sequence[str]) -> dict[str, str | list[st
     if not line.strip():
         return None
     try:
-        obj = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as err:
+        obj = json.loads(line.decode("utf-8"))  # str input skips json's encoding detection
+    except UnicodeDecodeError:
+        raise LineError("not valid UTF-8") from None
+    except ValueError as err:
         raise LineError(f"invalid JSON ({str(err).split(':')[0]})") from None
     if not isinstance(obj, dict):
         raise LineError(f"expected a JSON object, got {type(obj).__name__}")

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import IO, Any
 
 import numpy as np
@@ -81,25 +82,25 @@ def encode_chunk(chunk: Chunk, json_keys: Sequence[str], append_eod: int | None,
             texts.extend(parts)
             counts.append(len(parts))
         ids = tok.encode(texts) if texts else []
-        flat: list[int] = []
-        lengths: list[int] = []
-        per_doc: list[int] = []
-        empty = 0
-        pos = 0
-        for n in counts:
-            seqs = [s for s in ids[pos : pos + n] if s]
-            pos += n
-            if seqs and append_eod is not None:
-                seqs[-1] = [*seqs[-1], append_eod]
-            if not seqs:
-                empty += 1
-            for s in seqs:
-                flat.extend(s)
-                lengths.append(len(s))
-            per_doc.append(len(seqs))
-        out.tokens[key] = np.asarray(flat, dtype=np.int32)
-        out.lengths[key] = np.asarray(lengths, dtype=np.int64)
-        out.per_doc[key] = np.asarray(per_doc, dtype=np.int64)
+        if append_eod is not None:
+            # The document's last non-empty sequence gets the end-of-document id.
+            pos = 0
+            for n in counts:
+                for j in range(pos + n - 1, pos - 1, -1):
+                    if ids[j]:
+                        ids[j].append(append_eod)
+                        break
+                pos += n
+        seq_lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        kept = seq_lengths > 0  # empty sequences are dropped, as in Megatron
+        doc_of = np.repeat(np.arange(len(counts)), counts)
+        per_doc = np.bincount(doc_of[kept], minlength=len(counts)) if len(counts) else np.zeros(0, np.int64)
+        flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(seq_lengths.sum()))
+        empty = int((per_doc == 0).sum())
+        lengths = seq_lengths[kept]
+        out.tokens[key] = flat
+        out.lengths[key] = lengths
+        out.per_doc[key] = per_doc.astype(np.int64)
         out.empty[key] = empty
     return out
 
