@@ -5,6 +5,7 @@
     cfg.training.global_batch_size, cfg.model.extra["hidden_size"], cfg.optimizer.kwargs()
 
 Bad input raises `ConfigError`, whose message is one line naming the key path and the value.
+`migrate_legacy("run_xxx.yaml")` translates an older MindFormers config into this format.
 """
 
 from mf_config.config import REQUIRED_SECTIONS, TrainConfig
@@ -12,6 +13,7 @@ from mf_config.data_rules import split_data_path
 from mf_config.errors import ConfigError
 from mf_config.extensions import EvalDatasetConfig, InferenceConfig, LoraConfig, TokenizerConfig
 from mf_config.layer_spec import parse_layer_spec, pipeline_layer_placement
+from mf_config.legacy import MigrationResult, ReportLine, migrate_legacy
 from mf_config.loader import config_to_dict, dump_config, load_config
 from mf_config.overrides import apply_overrides
 from mf_config.paths import path_warnings
@@ -38,7 +40,7 @@ from mf_config.sections import (
     TrainStateConfig,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "REQUIRED_SECTIONS",
@@ -53,6 +55,7 @@ __all__ = [
     "LayerSwapConfig",
     "LoraConfig",
     "LrSchedulerConfig",
+    "MigrationResult",
     "ModelConfig",
     "MoeMonitorConfig",
     "MonitorConfig",
@@ -62,6 +65,7 @@ __all__ = [
     "ProfilerConfig",
     "RecomputeCommConfig",
     "RecomputeConfig",
+    "ReportLine",
     "Section",
     "SwapConfig",
     "TokenizerConfig",
@@ -74,6 +78,7 @@ __all__ = [
     "config_to_dict",
     "dump_config",
     "load_config",
+    "migrate_legacy",
     "parse_layer_spec",
     "path_warnings",
     "pipeline_layer_placement",

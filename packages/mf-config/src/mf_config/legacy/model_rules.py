@@ -1,0 +1,320 @@
+"""`model` (`model_config` + `arch`), `moe_config`, LoRA (`pet_config`) and generation settings.
+
+The older format nests hyper-parameters in `model.model_config` under MindFormers' names
+(`num_layers`, `num_heads`, `n_kv_heads`, ...); mf's `model` section holds them directly under
+Hugging Face names, next to `model_type` / `architectures`. Plain carries (same name, one level
+up) get one summary line; renames and derivations get a line each.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mf_config.errors import fmt_value
+from mf_config.legacy.model_tables import (
+    ARCHITECTURES,
+    CONFIG_TYPES,
+    MODEL_DEFAULT,
+    MODEL_DROPS,
+    MODEL_HANDLED_ELSEWHERE,
+    MODEL_KEYS,
+    MODEL_RENAMES,
+    MODEL_TYPES,
+    MOE_DEFAULTS,
+    MOE_DROPS,
+    MOE_RENAMES,
+)
+from mf_config.legacy.session import Migration
+from mf_config.legacy.tables import gone, moot
+
+MC = ("model", "model_config")
+_AVAILABLE = ", ".join(f"{t} ({a})" for t, a in MODEL_TYPES.items())
+
+
+def migrate_model(m: Migration) -> None:
+    if not isinstance(m.value(("model",)), dict):
+        return  # the engine reports a missing model section
+    _identify(m)
+    _hyper_parameters(m)
+    _structure_switches(m)
+    _intermediate_size(m)
+    _rope_scaling(m)
+    _multi_token_prediction(m)
+    _moe(m)
+    _lora(m)
+    _generation(m)
+    num_layers = m.get_new("model.num_hidden_layers")
+    if isinstance(num_layers, int) and not isinstance(num_layers, bool):
+        m.facts.num_layers = num_layers
+
+
+# -- which model ------------------------------------------------------------------------------------
+def _identify(m: Migration) -> None:
+    arch_path = ("model", "arch", "type")
+    arch = m.value(arch_path)
+    mc = m.src.mapping(MC)
+    declared = mc.get("architectures")
+    if isinstance(declared, list) and len(declared) == 1:
+        declared = declared[0]
+    candidates = [(arch_path, arch), ((*MC, "architectures"), declared)]
+    family = architecture = None
+    for path, name in candidates:
+        if isinstance(name, str) and name in ARCHITECTURES:
+            family, architecture = ARCHITECTURES[name]
+            m.translated(path, f"model.model_type: {family}, model.architectures: {architecture}")
+            break
+    if family is None:
+        for path, kind in (((*MC, "model_type"), mc.get("model_type")), ((*MC, "type"), mc.get("type"))):
+            name = kind if path[-1] == "model_type" else CONFIG_TYPES.get(kind)
+            if name in MODEL_TYPES:
+                family, architecture = name, MODEL_TYPES[name]
+                m.translated(path, f"model.model_type: {family}, model.architectures: {architecture}")
+                break
+    if family is None:
+        named = next((name for _, name in candidates if isinstance(name, str) and name), None)
+        if named is not None:
+            m.set("model.architectures", named)
+            m.action(arch_path if arch == named else (*MC, "architectures"),
+                     f"model.architectures: {named}, but mf has no such model (available: {_AVAILABLE}): the file "
+                     "validates, `mf train` will refuse it")
+        else:
+            m.action(("model",), f"names no architecture (model.arch.type); set model.model_type to one of "
+                     f"{_AVAILABLE}")
+        m.facts.family = None
+        _identity_leftovers(m, family=None)
+        return
+    m.set("model.model_type", family)
+    m.set("model.architectures", architecture)
+    m.facts.family = family
+    _identity_leftovers(m, family)
+
+
+def _identity_leftovers(m: Migration, family: str | None) -> None:
+    same = f"the model is model.model_type / model.architectures ({family})" if family else "see model.architectures"
+    for path in (("model", "arch", "type"), (*MC, "architectures"), (*MC, "model_type"), (*MC, "type")):
+        if m.src.has(path) and not m.src.is_handled(path):
+            m.unneeded(path, same)
+    m.drop_table(("model", "arch"), {"auto_register": moot("a MindFormers class-registration path")})
+    m.drop_table(MC, {"auto_register": moot("a MindFormers class-registration path")})
+
+
+# -- hyper-parameters -----------------------------------------------------------------------------
+def _hyper_parameters(m: Migration) -> None:
+    family = m.facts.family
+    accepted = MODEL_KEYS.get(family) if family else frozenset().union(*MODEL_KEYS.values())
+    mc = m.src.mapping(MC)
+    carried: list[str] = []
+    for key, value in mc.items():
+        path = (*MC, key)
+        if key in MODEL_HANDLED_ELSEWHERE or m.src.is_handled(path):
+            continue
+        if key in MODEL_DROPS:
+            m.drop(path, MODEL_DROPS[key])
+            continue
+        new = MODEL_RENAMES.get(key, key)
+        if new not in accepted:
+            m.dropped(path, MODEL_DEFAULT.format(family=family or "selected"))
+        elif new != key and new in mc:
+            kind = "unneeded" if mc[new] == value else "dropped"
+            m.line(path, kind, f"model_config.{new} is also given ({fmt_value(mc[new])}) and is the one kept")
+        elif new != key:
+            m.copy(path, f"model.{new}", value)
+        else:
+            m.set(f"model.{new}", value)
+            m.src.mark(path)
+            carried.append(key)
+    if carried:
+        m.line(MC, "translated", f"its hyper-parameters are keys of model now ({len(carried)} carried as they are: "
+               f"{', '.join(carried)})", mark=False)
+
+
+def _structure_switches(m: Migration) -> None:
+    """Switches of MindFormers' implementation that mf's models fix one way."""
+    family = m.facts.family
+    mc = m.src.mapping(MC)
+
+    def fixed(key: str, ok: Any, reason_ok: str, reason_bad: str) -> None:
+        if key in mc:
+            m.line((*MC, key), "unneeded" if mc[key] == ok else "dropped", reason_ok if mc[key] == ok else reason_bad)
+
+    act = mc.get("hidden_act")
+    if "hidden_act" in mc:
+        if act in ("silu", "swiglu"):
+            m.copy((*MC, "hidden_act"), "model.hidden_act", "silu",
+                   note="SwiGLU's activation is called silu in mf" if act == "swiglu" else "")
+        else:
+            m.set("model.hidden_act", act)
+            m.action((*MC, "hidden_act"), f"model.hidden_act: {fmt_value(act)}, but mf's models implement SwiGLU "
+                                          "(silu) only: `mf train` will refuse it")
+    no_dropout = "mf's models have no dropout (0.0 is what they do)"
+    for key in ("hidden_dropout", "attention_dropout", "emb_dropout_prob"):
+        fixed(key, 0, no_dropout, "dropout is not implemented in mf's models")
+    fixed("qkv_has_bias", False, "mf's llama has no q/k/v biases either",
+          "q/k/v-only biases (Qwen2 style) do not exist in mf's llama (attention_bias would add an output bias too)")
+    fixed("add_bias_linear", False, "mf's models have no biases on their linear layers either",
+          "biases on every linear layer are not supported")
+    fixed("gated_linear_unit", True, "mf's MLPs are gated (SwiGLU)", "mf's MLPs are always gated (SwiGLU)")
+    fixed("position_embedding_type", "rope", "mf's models use rotary embeddings", "only rotary embeddings exist in mf")
+    fixed("rotary_pct", 1, "rotary embeddings cover the whole head",
+          "partial rotary embeddings are not supported")
+    if "qk_layernorm" in mc:
+        wanted = family == "qwen3"
+        fixed("qk_layernorm", wanted, f"mf's {family} {'always has' if wanted else 'has no'} q/k norm",
+              f"mf's {family or 'selected'} model {'always has' if wanted else 'has no'} q/k norm")
+    if "untie_embeddings_and_output_weights" in mc:
+        path = (*MC, "untie_embeddings_and_output_weights")
+        if "tie_word_embeddings" in mc:
+            m.unneeded(path, "model_config.tie_word_embeddings is given and is the one kept")
+        else:
+            m.copy(path, "model.tie_word_embeddings", not mc["untie_embeddings_and_output_weights"],
+                   note="the negation of untie_embeddings_and_output_weights")
+
+
+def _intermediate_size(m: Migration) -> None:
+    """MindFormers' llama derives the MLP width from multiple_of / ffn_dim_multiplier when
+    intermediate_size is not given (Meta's rule); mf needs the number."""
+    mc = m.src.mapping(MC)
+    keys = [k for k in ("multiple_of", "ffn_dim_multiplier") if k in mc]
+    if "intermediate_size" in mc or m.facts.family != "llama":
+        why = ("intermediate_size is given" if "intermediate_size" in mc
+               else f"only MindFormers' llama derives the MLP width from it (model {m.facts.family})")
+        for key in keys:
+            m.unneeded((*MC, key), why)
+        return
+    hidden = mc.get("hidden_size")
+    if not isinstance(hidden, int) or isinstance(hidden, bool):
+        return
+    multiple = mc.get("multiple_of", 256)
+    multiplier = mc.get("ffn_dim_multiplier")
+    width = int(2 * (4 * hidden) / 3)
+    if multiplier is not None:
+        width = int(multiplier * width)
+    width = multiple * math.ceil(width / multiple)
+    m.set("model.intermediate_size", width)
+    rule = (f"model.intermediate_size: {width}, derived as MindFormers' llama does from hidden_size {hidden}, "
+            f"multiple_of {multiple}" + (f", ffn_dim_multiplier {multiplier}" if multiplier is not None else ""))
+    if keys:
+        for key in keys:
+            m.translated((*MC, key), rule)
+    else:
+        m.line(MC, "translated", rule + " (MindFormers' default multiple_of)", mark=False)
+
+
+def _rope_scaling(m: Migration) -> None:
+    mc = m.src.mapping(MC)
+    method = mc.get("extend_method")
+    factor = mc.get("scaling_factor")
+    method_path, factor_path = (*MC, "extend_method"), (*MC, "scaling_factor")
+    if method in (None, "None"):
+        for path in (method_path, factor_path):
+            if m.src.has(path):
+                m.unneeded(path, "no context-length extension")
+    elif method == "PI" and isinstance(factor, (int, float)) and not isinstance(factor, bool):
+        m.copy(method_path, "model.rope_scaling", {"rope_type": "linear", "factor": float(factor)},
+               note="position interpolation is linear rope scaling")
+        if m.src.has(factor_path):
+            m.src.mark(factor_path)
+    else:
+        m.dropped(method_path, f"{method} context extension has no mf rope type (mf has linear, llama3, yarn "
+                               "through model.rope_scaling)")
+        if m.src.has(factor_path):
+            m.dropped(factor_path, "used only with extend_method")
+
+
+def _multi_token_prediction(m: Migration) -> None:
+    path = (*MC, "mtp_depth")
+    depth = m.value(path)
+    if depth is None:
+        return
+    if isinstance(depth, int) and not isinstance(depth, bool) and depth > 0:
+        m.facts.mtp_depth = depth
+        m.dropped(path, "multi-token-prediction layers are not trained by mf (the pipeline placement below leaves "
+                        "them out)")
+    else:
+        m.unneeded(path, "no multi-token-prediction layers")
+
+
+# -- MoE -------------------------------------------------------------------------------------------
+def _moe(m: Migration) -> None:
+    moe = m.src.mapping(("moe_config",))
+    if not moe:
+        return
+    experts = moe.get("expert_num", 1)
+    if experts in (None, 1):
+        for key in moe:
+            m.unneeded(("moe_config", key), "the model is dense (expert_num is 1): MoE settings had no effect")
+        return
+    if m.facts.family != "deepseek_v3":
+        for key in moe:
+            m.dropped(("moe_config", key), f"mf's {m.facts.family or 'selected'} model is dense: mixture-of-experts "
+                                           "layers exist only in deepseek_v3")
+        return
+    mc = m.src.mapping(MC)
+    for key, new in MOE_RENAMES.items():
+        if key not in moe:
+            continue
+        value = moe[key]
+        if key == "first_k_dense_replace" and isinstance(value, bool):
+            value = int(value)  # MindFormers' default True meant "the first layer is dense"
+        if new in mc:
+            m.unneeded(("moe_config", key), f"model_config.{new} is also given and is the one kept")
+        else:
+            m.copy(("moe_config", key), f"model.{new}", value)
+    defaults = {k: v for k, v in MOE_DEFAULTS.items()
+                if m.get_new(f"model.{k}") is None and k not in mc}
+    for key, value in defaults.items():
+        m.set(f"model.{key}", value)
+    if defaults:
+        written = ", ".join(f"{k} {fmt_value(v)}" for k, v in defaults.items())
+        m.line(("moe_config",), "translated", f"MindFormers' MoE defaults written where Hugging Face's differ: {written}",
+               mark=False)
+    if "use_gating_sigmoid" in moe:
+        sigmoid = moe["use_gating_sigmoid"] is True
+        m.line(("moe_config", "use_gating_sigmoid"), "unneeded" if sigmoid else "dropped",
+               "mf's deepseek_v3 router scores with sigmoid" if sigmoid
+               else "mf's deepseek_v3 router always scores with sigmoid (MindFormers scored with softmax)")
+    m.drop_table(("moe_config",), MOE_DROPS, gone("not a mixture-of-experts setting mf knows"))
+
+
+# -- LoRA and generation ----------------------------------------------------------------------------
+_LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "target_modules")
+
+
+def _lora(m: Migration) -> None:
+    base = (*MC, "pet_config")
+    pet = m.src.mapping(base)
+    if not pet:
+        return
+    if pet.get("pet_type") != "lora":
+        for key in pet:
+            m.dropped((*base, key), f"only LoRA adapters are supported (pet_type {fmt_value(pet.get('pet_type'))})")
+        return
+    m.unneeded((*base, "pet_type"), "the lora section means LoRA")
+    for key in _LORA_KEYS:
+        if key in pet:
+            note = ("matched against mf's module names (attention.wq, feed_forward.w1, ...), which are MindFormers' "
+                    "llama names" if key == "target_modules" else "")
+            m.copy((*base, key), f"lora.{key}", pet[key], note=note)
+    if "target_modules" not in pet:
+        m.action(base, "lora.target_modules is required by mf: set the regular expression of the adapted modules")
+        m.set("lora.target_modules", ".*")
+    m.drop_table(base, {
+        "param_init_type": moot("adapters take the model's params_dtype"),
+        "compute_dtype": moot("adapters compute in the model's compute_dtype"),
+        "lora_a_init": gone("mf initialises A randomly and B with zeros"),
+        "lora_b_init": gone("mf initialises A randomly and B with zeros"),
+        "exclude_layers": gone("give lora.exclude_layers as layer specs by hand", None, []),
+        "freeze_include": gone("mf freezes every base weight under LoRA", None, []),
+        "freeze_exclude": gone("mf freezes every base weight under LoRA", None, []),
+    }, gone("not a LoRA setting mf knows"))
+
+
+def _generation(m: Migration) -> None:
+    mc = m.src.mapping(MC)
+    for key in ("do_sample", "top_k", "top_p", "max_new_tokens"):
+        if key in mc and mc[key] is not None:
+            value = float(mc[key]) if key == "top_p" and isinstance(mc[key], int) else mc[key]
+            m.copy((*MC, key), f"inference.{key}", value, note="used by `mf generate` with this config")
+        elif key in mc:
+            m.unneeded((*MC, key), "null: the default of inference")
