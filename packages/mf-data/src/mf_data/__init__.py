@@ -8,6 +8,7 @@ for the same inputs.
 from .blended_dataset import BlendedDataset
 from .builder import BlendedMegatronDatasetBuilder
 from .config import BlendedMegatronDatasetConfig, GPTDatasetConfig
+from .demo_corpus import make_demo_corpus
 from .errors import (
     CacheTimeoutError,
     DataFileError,
@@ -19,7 +20,13 @@ from .errors import (
 )
 from .gpt_dataset import GPTDataset
 from .indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder, get_bin_path, get_idx_path
+from .loader import BlendedMegatronDatasetDataLoader, build_from_yaml_block
+from .loader_config import gpt_config_from_dict
+from .preprocess import preprocess
+from .sampler import MegatronPretrainingSampler
 from .samples import COLUMNS, flatten_actual_seq_len
+from .summary import summarize
+from .tokenizer import SentencePieceTokenizer, train_sentencepiece
 from .utils import Split, get_blend_from_list, parse_and_normalize_split
 
 __version__ = "0.1.0"
@@ -29,6 +36,7 @@ __all__ = [
     "BlendedDataset",
     "BlendedMegatronDatasetBuilder",
     "BlendedMegatronDatasetConfig",
+    "BlendedMegatronDatasetDataLoader",
     "CacheTimeoutError",
     "DType",
     "DataFileError",
@@ -41,11 +49,19 @@ __all__ = [
     "IndexedDatasetBuilder",
     "InputError",
     "MFDataError",
+    "MegatronPretrainingSampler",
+    "SentencePieceTokenizer",
     "Split",
     "__version__",
+    "build_from_yaml_block",
     "flatten_actual_seq_len",
     "get_bin_path",
     "get_blend_from_list",
     "get_idx_path",
+    "gpt_config_from_dict",
+    "make_demo_corpus",
     "parse_and_normalize_split",
+    "preprocess",
+    "summarize",
+    "train_sentencepiece",
 ]
