@@ -16,7 +16,7 @@ class ApplyGrads(nn.Cell):
         self.opt = opt
 
     def construct(self, g0, g1, a, b, c):
-        return self.opt((g0, g1), a, b, c)
+        return self.opt((g0, g1), Tensor(True), a, b, c)
 
 
 def _setup(seed=0):

@@ -42,8 +42,8 @@ def test_one_step_equals_numpy_clip_then_torch_adamw(toy_lm, torch_adamw_referen
     # Reference gradients of sum(loss * mask) / sum(mask), taken outside the step.
     loss_cell = MaskedLMLoss(model)
     inv = ms.Tensor(np.float32(1.0 / batch["loss_mask"].sum()))
-    args = [ms.Tensor(batch["input_ids"].astype(np.int32)), ms.Tensor(batch["labels"].astype(np.int32)),
-            ms.Tensor(batch["loss_mask"]), inv]
+    args = [ms.Tensor(batch["labels"].astype(np.int32)), ms.Tensor(batch["loss_mask"]), inv,
+            ms.Tensor(batch["input_ids"].astype(np.int32))]
     ref_loss, grads = ms.value_and_grad(loss_cell, None, model.trainable_params())(*args)
     grads = [g.asnumpy() for g in grads]
     norm = float(np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads)))

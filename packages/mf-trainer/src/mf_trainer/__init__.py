@@ -5,6 +5,7 @@ from mf_trainer.errors import TrainerConfigError, TrainingError
 from mf_trainer.lr_schedulers import SCHEDULERS, LRScheduler, build_scheduler
 from mf_trainer.monitor import MetricsLogger
 from mf_trainer.optimizer import AdamW, build_adamw
+from mf_trainer.trainer import Trainer, TrainResult, TrainState
 from mf_trainer.weight_decay import DEFAULT_EXCLUDE, decay_mask
 
 __version__ = "0.1.0"
@@ -19,6 +20,9 @@ __all__ = [
     "MetricsLogger",
     "StopAfterLoss",
     "StopAtStep",
+    "TrainResult",
+    "TrainState",
+    "Trainer",
     "TrainerConfigError",
     "TrainingError",
     "__version__",

@@ -32,14 +32,17 @@ def token_cross_entropy(logits, labels):
 
 
 class MaskedLMLoss(nn.Cell):
-    """`model(input_ids) -> logits [B, S, V]`; returns sum(loss * loss_mask) * inv_tokens."""
+    """sum(loss * loss_mask) * inv_tokens of `model(*model_inputs) -> logits [B, S, V]`.
+
+    `model_inputs` is (input_ids[, position_ids[, attention_mask]]), the columns the data has.
+    """
 
     def __init__(self, model):
         super().__init__(auto_prefix=False)
         self.model = model
 
-    def construct(self, input_ids, labels, loss_mask, inv_tokens):
-        logits = self.model(input_ids)
+    def construct(self, labels, loss_mask, inv_tokens, *model_inputs):
+        logits = self.model(*model_inputs)
         vocab = logits.shape[-1]
         per_token = token_cross_entropy(logits.reshape(-1, vocab).astype(ms.float32), labels.reshape(-1))
         return (per_token * loss_mask.reshape(-1)).sum() * inv_tokens

@@ -12,7 +12,8 @@ PyNative):
 Clipping follows torch's `clip_grad_norm_`: norm = sqrt(sum of squares of every gradient),
 coef = max_norm / (norm + 1e-6), gradients scaled by min(coef, 1) (multiplying by exactly 1.0
 when not clipping changes no bit). If the loss or the norm is NaN/Inf, nothing is updated (the
-optimizer moments and step counter included); the host counts such steps.
+optimizer moments and step counter included; see `AdamW.construct` for how the skip is exact
+without a graph `if`); the host counts such steps.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ def _global_norm(grads):
     return ops.sqrt(total)
 
 
-def _clip(grads, norm, max_norm):
+def _clip_or_zero(grads, norm, max_norm, finite):
+    """Clipped gradients, or zeros when the step is skipped (NaN * 0 would still be NaN)."""
     coef = ops.minimum(max_norm / (norm + CLIP_EPS), 1.0)
-    return tuple(g * coef for g in grads)
+    return tuple(ops.where(finite, g * coef, 0.0) for g in grads)
 
 
 class FusedStep(nn.Cell):
@@ -47,12 +49,12 @@ class FusedStep(nn.Cell):
         self.max_norm = float(max_norm)
         self.grad_fn = ms.value_and_grad(loss_cell, None, self.weights)
 
-    def construct(self, input_ids, labels, loss_mask, inv_tokens, decay_factor, neg_step_size, bc2_sqrt):
-        loss, grads = self.grad_fn(input_ids, labels, loss_mask, inv_tokens)
+    def construct(self, labels, loss_mask, inv_tokens, decay_factor, neg_step_size, bc2_sqrt, *model_inputs):
+        loss, grads = self.grad_fn(labels, loss_mask, inv_tokens, *model_inputs)
         norm = _global_norm(grads)
         finite = ops.logical_and(ops.isfinite(norm), ops.isfinite(loss))
-        if finite:
-            self.optimizer(_clip(grads, norm, self.max_norm), decay_factor, neg_step_size, bc2_sqrt)
+        grads = _clip_or_zero(grads, norm, self.max_norm, finite)
+        self.optimizer(grads, finite, decay_factor, neg_step_size, bc2_sqrt)
         return loss, norm, finite
 
 
@@ -66,8 +68,8 @@ class AccumulateStep(nn.Cell):
         self.buffers = buffers
         self.grad_fn = ms.value_and_grad(loss_cell, None, self.weights)
 
-    def construct(self, input_ids, labels, loss_mask, inv_tokens):
-        loss, grads = self.grad_fn(input_ids, labels, loss_mask, inv_tokens)
+    def construct(self, labels, loss_mask, inv_tokens, *model_inputs):
+        loss, grads = self.grad_fn(labels, loss_mask, inv_tokens, *model_inputs)
         for i in range(len(self.buffers)):
             ops.assign(self.buffers[i], self.buffers[i] + grads[i])
         return loss
@@ -86,8 +88,8 @@ class ApplyStep(nn.Cell):
         grads = tuple(self.buffers[i] * 1.0 for i in range(len(self.buffers)))
         norm = _global_norm(grads)
         finite = ops.logical_and(ops.isfinite(norm), ops.isfinite(loss))
-        if finite:
-            self.optimizer(_clip(grads, norm, self.max_norm), decay_factor, neg_step_size, bc2_sqrt)
+        self.optimizer(_clip_or_zero(grads, norm, self.max_norm, finite), finite, decay_factor, neg_step_size,
+                       bc2_sqrt)
         for i in range(len(self.buffers)):
             ops.assign(self.buffers[i], ops.zeros_like(self.buffers[i]))
         return norm, finite
@@ -98,11 +100,25 @@ def make_buffers(optimizer) -> ParameterTuple:
     return optimizer.params.clone(prefix="grad_acc", init="zeros")
 
 
-def _tensors(mb: dict) -> tuple[Tensor, Tensor, Tensor]:
+def _targets(mb: dict) -> tuple[Tensor, Tensor]:
     # int32 ids (what embedding lookups and gathers take on every backend), float32 mask.
-    return (Tensor(np.ascontiguousarray(mb["input_ids"], dtype=np.int32)),
-            Tensor(np.ascontiguousarray(mb["labels"], dtype=np.int32)),
+    return (Tensor(np.ascontiguousarray(mb["labels"], dtype=np.int32)),
             Tensor(np.ascontiguousarray(mb["loss_mask"], dtype=np.float32)))
+
+
+def _model_inputs(mb: dict) -> tuple[Tensor, ...]:
+    """(input_ids[, position_ids[, attention_mask]]) in the model's positional order."""
+    ids = np.ascontiguousarray(mb["input_ids"], dtype=np.int32)
+    inputs = [Tensor(ids)]
+    if "position_ids" in mb or "attention_mask" in mb:
+        positions = mb.get("position_ids")
+        if positions is None:
+            positions = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape)
+        inputs.append(Tensor(np.ascontiguousarray(positions, dtype=np.int32)))
+    if "attention_mask" in mb:
+        # Megatron's convention, as mf-models takes it: True = masked out.
+        inputs.append(Tensor(np.ascontiguousarray(mb["attention_mask"], dtype=np.bool_)))
+    return tuple(inputs)
 
 
 class StepRunner:
@@ -133,12 +149,12 @@ class StepRunner:
         scalars = self.optimizer.scalars(lr)
         if self.accumulation == 1:
             mb = micro_batches[0]
-            loss, norm, finite = self.fused(*_tensors(mb), inv, *scalars)
+            loss, norm, finite = self.fused(*_targets(mb), inv, *scalars, *_model_inputs(mb))
             loss_value = float(loss.asnumpy())
         else:
             loss_value = 0.0
             for mb in micro_batches:
-                part = self.accumulate(*_tensors(mb), inv)
+                part = self.accumulate(*_targets(mb), inv, *_model_inputs(mb))
                 loss_value += float(part.asnumpy())
             norm, finite = self.apply(Tensor(loss_value, ms.float32), *scalars)
         applied = bool(finite.asnumpy())

@@ -1,0 +1,139 @@
+"""Checkpoint glue: the `checkpoint` section -> mf-ckpt's SaveOptions / LoadOptions, and what a
+training checkpoint holds.
+
+Saved (mf-ckpt layout, `<save_path>/iteration_<step>/`):
+  model      every model parameter under its mf name
+  optimizer  `exp_avg.<name>`, `exp_avg_sq.<name>` (unless `no_save_optim`)
+  common     step, consumed_samples, optimizer_step (AdamW's t), skipped/non-finite counters, the
+             RNG states, the resolved LR schedule, `hf_config` (the model section, so
+             `mf ckpt convert --to hf` works) and the whole resolved YAML (`train_config`).
+
+Loading (`load_path`), by what the directory holds:
+  mf checkpoint with optimizer state  -> full resume: weights, moments, optimizer step, LR schedule
+                                         position, RNG, consumed_samples, step counters
+  `no_load_optim: true`                -> weights only; training starts at step 0
+  mf checkpoint saved with no_save_optim, and no_load_optim false -> refused (it cannot resume
+                                         exactly; say no_load_optim: true for a weights-only start)
+  Hugging Face directory / merged safetensors -> weights only (a fine-tuning start)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import mf_ckpt
+
+from mf_trainer.errors import TrainerConfigError, TrainingError
+
+log = logging.getLogger("mf_trainer")
+
+
+def save_options(ckpt) -> mf_ckpt.SaveOptions:
+    return mf_ckpt.SaveOptions(
+        save_path=ckpt.save_path, enable_save=ckpt.enable_save, save_max=ckpt.save_max,
+        save_interleaved_steps=ckpt.save_interleaved_steps, no_save_optim=ckpt.no_save_optim,
+        async_save=ckpt.async_save, prefix=ckpt.prefix, remove_redundancy=ckpt.remove_redundancy,
+        save_global_layout_cache=ckpt.save_global_layout_cache,
+    )
+
+
+def load_options(ckpt) -> mf_ckpt.LoadOptions:
+    return mf_ckpt.LoadOptions(
+        load_path=ckpt.load_path, load_balanced=ckpt.load_balanced, no_load_optim=ckpt.no_load_optim,
+        load_worker_number=ckpt.load_worker_number,
+    )
+
+
+@dataclass
+class Restored:
+    """What a load brought back; `resume` False means weights only (start at step 0)."""
+
+    resume: bool
+    kind: str
+    iteration: int | None
+    common: dict
+
+
+def load_checkpoint(ckpt_cfg, model_state: dict, optimizer_state: dict) -> Restored:
+    """Fill `model_state` (and `optimizer_state` on a resume) in place from `checkpoint.load_path`."""
+    opts = load_options(ckpt_cfg)
+    weights_only = mf_ckpt.LoadOptions(load_path=opts.load_path, load_balanced=opts.load_balanced,
+                                       no_load_optim=True, load_worker_number=opts.load_worker_number)
+    try:
+        result = mf_ckpt.load(weights_only, model_state, None, strict=True)
+    except mf_ckpt.CheckpointError as exc:
+        raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
+    common = dict(result.common)
+    if result.kind != "mf":
+        log.info("loaded model weights from %s (%s directory): weights-only start at step 0", opts.load_path,
+                 result.kind)
+        return Restored(False, result.kind, None, common)
+    if opts.no_load_optim:
+        log.info("loaded model weights of iteration %s from %s (no_load_optim: starting at step 0)",
+                 result.iteration, opts.load_path)
+        return Restored(False, result.kind, result.iteration, common)
+    if "step" not in common:
+        raise TrainerConfigError(f"checkpoint.load_path: {opts.load_path} was not written by mf-trainer (no step in "
+                                 "common.json); set checkpoint.no_load_optim: true for a weights-only start")
+    try:
+        # The same iteration as the weights, even if another one were committed meanwhile.
+        opt_result = mf_ckpt.load(opts, {}, optimizer_state, iteration=result.iteration, strict=True)
+    except mf_ckpt.CheckpointError as exc:
+        raise TrainerConfigError(
+            f"checkpoint.load_path: cannot restore the optimizer state ({exc}); a checkpoint saved with "
+            "no_save_optim cannot resume exactly: set checkpoint.no_load_optim: true for a weights-only start") from None
+    if not opt_result.optimizer_loaded:
+        raise TrainerConfigError(f"checkpoint.load_path: {opts.load_path} holds no optimizer state")
+    log.info("resuming from %s at step %d (consumed_samples %d)", opts.load_path, common["step"],
+             common.get("consumed_samples", 0))
+    return Restored(True, result.kind, result.iteration, common)
+
+
+class CheckpointSaver:
+    """Owns the mf-ckpt Saver: saves on schedule and at the end, fires `on_save` once committed."""
+
+    def __init__(self, ckpt_cfg):
+        self.options = save_options(ckpt_cfg)
+        self.saver = mf_ckpt.Saver(self.options) if self.options.enable_save else None
+        self._pending = None  # (step, SaveResult) of an async save not yet committed
+        self.last_saved_step: int | None = None
+
+    def should_save(self, step: int) -> bool:
+        return self.options.should_save(step)
+
+    def save(self, step: int, model_state: dict, optimizer_state: dict | None, common: dict) -> list[tuple[int, str]]:
+        """Save `step`; returns the (step, path) of every save committed by this call."""
+        if self.saver is None:
+            return []
+        committed = self.poll(block=True)
+        try:
+            result = self.saver.save(step, model_state, optimizer_state, common=common)
+        except mf_ckpt.CheckpointError as exc:
+            raise TrainingError(f"saving checkpoint {step} failed: {exc}") from None
+        self.last_saved_step = step
+        if self.options.async_save:
+            self._pending = (step, result)
+        else:
+            committed.append((step, str(result.path)))
+        return committed
+
+    def poll(self, block: bool = False) -> list[tuple[int, str]]:
+        """Commit a finished async save; with `block`, wait for it."""
+        if self.saver is None or self._pending is None:
+            return []
+        try:
+            done = self.saver.wait() is not None if block else self.saver.poll()
+        except mf_ckpt.CheckpointError as exc:
+            raise TrainingError(f"saving checkpoint {self._pending[0]} failed: {exc}") from None
+        if not done:
+            return []
+        step, result = self._pending
+        self._pending = None
+        return [(step, str(result.path))]
+
+    def finalize(self) -> list[tuple[int, str]]:
+        committed = self.poll(block=True)
+        if self.saver is not None:
+            self.saver.finalize()
+        return committed

@@ -1,0 +1,152 @@
+"""The YAML `train_dataset` section -> mf-data's framework-free loader, and the demo corpus.
+
+The mapping is one to one: `dataloader.{type, datasets_type, sizes, config, column_names, shuffle,
+python_multiprocessing}` and `train_dataset.{drop_remainder, num_parallel_workers, prefetch_size,
+numa_enable}` go to `BlendedMegatronDatasetDataLoader` under the same names; the run adds
+`dp_rank`, `dp_size`, `micro_batch_size` (= training.local_batch_size) and `consumed_samples`.
+mf-data honours or rejects each of them.
+
+One pass-through key is the Trainer's own, `dataloader.demo_corpus`:
+
+    dataloader:
+      config:
+        data_path: ["1", "examples/tiny/cache/pydoc_text_document"]
+      demo_corpus:            # build data_path (and tokenizer.path) from Python's pydoc topics
+        vocab_size: 2000      #   if they are missing; otherwise use the cached files
+    tokenizer:
+      path: examples/tiny/cache/pydoc_spm.model
+
+When the `.bin/.idx` pair of the (single) data_path prefix is missing, the Trainer writes the
+corpus (`mf-data make-demo-corpus`), trains the sentencepiece model at `tokenizer.path` when that
+is missing too (`mf-data train-tokenizer`), and preprocesses with EOD appended
+(`mf-data preprocess`), all through mf-data, so the data is exactly what the CLI would make.
+When the files exist they are used as they are (and the log says so): the key means "build if
+missing", never "ignore".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import mf_data
+
+from mf_trainer.errors import TrainerConfigError
+
+log = logging.getLogger("mf_trainer")
+
+DEMO_KEYS = {"vocab_size": 2000}
+
+
+def _mf_data(name: str):
+    """mf-data's public name, or its defining module while the package `__init__` lacks it."""
+    if hasattr(mf_data, name):
+        return getattr(mf_data, name)
+    import importlib
+
+    module = {"BlendedMegatronDatasetDataLoader": "loader", "make_demo_corpus": "demo_corpus",
+              "train_sentencepiece": "tokenizer", "SentencePieceTokenizer": "tokenizer",
+              "preprocess": "preprocess", "output_prefixes": "preprocess"}[name]
+    return getattr(importlib.import_module(f"mf_data.{module}"), name)
+
+
+def _demo_settings(value: Any) -> dict:
+    if value is True or value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise TrainerConfigError(f"train_dataset.dataloader.demo_corpus: must be a mapping, got {value!r}")
+    unknown = sorted(set(value) - set(DEMO_KEYS))
+    if unknown:
+        raise TrainerConfigError(f"train_dataset.dataloader.demo_corpus.{unknown[0]}: unknown key; accepted: "
+                                 f"{', '.join(DEMO_KEYS)}")
+    settings = {**DEMO_KEYS, **value}
+    vocab = settings["vocab_size"]
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 16:
+        raise TrainerConfigError(f"train_dataset.dataloader.demo_corpus.vocab_size: must be an integer >= 16, got {vocab!r}")
+    return settings
+
+
+def ensure_demo_corpus(extra: dict, tokenizer_path: str, model_vocab: int | None) -> None:
+    """Build the demo data named by `extra['config']['data_path']` if it is missing."""
+    settings = _demo_settings(extra.get("demo_corpus"))
+    config = extra.get("config") or {}
+    data_path = config.get("data_path") if isinstance(config, dict) else None
+    if not isinstance(data_path, list) or len(data_path) not in (1, 2):
+        raise TrainerConfigError("train_dataset.dataloader.demo_corpus: needs config.data_path with exactly one "
+                                 f"prefix (e.g. ['1', 'cache/pydoc_text_document']), got {data_path!r}")
+    prefix = str(data_path[-1])
+    if not prefix.endswith("_text_document"):
+        raise TrainerConfigError(f"train_dataset.dataloader.config.data_path: the demo corpus is written as "
+                                 f"'<name>_text_document' (mf-data preprocess naming), got {prefix!r}")
+    if not tokenizer_path:
+        raise TrainerConfigError("tokenizer.path: the demo corpus needs it (where its sentencepiece model lives)")
+    vocab = settings["vocab_size"]
+    if model_vocab is not None and vocab > model_vocab:
+        raise TrainerConfigError(f"train_dataset.dataloader.demo_corpus.vocab_size: {vocab} exceeds "
+                                 f"model.vocab_size {model_vocab}")
+    have_data = os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")
+    if have_data and os.path.isfile(tokenizer_path):
+        log.info("demo corpus: using the cached %s.{bin,idx} and %s", prefix, tokenizer_path)
+        return
+    if have_data:
+        raise TrainerConfigError(f"tokenizer.path: {tokenizer_path} is missing but {prefix}.bin exists; the data "
+                                 "and tokenizer belong together: delete both to rebuild")
+    cache = Path(prefix).parent
+    cache.mkdir(parents=True, exist_ok=True)
+    corpus = cache / "corpus.jsonl"
+    if not corpus.is_file():
+        info = _mf_data("make_demo_corpus")(str(cache))
+        log.info("demo corpus: %s documents from pydoc_data.topics -> %s", info["documents"], info["path"])
+    if not os.path.isfile(tokenizer_path):
+        Path(tokenizer_path).parent.mkdir(parents=True, exist_ok=True)
+        _mf_data("train_sentencepiece")([str(corpus)], tokenizer_path, vocab)
+        log.info("demo corpus: trained a %d-piece sentencepiece model -> %s", vocab, tokenizer_path)
+    # Written under a temporary name, then renamed (.idx last, the file whose presence counts):
+    # an interrupted build never leaves a pair that looks complete.
+    name = Path(prefix).name[: -len("_text_document")]
+    staging = str(cache / f".building-{os.getpid()}-{name}")
+    summary = _mf_data("preprocess")([str(corpus)], tokenizer_path, staging, append_eod=True,
+                                     workers=1, overwrite=True, progress=False)
+    os.replace(staging + "_text_document.bin", prefix + ".bin")
+    os.replace(staging + "_text_document.idx", prefix + ".idx")
+    log.info("demo corpus: %s documents, %s tokens -> %s.{bin,idx}", summary.get("documents"),
+             summary.get("tokens"), prefix)
+
+
+def check_eod(extra: dict, tokenizer_path: str) -> None:
+    """The demo's config.eod must be the id its tokenizer appended, else the masks would be wrong."""
+    eod = (extra.get("config") or {}).get("eod")
+    actual = _mf_data("SentencePieceTokenizer")(tokenizer_path).eod
+    if eod is not None and eod != actual:
+        raise TrainerConfigError(f"train_dataset.dataloader.config.eod: {eod} is not the end-of-document id of "
+                                 f"{tokenizer_path} ({actual})")
+
+
+def build_loader(cfg, *, micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1, consumed_samples: int = 0):
+    """The mf-data loader for this run (see the module docstring for the mapping)."""
+    section = cfg.train_dataset
+    dl = section.dataloader
+    extra = dict(dl.extra)
+    if "demo_corpus" in extra:
+        ensure_demo_corpus(extra, cfg.tokenizer.path, cfg.model.extra.get("vocab_size"))
+        check_eod(extra, cfg.tokenizer.path)
+        extra.pop("demo_corpus")
+    loader_cls = _mf_data("BlendedMegatronDatasetDataLoader")
+    kwargs = dict(
+        type=dl.type, column_names=dl.column_names, shuffle=dl.shuffle,
+        python_multiprocessing=dl.python_multiprocessing, drop_remainder=section.drop_remainder,
+        num_parallel_workers=section.num_parallel_workers, prefetch_size=section.prefetch_size,
+        numa_enable=section.numa_enable, dp_rank=dp_rank, dp_size=dp_size, micro_batch_size=micro_batch_size,
+        consumed_samples=consumed_samples,
+    )
+    clash = sorted(set(extra) & set(kwargs))
+    if clash:
+        raise TrainerConfigError(f"train_dataset.dataloader.{clash[0]}: set by the Trainer; remove it")
+    try:
+        return loader_cls(**kwargs, **extra)
+    except TypeError as exc:
+        raise TrainerConfigError(f"train_dataset.dataloader: {exc}") from None
+    except mf_data.MFDataError as exc:
+        raise TrainerConfigError(f"train_dataset.dataloader: {exc}") from None

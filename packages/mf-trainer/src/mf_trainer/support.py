@@ -1,0 +1,146 @@
+"""What this Trainer honours, and a one-line refusal for everything it cannot honour here.
+
+A field is either used or refused before any work starts: no silent no-ops. The checks depend on
+the device (CPU / Ascend) and on the world size (this Trainer runs one process; parallel degrees
+above 1 wait for the mf-parallel integration). Fields that only mean something when another
+feature is on (e.g. FSDP knobs with no FSDP) are refused when set to a non-default value, with the
+reason; their defaults are accepted.
+
+Honoured elsewhere (not checked here): the checkpoint section (mf-ckpt), train_dataset (mf-data
+rejects what it cannot do), model (mf-models), optimizer, lr_scheduler, callbacks, recompute
+(`Cell.recompute()` on the named layers/modules, graph and PyNative), profiler (mindspore.Profiler
+over [start_step, end_step]), monitor.log_interval / tensorboard / peak_flops_per_device, the
+train_state monitors (see `monitor_columns`), inference + tokenizer (a sample at the end).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mf_trainer.errors import TrainerConfigError
+
+# parallelism fields that only act with a given feature on; (field, what turns it on)
+_PARALLEL_DEPENDENT = {
+    "data_parallel_shard_strategy": "FSDP over several ranks",
+    "reshard_after_forward_policy": "FSDP over several ranks",
+    "disable_gradient_division": "FSDP over several ranks",
+    "context_parallel_method": "context_parallel > 1",
+    "context_parallel_async": "context_parallel > 1",
+    "ulysses_degree_in_cp": "context_parallel > 1",
+    "context_parallel_mask_type": "context_parallel > 1",
+    "pipeline_parallel_layers_per_stage": "pipeline_parallel > 1",
+    "pipeline_parallel_schedule": "pipeline_parallel > 1",
+    "pipeline_parallel_interleave_num": "pipeline_parallel > 1",
+    "pipeline_parallel_overlap_p2p": "pipeline_parallel > 1",
+    "pipeline_parallel_overlap_b_f": "pipeline_parallel > 1",
+    "pipeline_parallel_enable_dxdw_split": "pipeline_parallel > 1",
+    "moe_token_dispatcher_type": "expert_parallel > 1",
+    "npu_nums_per_device": "expert_parallel > 1 on Ascend",
+}
+_DEGREES = ("tensor_parallel", "context_parallel", "pipeline_parallel", "expert_parallel")
+_NOT_YET = "the single-process Trainer does not shard yet (mf-parallel integration pending)"
+
+
+def _defaults(section) -> object:
+    return type(section)()
+
+
+def _changed(section, name: str) -> bool:
+    return getattr(section, name) != getattr(_defaults(section), name)
+
+
+def _refuse(path: str, reason: str):
+    raise TrainerConfigError(f"{path}: {reason}")
+
+
+def check_parallelism(cfg, device: str, world_size: int) -> None:
+    par = cfg.parallelism
+    if world_size > 1:
+        _refuse("parallelism", f"this process is one of {world_size} ranks; {_NOT_YET}")
+    for name in _DEGREES:
+        if getattr(par, name) > 1:
+            _refuse(f"parallelism.{name}", f"{getattr(par, name)} > 1 needs {world_size * getattr(par, name)} "
+                                          f"ranks; {_NOT_YET}")
+    if par.data_parallel_shard not in (-1, 1):
+        _refuse("parallelism.data_parallel_shard", f"{par.data_parallel_shard} ranks requested, this run has 1")
+    if par.sequence_parallel:
+        _refuse("parallelism.sequence_parallel", "sequence parallelism follows tensor_parallel > 1")
+    if par.cpu_offload:
+        _refuse("parallelism.cpu_offload", "offloads FSDP shards to host memory; a single-process run has no "
+                                           "shards" + (" and on CPU everything is in host memory already"
+                                                       if device == "CPU" else ""))
+    for name, needs in _PARALLEL_DEPENDENT.items():
+        if _changed(par, name):
+            _refuse(f"parallelism.{name}", f"{getattr(par, name)!r} only acts with {needs}; this run has none "
+                                           "(leave it at its default)")
+
+
+def check_memory_features(cfg, device: str, world_size: int) -> None:
+    if cfg.recompute_comm.enable:
+        _refuse("recompute_comm.enable", "recomputes communication operators; a single-process run has none")
+    if cfg.swap.enable:
+        reason = ("activations already live in host memory on CPU" if device == "CPU"
+                  else "activation offload is not implemented yet")
+        _refuse("swap.enable", f"not supported on device_target {device}: {reason}")
+    for name in ("layer_swap", "op_swap"):
+        if getattr(cfg.swap, name) is not None and not cfg.swap.enable:
+            _refuse(f"swap.{name}", "set while swap.enable is false: it would do nothing")
+
+
+def check_monitor(cfg) -> None:
+    mon = cfg.monitor
+    if mon.moe_monitor.save_tokens_per_expert_interval is not None or mon.moe_monitor.target_layers is not None:
+        _refuse("monitor.moe_monitor", "tokens-per-expert recording is not implemented yet (mf-models does not "
+                                       "expose routing counts)")
+    if mon.train_state.local_norm:
+        _refuse("monitor.train_state.local_norm", "per-parameter gradient norms are not implemented yet")
+
+
+def check_profiler(cfg, device: str) -> None:
+    prof = cfg.profiler
+    if not prof.enable_profiling:
+        changed = [f.name for f in dataclasses.fields(prof) if f.name != "enable_profiling" and _changed(prof, f.name)]
+        if changed:
+            _refuse(f"profiler.{changed[0]}", "set while profiler.enable_profiling is false: it would do nothing")
+        return
+    if prof.end_step > cfg.training.steps:
+        _refuse("profiler.end_step", f"{prof.end_step} is beyond training.steps ({cfg.training.steps})")
+    if device == "CPU":
+        for name in ("profiler_level", "mstx", "profile_memory"):
+            if _changed(prof, name):
+                _refuse(f"profiler.{name}", "is an Ascend-only profiler option; not available on device_target CPU")
+        if not prof.profile_cpu:
+            _refuse("profiler.profile_cpu", "false leaves nothing to profile on device_target CPU")
+
+
+def check_extensions(cfg) -> None:
+    if cfg.run_mode not in ("train", "finetune"):
+        _refuse("run_mode", f"{cfg.run_mode!r} is not a training mode; `mf train` runs train or finetune")
+    if cfg.eval_dataset is not None:
+        _refuse("eval_dataset", "periodic evaluation during training is not implemented yet")
+    if cfg.lora is not None:
+        _refuse("lora", "LoRA adapters are not implemented yet")
+    inf = cfg.inference
+    if not (inf.prompts or inf.input_file):
+        changed = [f.name for f in dataclasses.fields(inf) if _changed(inf, f.name)]
+        if changed:
+            _refuse(f"inference.{changed[0]}", "set without inference.prompts or input_file: nothing would be generated")
+    elif not cfg.tokenizer.path:
+        _refuse("tokenizer.path", "required to turn inference.prompts into tokens for the end-of-training sample")
+    if cfg.tokenizer.path and cfg.tokenizer.type != "sentencepiece":
+        _refuse("tokenizer.type", f"{cfg.tokenizer.type!r} tokenizers are not supported yet; use sentencepiece")
+
+
+def check_context(cfg, device: str) -> None:
+    if device == "CPU" and cfg.context.device_id != 0:
+        _refuse("context.device_id", f"{cfg.context.device_id}: a CPU run has no device index (use 0)")
+
+
+def check_supported(cfg, device: str, world_size: int = 1) -> None:
+    """Raise TrainerConfigError for the first field this run cannot honour."""
+    check_extensions(cfg)
+    check_context(cfg, device)
+    check_parallelism(cfg, device, world_size)
+    check_memory_features(cfg, device, world_size)
+    check_monitor(cfg)
+    check_profiler(cfg, device)

@@ -1,0 +1,286 @@
+"""The Trainer: one readable loop composing data, model, optimizer, schedule, step and callbacks.
+
+    trainer = Trainer(mf_config.load_config("train.yaml"))
+    result = trainer.train()
+
+Construction does every check and every expensive preparation (device, model, optimizer, data,
+checkpoint restore), so a bad YAML fails before the first step. `train()` runs
+`training.steps` optimizer steps; each step draws `accumulation` micro-batches of
+`local_batch_size` samples (accumulation = global_batch_size // (dp x local_batch_size)), feeds
+the scheduler's LR, and hands the metrics to the callbacks (logging and checkpointing are
+built in; `callbacks:` adds more).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import mf_models
+import numpy as np
+
+from mf_trainer import runtime
+from mf_trainer.callbacks import Callback, CallbackList, build_callbacks
+from mf_trainer.checkpointing import CheckpointSaver, load_checkpoint
+from mf_trainer.data import build_loader
+from mf_trainer.errors import TrainerConfigError, TrainingError
+from mf_trainer.loss import MaskedLMLoss
+from mf_trainer.lr_schedulers import build_scheduler
+from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device
+from mf_trainer.monitor import MetricsLogger
+from mf_trainer.optimizer import build_adamw
+from mf_trainer.profiling import ProfilerCallback
+from mf_trainer.recompute import apply_recompute
+from mf_trainer.step import StepRunner
+from mf_trainer.support import check_supported
+
+log = logging.getLogger("mf_trainer")
+
+
+@dataclass
+class TrainState:
+    total_steps: int
+    step: int = 0              # steps run, skipped ones included (the loop counter)
+    start_step: int = 0        # where this process started (after a resume)
+    consumed_samples: int = 0  # samples of the global order used so far
+    skipped_steps: int = 0     # non-finite steps, never applied
+    nonfinite_in_row: int = 0
+
+
+@dataclass
+class TrainResult:
+    step: int
+    losses: list[float] = field(default_factory=list)  # this process's steps, in order
+    checkpoint: str | None = None                      # the last committed checkpoint
+    samples: list[dict] = field(default_factory=list)  # end-of-training generations
+
+
+def _accumulation(training, dp: int) -> int:
+    per_micro = dp * training.local_batch_size
+    if per_micro > training.global_batch_size:
+        raise TrainerConfigError(
+            f"training.global_batch_size: {training.global_batch_size} is below data_parallel ({dp}) x "
+            f"local_batch_size ({training.local_batch_size}) = {per_micro}")
+    return training.global_batch_size // per_micro
+
+
+class Trainer:
+    def __init__(self, config, callbacks: list[Callback] | tuple = ()):
+        self.config = cfg = config
+        self.should_stop = False
+        self.device = runtime.resolve_device(cfg.context.device_target)
+        check_supported(cfg, self.device, runtime.world_size_from_env())
+        dp = 1
+        self.accumulation = _accumulation(cfg.training, dp)
+        self.global_batch = self.accumulation * dp * cfg.training.local_batch_size
+        if self.global_batch != cfg.training.global_batch_size:
+            log.info("training.global_batch_size %d is not a multiple of dp x local_batch_size; using %d "
+                     "(floor division, as specified)", cfg.training.global_batch_size, self.global_batch)
+        self.output_dir = cfg.output_dir
+        os.makedirs(self.output_dir, exist_ok=True)
+        runtime.setup_context(self.device, cfg.context.mode, cfg.context.device_id, cfg.training.deterministic)
+        runtime.seed_everything(cfg.training.seed)
+
+        self.model = self._build_model()
+        self.optimizer = build_adamw([(p.name, p) for p in self.model.trainable_params()], cfg.optimizer)
+        self.scheduler = build_scheduler(cfg.lr_scheduler.type, cfg.lr_scheduler.learning_rate,
+                                         cfg.lr_scheduler.extra, total_steps=cfg.training.steps)
+        self.state = TrainState(total_steps=cfg.training.steps)
+        if cfg.checkpoint.load_path:
+            self._restore()
+        self.loader = build_loader(cfg, micro_batch_size=cfg.training.local_batch_size,
+                                   consumed_samples=self.state.consumed_samples)
+        self._check_data()
+        self.mode = cfg.context.mode
+        self.runner = StepRunner(MaskedLMLoss(self.model), self.optimizer, cfg.training.max_norm, self.accumulation)
+
+        self.seq_length = self.loader.config.sequence_length
+        self.flops_per_token = self.model.num_flops_per_token(self.seq_length)
+        self.peak_flops, peak_source = peak_flops_per_device(self.device, cfg.monitor.peak_flops_per_device)
+        log.info("device %s, %s mode; peak %s FLOP/s (%s); %.2fM parameters; accumulation %d x %d samples",
+                 self.device, "GRAPH" if self.mode == 0 else "PyNative",
+                 f"{self.peak_flops:.3g}" if self.peak_flops else "unknown", peak_source,
+                 sum(p.size for p in self.model.trainable_params()) / 1e6, self.accumulation,
+                 cfg.training.local_batch_size)
+        self.checkpointer = CheckpointSaver(cfg.checkpoint)
+        built_in: list[Callback] = [MetricsLogger(self.output_dir, cfg.monitor.log_interval, cfg.monitor.tensorboard)]
+        if cfg.profiler.enable_profiling:
+            built_in.append(ProfilerCallback(cfg.profiler, self.output_dir, self.device))
+        self.callbacks = CallbackList([*built_in, *build_callbacks(cfg.callbacks), *callbacks])
+
+    # ---- construction helpers ------------------------------------------------------------------
+    def _build_model(self):
+        section = {"model_type": self.config.model.model_type, "architectures": self.config.model.architectures,
+                   **self.config.model.extra}
+        section = {k: v for k, v in section.items() if v is not None}
+        try:
+            model = mf_models.build_model(section, seed=self.config.training.seed)
+        except mf_models.ModelConfigError as exc:
+            raise TrainerConfigError(str(exc)) from None
+        marked = apply_recompute(model, self.config.recompute)
+        if marked:
+            log.info("recompute: %s", ", ".join(marked))
+        return model
+
+    def _restore(self) -> None:
+        model_state = {k: np.array(v) for k, v in mf_models.model_state(self.model).items()}
+        opt_state = {k: v for k, v in self.optimizer.state_dict().items() if k != "step"}
+        restored = load_checkpoint(self.config.checkpoint, model_state, opt_state)
+        try:
+            mf_models.load_state(self.model, model_state)
+        except mf_models.ModelStateError as exc:
+            raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
+        if not restored.resume:
+            return
+        common = restored.common
+        self.optimizer.load_state_dict({**opt_state, "step": common["optimizer_step"]})
+        self.state.step = self.state.start_step = int(common["step"])
+        self.state.consumed_samples = int(common["consumed_samples"])
+        self.state.skipped_steps = int(common.get("skipped_steps", 0))
+        self.state.nonfinite_in_row = int(common.get("nonfinite_in_row", 0))
+        runtime.set_rng_state(common["rng"])
+
+    def _check_data(self) -> None:
+        columns = self.loader.columns
+        if "actual_seq_len" in columns:
+            raise TrainerConfigError(
+                "train_dataset.dataloader.config.create_compressed_eod_mask: the compressed EOD mask needs a "
+                "variable-length attention kernel that mf-models does not have; use create_attention_mask")
+        missing = [c for c in ("input_ids", "labels", "loss_mask") if c not in columns]
+        if missing:
+            raise TrainerConfigError(f"train_dataset.dataloader.column_names: the Trainer needs {missing[0]!r}")
+        needed = (self.state.total_steps - self.state.step) * self.global_batch
+        left = self.loader.total_samples - self.state.consumed_samples
+        if needed > left:
+            raise TrainerConfigError(
+                f"train_dataset.dataloader.sizes: {self.state.total_steps - self.state.step} more steps of "
+                f"{self.global_batch} samples need {needed} samples, the dataset has {left} left "
+                f"({self.loader.total_samples} in all): raise sizes[0] or lower training.steps")
+
+    # ---- checkpoint state ----------------------------------------------------------------------
+    def checkpoint_common(self) -> dict:
+        from mf_config import config_to_dict
+
+        cfg = self.config
+        hf_config = {"model_type": cfg.model.model_type, **cfg.model.extra}
+        if cfg.model.architectures:
+            hf_config["architectures"] = [cfg.model.architectures]
+        return {
+            "step": self.state.step, "consumed_samples": self.state.consumed_samples,
+            "optimizer_step": self.optimizer.step, "skipped_steps": self.state.skipped_steps,
+            "nonfinite_in_row": self.state.nonfinite_in_row, "rng": runtime.rng_state(),
+            "lr_schedule": self.scheduler.describe(), "hf_config": hf_config, "train_config": config_to_dict(cfg),
+        }
+
+    def save_checkpoint(self) -> None:
+        opt = None if self.config.checkpoint.no_save_optim else {
+            k: v for k, v in self.optimizer.state_dict().items() if k != "step"}
+        committed = self.checkpointer.save(self.state.step, mf_models.model_state(self.model), opt,
+                                           self.checkpoint_common())
+        self._announce(committed)
+
+    def _announce(self, committed) -> None:
+        for step, path in committed:
+            log.info("checkpoint %d saved: %s", step, path)
+            self.last_checkpoint = path
+            self.callbacks.on_save(self, step, path)
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def _run_step(self, micro_batches, lr):
+        if self.mode != 0 or self.state.step > self.state.start_step:
+            return self.runner(micro_batches, lr)
+        # First step in GRAPH_MODE compiles. If compiling fails, fall back to PyNative from an
+        # untouched state (weights and moments snapshotted, since the error may surface late).
+        weights = {k: np.array(v) for k, v in mf_models.model_state(self.model).items()}
+        moments = self.optimizer.state_dict()
+        try:
+            return self.runner(micro_batches, lr)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("GRAPH_MODE compile/run of the training step failed (%s); falling back to PyNative", reason)
+            import mindspore as ms
+
+            ms.set_context(mode=ms.PYNATIVE_MODE)
+            self.mode = 1
+            mf_models.load_state(self.model, weights)
+            self.optimizer.load_state_dict(moments)
+            self.runner = StepRunner(MaskedLMLoss(self.model), self.optimizer, self.config.training.max_norm,
+                                     self.accumulation)
+            return self.runner(micro_batches, lr)
+
+    def train(self) -> TrainResult:
+        cfg, state = self.config, self.state
+        result = TrainResult(step=state.step)
+        self.last_checkpoint = None
+        tokens_per_step = self.global_batch * self.seq_length
+        self.callbacks.on_train_begin(self)
+        batches = iter(self.loader)
+        try:
+            while state.step < state.total_steps and not self.should_stop:
+                step = state.step + 1
+                self.callbacks.on_step_begin(self, step)
+                micro = [next(batches) for _ in range(self.accumulation)]
+                lr = self.scheduler(self.optimizer.step)
+                t0 = time.perf_counter()
+                loss, grad_norm, applied = self._run_step(micro, lr)
+                seconds = time.perf_counter() - t0
+                state.step = step
+                state.consumed_samples = self.loader.consumed_samples
+                state.nonfinite_in_row = 0 if applied else state.nonfinite_in_row + 1
+                state.skipped_steps += 0 if applied else 1
+                result.losses.append(loss)
+                metrics = self._metrics(step, loss, lr, grad_norm, applied, seconds, tokens_per_step, micro)
+                self.callbacks.on_step_end(self, metrics)
+                if not applied:
+                    log.warning("step %d: non-finite loss or gradient norm (loss %s, grad_norm %s): update skipped "
+                                "(%d in a row)", step, loss, grad_norm, state.nonfinite_in_row)
+                    if state.nonfinite_in_row >= cfg.training.max_consecutive_nonfinite:
+                        raise TrainingError(
+                            f"{state.nonfinite_in_row} non-finite steps in a row (training.max_consecutive_nonfinite"
+                            f" = {cfg.training.max_consecutive_nonfinite}); stopping at step {step}")
+                if self.checkpointer.should_save(step):
+                    self.save_checkpoint()
+                else:
+                    self._announce(self.checkpointer.poll())
+            if (self.config.checkpoint.enable_save and state.step > state.start_step
+                    and self.checkpointer.last_saved_step != state.step):
+                self.save_checkpoint()
+            self._announce(self.checkpointer.finalize())
+        finally:
+            batches.close()
+            # Commit or stop an async save even when training failed, so no writer thread leaks.
+            if self.checkpointer.saver is not None and self.checkpointer._pending is not None:
+                try:
+                    self._announce(self.checkpointer.finalize())
+                except TrainingError as exc:
+                    log.error("%s", exc)
+        if cfg.inference.prompts or cfg.inference.input_file:
+            from mf_trainer.sampling import generate_samples
+
+            result.samples = generate_samples(self.model, cfg.inference, cfg.tokenizer.path, cfg.training.seed)
+        self.callbacks.on_train_end(self)
+        result.step = state.step
+        result.checkpoint = self.last_checkpoint
+        return result
+
+    def _metrics(self, step, loss, lr, grad_norm, applied, seconds, tokens, micro) -> dict:
+        state, mon = self.state, self.config.monitor.train_state
+        mfu = None
+        if self.peak_flops:
+            mfu = self.flops_per_token * tokens / seconds / self.peak_flops
+        m = {
+            "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": seconds,
+            "tokens_per_s": tokens / seconds, "mfu": mfu, "rss_bytes": host_rss_bytes(),
+            "consumed_samples": state.consumed_samples, "loss_tokens": int(sum(float(mb["loss_mask"].sum()) for mb in micro)),
+            "skipped": not applied, "skipped_steps": state.skipped_steps,
+        }
+        # One process: this rank's / this device's loss and norm are the global ones.
+        if mon.local_loss:
+            m["local_loss"] = loss
+        if mon.device_loss:
+            m["device_loss"] = loss
+        if mon.device_norm:
+            m["device_norm"] = grad_norm
+        return m
