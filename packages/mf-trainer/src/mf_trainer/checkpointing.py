@@ -23,7 +23,6 @@ import logging
 from dataclasses import dataclass
 
 import mf_ckpt
-
 from mf_trainer.errors import TrainerConfigError, TrainingError
 
 log = logging.getLogger("mf_trainer")

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import mf_data
-
 from mf_trainer.errors import TrainerConfigError
 
 log = logging.getLogger("mf_trainer")

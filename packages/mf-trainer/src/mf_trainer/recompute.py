@@ -9,7 +9,6 @@ without it). A module path a layer does not have is an error listing the layer's
 from __future__ import annotations
 
 import mf_config
-
 from mf_trainer.errors import TrainerConfigError
 
 

@@ -43,7 +43,6 @@ def _left_pad(rows: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
 
 def generate_samples(model, inf, tokenizer_path: str, seed: int) -> list[dict]:
     import mf_models
-
     from mf_trainer.data import _mf_data
 
     tokenizer = _mf_data("SentencePieceTokenizer")(tokenizer_path)

@@ -18,9 +18,9 @@ import os
 import time
 from dataclasses import dataclass, field
 
-import mf_models
 import numpy as np
 
+import mf_models
 from mf_trainer import runtime
 from mf_trainer.callbacks import Callback, CallbackList, build_callbacks
 from mf_trainer.checkpointing import CheckpointSaver, load_checkpoint
