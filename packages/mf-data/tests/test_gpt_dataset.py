@@ -126,6 +126,19 @@ def test_partial_validation_sequence_is_padded(write_dataset, tmp_path):
         assert all(np.array_equal(everything[k][i], v) for k, v in valid[i].items())
 
 
+def test_unmapped_bin_files_give_the_same_samples(megatron_fixtures, tmp_path):
+    def build(mmap):
+        cfg = GPTDatasetConfig(random_seed=9, sequence_length=40, blend=([str(megatron_fixtures / "b_i32")], None), split="1",
+                               eod=EOD, path_to_cache=str(tmp_path), create_attention_mask=False, mmap_bin_files=mmap)
+        return BlendedMegatronDatasetBuilder(GPTDataset, [100, None, None], None, cfg).build()[0]
+
+    mapped, unmapped = build(True), build(False)
+    assert unmapped.dataset.token_array() is None
+    for idxs in ([0], [3, 1, 4], list(range(len(mapped)))):
+        a, b = mapped.get_batch(idxs), unmapped.get_batch(idxs)
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def test_padding_sample_and_getitem_none(write_dataset, tmp_path):
     ds = _train(write_dataset(_docs(np.random.default_rng(2), 30)), tmp_path, 20)
     pad = ds[None]
@@ -246,3 +259,29 @@ def test_blend_oversampling_is_reported(megatron_fixtures, tmp_path):
     inner = [len(d) for d in train.datasets]
     with pytest.raises(DatasetTooSmallError, match="mid_level_dataset_surplus"):
         BlendedDataset(train.datasets, [1.0, 1.0], sum(inner) * 2, cfg)
+
+
+def test_blend_per_split_matches_the_same_blend_split_one_way(megatron_fixtures, tmp_path):
+    a, b = str(megatron_fixtures / "a_u16"), str(megatron_fixtures / "b_i32")
+    common = dict(random_seed=4, sequence_length=20, eod=EOD, create_attention_mask=False, path_to_cache=str(tmp_path))
+    per_split = GPTDatasetConfig(blend_per_split=[([a, b], [0.4, 0.6]), ([b], None), None], **common)
+    train, valid, test = BlendedMegatronDatasetBuilder(GPTDataset, [200, 30, None], None, per_split).build()
+    assert test is None and isinstance(train, BlendedDataset) and isinstance(valid, GPTDataset)
+    whole = GPTDatasetConfig(blend=([a, b], [0.4, 0.6]), split="1", **common)
+    same = BlendedMegatronDatasetBuilder(GPTDataset, [200, 0, 0], None, whole).build()[0]
+    assert np.array_equal(train.dataset_index, same.dataset_index)
+    assert np.array_equal(train.get_batch(np.arange(len(train)))["labels"], same.get_batch(np.arange(len(same)))["labels"])
+    single = GPTDatasetConfig(blend=([b], None), split="1", **common)
+    alone = BlendedMegatronDatasetBuilder(GPTDataset, [30, None, None], None, single).build()[0]
+    assert np.array_equal(valid.shuffle_index, alone.shuffle_index) and len(valid) == len(alone)
+
+
+def test_unweighted_blends_follow_dataset_sizes(megatron_fixtures, tmp_path):
+    a, b = str(megatron_fixtures / "a_u16"), str(megatron_fixtures / "b_i32")
+    cfg = GPTDatasetConfig(random_seed=4, sequence_length=20, eod=EOD, create_attention_mask=False, path_to_cache=str(tmp_path),
+                           blend=([a, b], None), split="1")
+    exhaustive = BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], None, cfg).build()[0]
+    lengths = [len(d) for d in exhaustive.datasets]
+    assert len(exhaustive) == sum(lengths) and np.bincount(exhaustive.dataset_index).tolist() == lengths
+    capped = BlendedMegatronDatasetBuilder(GPTDataset, [100, None, None], None, cfg).build()[0]
+    assert len(capped) == 100 and capped.weights == pytest.approx([n / sum(lengths) for n in lengths])

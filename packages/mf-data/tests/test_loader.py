@@ -186,3 +186,15 @@ def test_build_from_the_seed_yaml_block(megatron_fixtures, tmp_path):
     bad = {**block, "dataloader": {**block["dataloader"], "config": {**block["dataloader"]["config"], "data_path": ["0", "x"]}}}
     with pytest.raises(DatasetConfigError, match=r"train_dataset\.dataloader\.config.*weight of 'x' must be finite and > 0"):
         build_from_yaml_block(bad)
+
+
+def test_per_split_data_paths_and_valid_phase(megatron_fixtures, tmp_path):
+    cfg = {"seq_length": 16, "eod": 1, "create_attention_mask": False, "path_to_cache": str(tmp_path),
+           "train_data_path": ["1", str(megatron_fixtures / "a_u16"), "2", str(megatron_fixtures / "b_i32")],
+           "valid_data_path": [str(megatron_fixtures / "b_i32")]}
+    valid = BlendedMegatronDatasetDataLoader(sizes=[50, 20, None], config=cfg, phase="valid", micro_batch_size=4, num_parallel_workers=0)
+    assert len(valid.dataset) >= 20 and len(valid) == len(valid.dataset) // 4
+    with pytest.raises(DatasetConfigError, match="mutually exclusive"):
+        _loader(dict(cfg, data_path=[str(megatron_fixtures / "a_u16")], split="1"))
+    with pytest.raises(DatasetTooSmallError, match="test split is empty"):
+        BlendedMegatronDatasetDataLoader(sizes=[50, 20, None], config=cfg, phase="test")

@@ -199,6 +199,7 @@ class IndexedDataset:
         else:
             self._bin_mmap = None
             self._tokens = None
+            self._fd = os.open(bin_path, os.O_RDONLY)  # pread takes explicit offsets: one fd serves all threads
 
     # --- pickling: re-open the files instead of copying the mappings --------------------------
     def __getstate__(self) -> tuple[str, bool, bool]:
@@ -241,8 +242,7 @@ class IndexedDataset:
             return self._tokens[item_offset : item_offset + count]
         out = np.empty(count, dtype=self.index.dtype)
         if count:
-            if self._fd is None:
-                self._fd = os.open(self._bin_path, os.O_RDONLY)
+            assert self._fd is not None
             nbytes = os.preadv(self._fd, [memoryview(out).cast("B")], item_offset * self.index.dtype_size)
             if nbytes != out.nbytes:
                 raise DataFileError(f"{self._bin_path}: short read ({nbytes} of {out.nbytes} bytes)")

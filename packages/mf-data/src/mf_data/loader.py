@@ -188,9 +188,9 @@ class BlendedMegatronDatasetDataLoader:
             splits = BlendedMegatronDatasetBuilder(GPTDataset, list(sizes), is_built_on_rank, gpt_config).build()
             dataset = splits[self.phase.value]
             if dataset is None:
-                raise DatasetTooSmallError(
-                    f"the {self.phase.name} split is empty: split {gpt_config.split!r} gives it no documents"
-                )
+                why = (f"split {gpt_config.split!r} gives it no documents" if gpt_config.blend_per_split is None
+                       else f"no {self.phase.name}_data_path is given")
+                raise DatasetTooSmallError(f"the {self.phase.name} split is empty: {why}")
         else:
             gpt_config = dataset.config
         self.dataset = dataset
