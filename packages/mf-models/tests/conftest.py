@@ -1,0 +1,55 @@
+"""Shared helpers for the mf-models tests: tiny model sections, PyNative by default."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import mindspore as ms
+import pytest
+
+# Synchronous PyNative: on busy shared cores the asynchronous op pipeline is many times slower for
+# these tiny models (see generation.py).
+ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU", pynative_synchronize=True)
+
+
+def _hf_fixture_names() -> list[str]:
+    # Collection-time view of shared/fixtures/hf (the root conftest's `hf_fixtures` gives the same
+    # directory to the tests): every `<name>_ref.npz` with a `<name>/` checkpoint is one case.
+    env = os.environ.get("MF_SHARED_FIXTURES")
+    candidates = [Path(env)] if env else []
+    here = Path(__file__).resolve()
+    candidates += [a / "shared" / "fixtures" for a in here.parents] + [Path("/work/shared/fixtures")]
+    for root in candidates:
+        hf = root / "hf"
+        if hf.is_dir():
+            return sorted(p.name[: -len("_ref.npz")] for p in hf.glob("*_ref.npz") if (hf / p.name[: -len("_ref.npz")]).is_dir())
+    return []
+
+
+def pytest_generate_tests(metafunc):
+    if "hf_name" in metafunc.fixturenames:
+        names = _hf_fixture_names()
+        metafunc.parametrize("hf_name", names or ["<no shared/fixtures/hf found>"], scope="module")
+
+
+LLAMA = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2)
+QWEN3 = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=64,
+             initializer_range=0.2)
+DEEPSEEK = dict(model_type="deepseek_v3", vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+                num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
+                kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+                max_position_embeddings=64, initializer_range=0.2)
+TINY = {"llama": LLAMA, "qwen3": QWEN3, "deepseek_v3": DEEPSEEK}
+
+
+@pytest.fixture
+def graph_mode():
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        yield
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
