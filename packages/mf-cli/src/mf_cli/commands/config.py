@@ -1,8 +1,10 @@
-"""`mf config validate|show FILE [--set key=value ...]`."""
+"""`mf config validate|show FILE [--set key=value ...]` and `mf config migrate OLD [-o NEW] [--force]`."""
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 
 from mf_cli.errors import UsageError
 
@@ -18,11 +20,19 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a key before validation (repeatable), e.g. training.steps=20")
         p.set_defaults(run=run)
+    text = "convert an older MindFormers run_xxx.yaml into the new format, reporting what was not carried over"
+    p = actions.add_parser("migrate", help=text, description=text + ". The report goes to stderr.")
+    p.add_argument("file", help="the old run_xxx.yaml")
+    p.add_argument("-o", "--output", metavar="NEW", help="write the new YAML here (default: print it on stdout)")
+    p.add_argument("--force", action="store_true", help="overwrite NEW if it exists")
+    p.set_defaults(run=run)
 
 
 def run(args) -> int:
     import mf_config
 
+    if args.action == "migrate":
+        return _migrate(args)
     try:
         config = mf_config.load_config(args.file, overrides=args.overrides)
     except mf_config.ConfigError as exc:
@@ -33,4 +43,57 @@ def run(args) -> int:
     for warning in mf_config.path_warnings(config):
         print(f"mf config: warning: {warning}", file=sys.stderr)
     print(f"{args.file}: OK")
+    return 0
+
+
+def _check_output(path: str, force: bool) -> None:
+    """Refuse before doing any work: an existing NEW without --force, a directory, a missing parent."""
+    if os.path.isdir(path):
+        raise UsageError(f"{path}: is a directory; give a file name with -o")
+    if os.path.lexists(path) and not force:
+        raise UsageError(f"{path}: already exists; add --force to overwrite it")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"{path}: the directory {parent} does not exist")
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """Write to a temporary file beside `path`, then rename: a failure leaves any old file intact."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".mf-migrate-", suffix=".yaml", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise UsageError(f"{path}: cannot be written ({exc.strerror or exc})") from None
+
+
+def _migrate(args) -> int:
+    import mf_config
+
+    if args.output is not None:
+        _check_output(args.output, args.force)
+    try:
+        result = mf_config.migrate_legacy(args.file)
+    except mf_config.ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    for line in result.sorted_report():
+        print(f"  {line}", file=sys.stderr)
+    try:
+        result.validate()
+    except mf_config.ConfigError as exc:
+        raise UsageError(f"{args.file}: the migrated config does not validate: {exc}") from None
+    text = result.to_yaml()
+    if args.output is None:
+        sys.stdout.write(text)
+        target = "stdout"
+    else:
+        _write_atomically(args.output, text)
+        target = args.output
+    print(f"mf config migrate: {args.file} -> {target}: {result.summary()}", file=sys.stderr)
+    if result.lines("action"):
+        print("mf config migrate: the 'action' lines above need an edit before training", file=sys.stderr)
     return 0

@@ -1,0 +1,165 @@
+"""`mf config migrate OLD [-o NEW] [--force]`, through the real entry point.
+
+The old files are mf-config's realistic test data (packages/mf-config/tests/data/legacy). The
+migrated configs are also handed to the packages that consume them (mf-models builds the model
+arguments, mf-trainer the scheduler), which checks mf-config's copies of their key tables.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mf_cli.main import main
+from mf_config import config_to_dict, load_config
+
+REPO = Path(__file__).resolve().parents[3]
+LEGACY = REPO / "packages" / "mf-config" / "tests" / "data" / "legacy"
+FILES = sorted(p.name for p in LEGACY.glob("*.yaml"))
+SMALL_OLD = """\
+runner_config: {epochs: 2, batch_size: 1, sink_mode: True}
+parallel_config: {data_parallel: 2, model_parallel: 2}
+model:
+  model_config: {type: LlamaConfig, num_layers: 4, num_heads: 4, hidden_size: 64, seq_length: 128, vocab_size: 256}
+  arch: {type: LlamaForCausalLM}
+train_dataset:
+  data_loader:
+    type: BlendedMegatronDatasetDataLoader
+    sizes: [400, 0, 0]
+    config: {seq_length: 128, data_path: [/data/x_text_document]}
+"""
+
+
+def _write(tmp_path, text: str, name: str = "old.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_files_are_there():
+    assert len(FILES) == 4
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_migrate_writes_a_file_that_validates(name, tmp_path, capsys):
+    out = tmp_path / "train.yaml"
+    assert main(["config", "migrate", str(LEGACY / name), "-o", str(out)]) == 0
+    stdout, stderr = capsys.readouterr()
+    assert stdout == ""
+    lines = stderr.splitlines()
+    assert lines[-1] == "mf config migrate: the 'action' lines above need an edit before training" or \
+        lines[-1].startswith(f"mf config migrate: {LEGACY / name} -> {out}: ")
+    assert any(" translated — " in x for x in lines) and any(" unneeded — " in x for x in lines)
+    assert main(["config", "validate", str(out)]) == 0
+    assert capsys.readouterr().out == f"{out}: OK\n"
+
+
+def test_report_on_stderr_and_yaml_on_stdout(tmp_path, capsys):
+    old = _write(tmp_path, SMALL_OLD)
+    assert main(["config", "migrate", old]) == 0
+    stdout, stderr = capsys.readouterr()
+    new = yaml.safe_load(stdout)
+    assert new["parallelism"]["tensor_parallel"] == 2
+    assert new["model"]["num_hidden_layers"] == 4 and "model_config" not in new["model"]
+    assert new["training"] == {"local_batch_size": 1, "global_batch_size": 2, "steps": 400}  # 2 epochs x 400 // 2
+    assert "  runner_config.sink_mode: dropped — data sinking has no equivalent in the new trainer" in stderr
+    assert "  parallel_config.model_parallel: translated — parallelism.tensor_parallel: 2\n" in stderr
+    assert stderr.endswith(f"mf config migrate: {old} -> stdout: 10 translated, 1 dropped, 1 unneeded, "
+                           "0 need action\n")
+    assert load_config(_write(tmp_path, stdout, "new.yaml")).training.steps == 400
+
+
+def test_existing_output_needs_force(tmp_path, capsys):
+    old, out = _write(tmp_path, SMALL_OLD), tmp_path / "train.yaml"
+    out.write_text("keep me\n", encoding="utf-8")
+    assert main(["config", "migrate", old, "-o", str(out)]) == 2
+    assert capsys.readouterr() == ("", f"mf config: error: {out}: already exists; add --force to overwrite it\n")
+    assert out.read_text(encoding="utf-8") == "keep me\n"
+    assert main(["config", "migrate", old, "-o", str(out), "--force"]) == 0
+    assert load_config(out).parallelism.tensor_parallel == 2
+
+
+@pytest.mark.parametrize("text, message", [
+    (None, "{old}: no such file"),
+    ("runner_config:\n  epochs: [1,\n", "{old}: invalid YAML at line 3, column 1: "),
+    ("training:\n  steps: 10\nmodel: {model_type: qwen3}\n",
+     "{old}: already in the new format (it has training); check it with `mf config validate`"),
+    ("seed: 1\noutput_dir: out\n", "{old}: not an older MindFormers run_xxx.yaml: none of runner_config"),
+    ("- runner_config\n", "{old}: not an older MindFormers run_xxx.yaml: the top level must be a mapping, got list"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, text, message):
+    old = str(tmp_path / "old.yaml") if text is None else _write(tmp_path, text)
+    out = tmp_path / "train.yaml"
+    assert main(["config", "migrate", old, "-o", str(out)]) == 2
+    stdout, stderr = capsys.readouterr()
+    assert stdout == "" and stderr.count("\n") == 1
+    assert stderr.startswith("mf config: error: " + message.format(old=old))
+    assert not out.exists()
+
+
+def test_a_migration_that_does_not_validate_writes_nothing(tmp_path, capsys):
+    old = _write(tmp_path, SMALL_OLD.replace("model_parallel: 2", "model_parallel: 3"))
+    out = tmp_path / "train.yaml"
+    assert main(["config", "migrate", old, "-o", str(out)]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.splitlines()[-1] == (
+        f"mf config: error: {old}: the migrated config does not validate: parallelism.tensor_parallel: must divide "
+        "model.num_attention_heads (4), got 3")
+    assert not out.exists()
+
+
+def test_output_directory_problems(tmp_path, capsys):
+    old = _write(tmp_path, SMALL_OLD)
+    assert main(["config", "migrate", old, "-o", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"mf config: error: {tmp_path}: is a directory; give a file name with -o\n"
+    missing = tmp_path / "no" / "train.yaml"
+    assert main(["config", "migrate", old, "-o", str(missing)]) == 2
+    assert capsys.readouterr().err == (f"mf config: error: {missing}: the directory {missing.parent} does not "
+                                       "exist\n")
+
+
+def test_real_process(tmp_path):
+    out = tmp_path / "train.yaml"
+    cmd = [sys.executable, "-m", "mf_cli.main", "config", "migrate", str(LEGACY / FILES[0]), "-o", str(out)]
+    ok = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stdout == "" and "Traceback" not in ok.stderr
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert (again.returncode, again.stderr) == (2, f"mf config: error: {out}: already exists; add --force to "
+                                                   "overwrite it\n")
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_consumers_accept_the_migrated_config(name, tmp_path, capsys):
+    """mf-models builds the model arguments and mf-trainer the scheduler from the migrated YAML."""
+    mf_models = pytest.importorskip("mf_models")
+    from mf_trainer import build_scheduler
+
+    out = tmp_path / "train.yaml"
+    assert main(["config", "migrate", str(LEGACY / name), "-o", str(out)]) == 0
+    cfg = load_config(out)
+    spec, args = mf_models.build_args(config_to_dict(cfg)["model"])
+    assert args.num_hidden_layers == cfg.model.extra["num_hidden_layers"]
+    scheduler = build_scheduler(cfg.lr_scheduler.type, cfg.lr_scheduler.learning_rate, cfg.lr_scheduler.extra,
+                                cfg.training.steps)
+    assert scheduler(0) >= 0.0
+    assert cfg.optimizer.type == "AdamW" and cfg.optimizer.extra == {}  # mf-trainer's AdamW takes no extra keys
+
+
+def test_key_tables_match_the_consumers():
+    """mf-config repeats mf-models' hyper-parameter names and mf-trainer's scheduler keys (it may not import
+    them); the copies must stay equal."""
+    mf_models = pytest.importorskip("mf_models")
+    from mf_config.legacy.model_tables import MODEL_KEYS, SCHEDULER_KEYS
+    from mf_trainer import SCHEDULERS
+
+    for model_type, architecture in mf_models.available_models().items():
+        spec = mf_models.resolve_spec(model_type)
+        assert MODEL_KEYS[model_type] == frozenset(spec.args_cls.accepted_keys()), model_type
+        assert architecture
+    assert set(SCHEDULER_KEYS) == set(SCHEDULERS)
+    for name, cls in SCHEDULERS.items():
+        assert SCHEDULER_KEYS[name] == frozenset(cls.KEYS) | frozenset(cls.ALIASES), name
