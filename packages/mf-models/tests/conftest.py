@@ -33,19 +33,6 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("hf_name", names or ["<no shared/fixtures/hf found>"], scope="module")
 
 
-LLAMA = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2)
-QWEN3 = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=64,
-             initializer_range=0.2)
-DEEPSEEK = dict(model_type="deepseek_v3", vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
-                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
-                num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
-                kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
-                max_position_embeddings=64, initializer_range=0.2)
-TINY = {"llama": LLAMA, "qwen3": QWEN3, "deepseek_v3": DEEPSEEK}
-
-
 @pytest.fixture
 def graph_mode():
     ms.set_context(mode=ms.GRAPH_MODE)

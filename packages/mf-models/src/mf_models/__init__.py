@@ -15,6 +15,7 @@ from .deepseek_v3 import DeepseekV3Args, DeepseekV3ForCausalLM
 from .errors import ModelConfigError, ModelStateError
 from .generation import generate
 from .llama import LlamaArgs, LlamaForCausalLM
+from .presets import tiny_model_section
 from .qwen3 import Qwen3Args, Qwen3ForCausalLM
 from .registry import ModelSpec, available_models, build_args, build_model, register_model, resolve_spec
 from .state import load_hf, load_state, model_state
@@ -24,5 +25,5 @@ __all__ = [
     "BaseArgs", "CausalLM", "KVCache", "ModelConfigError", "ModelSpec", "ModelStateError",
     "LlamaArgs", "LlamaForCausalLM", "Qwen3Args", "Qwen3ForCausalLM", "DeepseekV3Args", "DeepseekV3ForCausalLM",
     "available_models", "build_args", "build_model", "generate", "init_weights", "load_hf", "load_state",
-    "model_state", "register_model", "resolve_spec",
+    "model_state", "register_model", "resolve_spec", "tiny_model_section",
 ]

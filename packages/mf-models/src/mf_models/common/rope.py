@@ -31,7 +31,7 @@ _TYPE_KEYS: dict[str, set[str]] = {
     "yarn": {"factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
              "original_max_position_embeddings", "truncate"},
 }
-_COMMON_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
+_COMMON_KEYS = {"rope_type", "rope_theta", "partial_rotary_factor"}
 _REJECTED = {
     "dynamic": "dynamic NTK scaling recomputes frequencies from the running sequence length (stateful in HF); "
                "not supported in a static-shape compiled model",
@@ -46,6 +46,16 @@ def normalize_rope(rope_parameters: dict | None, rope_scaling: dict | None, rope
         raise ModelConfigError(f"model.rope_parameters: must be a mapping, got {rope_parameters!r}")
     if rope_scaling is not None and not isinstance(rope_scaling, dict):
         raise ModelConfigError(f"model.rope_scaling: must be a mapping or null, got {rope_scaling!r}")
+    def renamed(d: dict | None) -> dict | None:  # BC: HF's old configs say "type"
+        if d is None or "type" not in d:
+            return d
+        d = dict(d)
+        kind = d.pop("type")
+        if "rope_type" not in d:
+            d["rope_type"] = kind
+        return d
+
+    rope_parameters, rope_scaling = renamed(rope_parameters), renamed(rope_scaling)
     if rope_parameters is not None and rope_scaling is not None:
         merged = {**rope_parameters}
         for key, value in rope_scaling.items():
@@ -62,8 +72,7 @@ def normalize_rope(rope_parameters: dict | None, rope_scaling: dict | None, rope
             raise ModelConfigError(
                 f"model.rope_theta: {rope_theta!r} contradicts {source}.rope_theta={raw['rope_theta']!r}")
         raw["rope_theta"] = rope_theta
-    rope_type = raw.pop("rope_type", None) or raw.pop("type", None) or "default"
-    raw.pop("type", None)
+    rope_type = raw.pop("rope_type", None) or "default"
     if rope_type in _REJECTED:
         raise ModelConfigError(f"model.{source}.rope_type: {rope_type!r} is not supported ({_REJECTED[rope_type]})")
     if rope_type not in _TYPE_KEYS:
@@ -75,7 +84,7 @@ def normalize_rope(rope_parameters: dict | None, rope_scaling: dict | None, rope
         if key not in allowed:
             raise ModelConfigError(
                 f"model.{source}.{key}: not a parameter of rope_type {rope_type!r};{did_you_mean(key, allowed)} "
-                f"accepted: {', '.join(sorted(allowed - {'type'}))}")
+                f"accepted: {', '.join(sorted(allowed))}")
     partial = float(raw.pop("partial_rotary_factor", 1.0))
     if partial != 1.0:
         raise ModelConfigError(f"model.{source}.partial_rotary_factor: only 1.0 is supported, got {partial}")

@@ -1,0 +1,120 @@
+"""The `model` section / HF config.json -> args: accepted keys, one clear error for bad ones."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import mindspore as ms
+import numpy as np
+import pytest
+
+import mf_models
+from mf_models import ModelConfigError, build_args, build_model, tiny_model_section
+
+LLAMA = tiny_model_section("llama")
+QWEN3 = tiny_model_section("qwen3")
+DEEPSEEK = tiny_model_section("deepseek_v3")
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "deepseek_v3"])
+def test_hf_config_json_builds_as_is(hf_fixtures, name):
+    config = json.loads((hf_fixtures / name / "config.json").read_text())
+    spec, args = build_args(config)
+    assert spec.model_type == name and spec.architecture == config["architectures"][0]
+    assert args.hidden_size == config["hidden_size"] and args.vocab_size == config["vocab_size"]
+
+
+def test_yaml_section_with_mf_extras():
+    section = {**QWEN3, "architectures": "Qwen3ForCausalLM", "seq_length": 32, "compute_dtype": "float32",
+               "params_dtype": "float32", "use_flash_attention": False}
+    spec, args = build_args(section)
+    assert spec.model_type == "qwen3" and args.seq_length == 32 and args.head_dim == 12
+
+
+def test_architecture_alone_selects_the_model():
+    section = {k: v for k, v in LLAMA.items() if k != "model_type"}
+    spec, _ = build_args({**section, "architectures": ["LlamaForCausalLM"]})
+    assert spec.model_type == "llama"
+    assert mf_models.available_models() == {
+        "deepseek_v3": "DeepseekV3ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"hidden_sizee": 8}, r"^model\.hidden_sizee: unknown key for llama \(LlamaForCausalLM\); did you mean 'hidden_size'\? accepted keys: vocab_size, "),
+    ({"model_type": "lama"}, r"^model\.model_type: unknown 'lama'; did you mean 'llama'\? available: deepseek_v3 \(DeepseekV3ForCausalLM\), llama"),
+    ({"architectures": "LlamaForCausalLMM"}, r"^model\.architectures: unknown 'LlamaForCausalLMM'; did you mean 'LlamaForCausalLM'\?"),
+    ({"architectures": "Qwen3ForCausalLM"}, r"does not belong to model_type 'llama'"),
+    ({"architectures": ["LlamaForCausalLM", "X"]}, r"expected one architecture"),
+    ({"num_key_value_heads": 3}, r"^model\.num_key_value_heads: 3 must divide num_attention_heads=4$"),
+    ({"hidden_act": "gelu"}, r"^model\.hidden_act: only 'silu'"),
+    ({"attention_dropout": 0.1}, r"^model\.attention_dropout: attention dropout is not implemented"),
+    ({"compute_dtype": "bf16"}, r"^model\.compute_dtype: unknown dtype 'bf16'; did you mean 'bfloat16'\?"),
+    ({"hidden_size": 0}, r"^model\.hidden_size: must be positive, got 0$"),
+    ({"tie_word_embeddings": "yes"}, r"^model\.tie_word_embeddings: expected bool, got 'yes'$"),
+    ({"vocab_size": 64.0}, r"^model\.vocab_size: expected int"),
+    ({"pad_token_id": 64}, r"^model\.pad_token_id: 64 is outside the vocabulary"),
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, r"'dynamic' is not supported \(dynamic NTK"),
+    ({"rope_parameters": {"rope_type": "yarnn", "factor": 2.0}}, r"unknown 'yarnn'; did you mean 'yarn'\?"),
+    ({"rope_parameters": {"rope_type": "linear", "factr": 2.0}}, r"^model\.rope_parameters\.factr: not a parameter of rope_type 'linear'; did you mean 'factor'\?"),
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, r"low_freq_factor: required"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}, "rope_theta": 5e5}, r"^model\.rope_theta: 500000.0 contradicts"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}, "rope_parameters": {"rope_type": "default"}}, r"rope_scaling\.rope_type: 'linear' contradicts"),
+    ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, r"partial_rotary_factor: only 1.0"),
+])
+def test_bad_llama_section_is_one_clear_error(change, match):
+    with pytest.raises(ModelConfigError, match=match) as info:
+        build_args({**LLAMA, **change})
+    assert "\n" not in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("section, match", [
+    ({**QWEN3, "use_sliding_window": True}, r"^model\.use_sliding_window: sliding-window attention is not implemented"),
+    ({**QWEN3, "layer_types": ["full_attention", "sliding_attention"]}, r"^model\.layer_types\[1\]: only 'full_attention'"),
+    ({**QWEN3, "layer_types": ["full_attention"]}, r"1 entries for num_hidden_layers=2"),
+    ({**DEEPSEEK, "num_key_value_heads": 2}, r"MLA has one key per head"),
+    ({**DEEPSEEK, "qk_head_dim": 16}, r"^model\.qk_head_dim: 16 contradicts the MLA sizes \(expected 12\)"),
+    ({**DEEPSEEK, "head_dim": 8}, r"^model\.head_dim: 8 contradicts"),
+    ({**DEEPSEEK, "n_group": 3}, r"^model\.n_group: 3 must divide n_routed_experts=4"),
+    ({**DEEPSEEK, "topk_group": 3}, r"^model\.topk_group: 3 exceeds n_group=2"),
+    ({**DEEPSEEK, "num_experts_per_tok": 3}, r"exceeds the experts in the 1 selected group"),
+    ({**DEEPSEEK, "attention_bias": True}, r"^model\.attention_bias: biases on MLA projections are not supported"),
+    ({**DEEPSEEK, "output_router_logits": True}, r"output_router_logits"),
+    ({"vocab_size": 8}, r"^model\.model_type: missing \(and no architectures\); available: "),
+])
+def test_bad_sections_of_other_models(section, match):
+    with pytest.raises(ModelConfigError, match=match):
+        build_args(section)
+
+
+def test_legacy_rope_fields_are_understood():
+    _, args = build_args({**LLAMA, "rope_theta": 5e5, "rope_scaling": {"type": "linear", "factor": 4.0}})
+    assert args.rope == {"rope_type": "linear", "rope_theta": 5e5, "factor": 4.0}
+    _, args = build_args({**LLAMA, "rope_scaling": None, "rope_theta": 1e6})
+    assert args.rope == {"rope_type": "default", "rope_theta": 1e6}
+
+
+def test_bfloat16_on_cpu_computes_in_float32_and_says_so_once(caplog):
+    caplog.set_level(logging.WARNING, logger="mf_models")
+    model = build_model({**LLAMA, "compute_dtype": "bfloat16", "use_flash_attention": True})
+    build_model({**LLAMA, "compute_dtype": "bfloat16", "use_flash_attention": True})
+    messages = [r.getMessage() for r in caplog.records]
+    bf16 = [m for m in messages if "bfloat16 runs in float32 on CPU" in m]
+    flash = [m for m in messages if "use_flash_attention" in m]
+    # once per process: a test run earlier in the session may already have said it
+    assert len(bf16) <= 1 and len(flash) <= 1
+    assert model.compute_dtype == ms.float32
+    reference = build_model(LLAMA)
+    ids = ms.Tensor(np.arange(10).reshape(2, 5), ms.int32)
+    np.testing.assert_allclose(model(ids).asnumpy(), reference(ids).asnumpy(), rtol=0, atol=1e-6)
+
+
+def test_float16_compute_and_params():
+    ids = ms.Tensor(np.arange(10).reshape(2, 5), ms.int32)
+    reference = build_model(LLAMA)(ids).asnumpy()
+    half = build_model({**LLAMA, "compute_dtype": "float16", "params_dtype": "float16"})
+    assert all(p.dtype == ms.float16 for p in half.get_parameters())
+    logits = half(ids).asnumpy()
+    assert logits.dtype == np.float32
+    np.testing.assert_allclose(logits, reference, atol=2e-2)
