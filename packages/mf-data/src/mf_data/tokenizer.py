@@ -113,6 +113,8 @@ def train_sentencepiece(
             minloglevel=2,
         )
     except RuntimeError as err:
+        if not stats.get("documents"):
+            raise InputError(f"no training text in {', '.join(inputs)} (every line was blank or bad)") from None
         raise InputError(f"sentencepiece training failed: {_short(err)}") from None
     if not buffer.getvalue():
         raise InputError("sentencepiece training produced no model (is the corpus empty?)")
