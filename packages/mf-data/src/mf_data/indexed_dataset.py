@@ -187,6 +187,7 @@ class IndexedDataset:
         bin_size = os.path.getsize(bin_path)
         self.index = _IndexReader(idx_path, multimodal, bin_size)
         self._bin_path = bin_path
+        self._num_tokens: int | None = None
         self._fd: int | None = None
         if mmap and bin_size > 0:
             self._bin_mmap = np.memmap(bin_path, mode="r", dtype=np.uint8)
@@ -289,7 +290,9 @@ class IndexedDataset:
 
     @property
     def num_tokens(self) -> int:
-        return int(self.sequence_lengths.sum(dtype=np.int64))
+        if getattr(self, "_num_tokens", None) is None:
+            self._num_tokens = int(self.sequence_lengths.sum(dtype=np.int64))
+        return self._num_tokens
 
     @property
     def num_documents(self) -> int:
