@@ -66,7 +66,9 @@ class RankFailed(RuntimeError):
 class _Shared:
     def __init__(self, world_size: int, timeout: float):
         self.barrier = threading.Barrier(world_size, timeout=timeout)
-        self.slots: list[Any] = [None] * world_size
+        # Two slot arrays used alternately: a rank can only reuse one after every rank has passed
+        # the next collective's barrier, i.e. finished reading it, so one barrier per collective.
+        self.slots: list[list[Any]] = [[None] * world_size, [None] * world_size]
 
 
 class ThreadComm:
@@ -76,6 +78,7 @@ class ThreadComm:
         self._shared = shared
         self._rank = rank
         self._world = world_size
+        self._generation = 0
 
     @property
     def rank(self) -> int:
@@ -92,11 +95,11 @@ class ThreadComm:
             raise RankFailed(f"rank {self._rank}: another rank failed or a collective timed out") from None
 
     def _swap(self, value: Any) -> list[Any]:
-        self._shared.slots[self._rank] = value
+        slots = self._shared.slots[self._generation % 2]
+        self._generation += 1
+        slots[self._rank] = value
         self._wait()
-        out = list(self._shared.slots)
-        self._wait()  # nobody overwrites a slot before everyone has read it
-        return out
+        return list(slots)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         return [pickle.loads(blob) for blob in self._swap(pickle.dumps(obj, protocol=5))]

@@ -56,9 +56,18 @@ def itemsize(code: str) -> int:
     return numpy_dtype(code).itemsize
 
 
+_CODE_CACHE: dict[np.dtype, str] = {}
+
+
 def code_of(dtype) -> str:
     """The safetensors code of a numpy dtype (raises CheckpointError if it has none)."""
-    dt = np.dtype(dtype)
+    code = _CODE_CACHE.get(dtype)  # called per tensor on hot paths: memoise
+    if code is None:
+        code = _CODE_CACHE[dtype] = _code_of(np.dtype(dtype))
+    return code
+
+
+def _code_of(dt: np.dtype) -> str:
     for code, raw in _RAW.items():
         if dt == raw:
             return code

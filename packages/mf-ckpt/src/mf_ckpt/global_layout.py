@@ -8,11 +8,13 @@ per rank) and reuse the layout when they match.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
+import pickle
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,8 +25,7 @@ from .layout import Chunk, TensorMeta, check_coverage, tensors_to_json
 from .sharding import ShardedTensor, replicated
 
 
-@dataclass(frozen=True)
-class LocalEntry:
+class LocalEntry(NamedTuple):  # a tuple: gathered from every rank, so cheap to pickle
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -67,8 +68,14 @@ def describe(states: Mapping[str, Mapping[str, ShardedTensor]]) -> LocalDescript
     return out
 
 
-def fingerprint(desc: LocalDescription) -> str:
-    return hashlib.blake2b(repr(sorted(desc.items())).encode(), digest_size=16).hexdigest()
+def signature(states: Mapping[str, Mapping[str, ShardedTensor]]) -> tuple:
+    """Everything the global layout depends on, read from attributes only. Compared with `==`
+    against the previous save's (exact, C speed): this runs on every save to verify the cache."""
+    return tuple(
+        (part, name, st.data.dtype, st.global_shape, st.global_offset, st.data.shape, st.replica_id)
+        for part, state in states.items()
+        for name, st in state.items()
+    )
 
 
 @dataclass
@@ -86,6 +93,7 @@ def build(gathered: list[LocalDescription], prefix: str, remove_redundancy: bool
     writes: list[dict[str, list[str]]] = [{p: [] for p in parts} for _ in range(world)]
     load = [0] * world
     tensors: dict[str, dict[str, TensorMeta]] = {}
+    file_names = {part: [shard_file(prefix, part, r, world) for r in range(world)] for part in parts}
     for part in parts:
         missing = [r for r, d in enumerate(gathered) if part not in d]
         if missing:
@@ -122,19 +130,85 @@ def build(gathered: list[LocalDescription], prefix: str, remove_redundancy: bool
             for w in writers:
                 writes[w][part].append(name)
                 load[w] += nbytes
-            chunks[name].append(Chunk(box[0], box[1], shard_file(prefix, part, writer, world), name))
+            chunks[name].append(Chunk(box[0], box[1], file_names[part][writer], name))
         for name in chunks:
             chunks[name].sort(key=lambda c: c.offset)
         tensors[part] = {name: TensorMeta(code, shape, chunks[name]) for name, (code, shape) in info.items()}
-    files = sorted(shard_file(prefix, part, r, world) for r in range(world) for part in parts if writes[r][part])
+    files = sorted(file_names[part][r] for r in range(world) for part in parts if writes[r][part])
     metadata = {"format": FORMAT, "format_version": FORMAT_VERSION, "world_size": world, "prefix": prefix,
                 "files": files}
     metadata.update({part: tensors_to_json(tensors[part]) for part in parts})
-    blob = (json.dumps(metadata, indent=1, sort_keys=True) + "\n").encode("utf-8")
+    # Compact on purpose: the C encoder is an order of magnitude faster than indent=...
+    blob = (json.dumps(metadata, separators=(",", ":"), sort_keys=True) + "\n").encode("utf-8")
     return GlobalLayout(blob, tensors, writes, files)
 
 
 @dataclass
+class RankPlan:
+    """What one rank needs from the global layout: its write list; rank 0 also the metadata."""
+
+    writes: dict[str, list[str]]  # part -> names this rank writes
+    metadata_bytes: bytes | None  # rank 0 only
+
+
+@dataclass
 class LayoutCache:
-    fingerprints: list[str]
-    layout: GlobalLayout
+    signature: tuple
+    plan: RankPlan
+
+
+def _raise_first(gathered, index: int = 0) -> None:
+    failures = [(r, g[index]) for r, g in enumerate(gathered) if g is not None and g[index]]
+    if failures:
+        r, msg = failures[0]
+        raise CheckpointError(msg if len(gathered) == 1 else f"rank {r}: {msg}")
+
+
+def agree_layout(comm, states, iteration: int, error: str | None, cache: LayoutCache | None, prefix: str,
+                 remove_redundancy: bool) -> tuple[RankPlan, LayoutCache, bool, str]:
+    """The metadata phase of a save: every rank ends with its RankPlan, or all raise the same error.
+
+    With a cache, each rank compares its structure with the previous save's and one gather of
+    flags decides (the cheap path). Otherwise the ranks gather their descriptions as opaque
+    bytes, rank 0 alone unpickles them and builds the layout, and a second gather hands each rank
+    its write list (or rank 0's error). Returns (plan, new cache, cache hit, staging token).
+    """
+    rank = comm.rank
+    sig = signature(states) if error is None else None
+    unchanged = cache is not None and sig == cache.signature
+    blob = None
+    if cache is None and error is None:  # no cache to check: send the description in this round
+        try:
+            blob = pickle.dumps(describe(states), protocol=5)
+        except CheckpointError as e:
+            error = str(e)
+    token = secrets.token_hex(4) if rank == 0 else None
+    gathered = comm.all_gather_object((error, iteration, unchanged, token, blob))
+    _raise_first(gathered)
+    if len({g[1] for g in gathered}) != 1:
+        raise CheckpointError(f"ranks disagree on the iteration to save: {[g[1] for g in gathered]}")
+    token = gathered[0][3]
+    if cache is not None and all(g[2] for g in gathered):
+        return cache.plan, cache, True, token
+    if cache is not None:  # the structure changed on some rank: gather the descriptions now
+        try:
+            blob, error = pickle.dumps(describe(states), protocol=5), None
+        except CheckpointError as e:
+            blob, error = None, str(e)
+        gathered = comm.all_gather_object((error, blob))
+        _raise_first(gathered)
+        blobs = [g[1] for g in gathered]
+    else:
+        blobs = [g[4] for g in gathered]
+    payload = None
+    if rank == 0:
+        try:
+            layout = build([pickle.loads(b) for b in blobs], prefix, remove_redundancy)
+            payload = (None, pickle.dumps(layout.writes, protocol=5))
+        except CheckpointError as e:
+            payload = (str(e), None)
+    result = comm.all_gather_object(payload)[0]
+    if result[0]:
+        raise CheckpointError(result[0])
+    plan = RankPlan(pickle.loads(result[1])[rank], layout.metadata_bytes if rank == 0 else None)
+    return plan, LayoutCache(sig, plan), False, token

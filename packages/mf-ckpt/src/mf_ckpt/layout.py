@@ -86,6 +86,24 @@ def check_coverage(where: str, name: str, shape: tuple[int, ...], boxes: list[tu
     if total == 0:
         return
     boxes = [b for b in boxes if math.prod(b[1])]
+    split_axes = {d for off, shp in boxes for d in range(len(shape)) if off[d] != 0 or shp[d] != shape[d]}
+    if len(split_axes) <= 1:
+        # The common case (one split axis, the rest full): the intervals along it must tile [0, n).
+        d = split_axes.pop() if split_axes else 0
+        n = shape[d] if shape else 1
+        end = 0
+        for off, shp in sorted(boxes, key=lambda b: b[0][d] if shape else 0):
+            lo, hi = (off[d], off[d] + shp[d]) if shape else (0, 1)
+            if lo < end:
+                raise CheckpointError(f"{where}: tensor {name!r} has overlapping chunks")
+            if lo > end:
+                at = [end if a == d else 0 for a in range(len(shape))]
+                raise CheckpointError(f"{where}: tensor {name!r} is not fully covered by its chunks (nothing stored at {at})")
+            end = hi
+        if end < n:
+            at = [end if a == d else 0 for a in range(len(shape))]
+            raise CheckpointError(f"{where}: tensor {name!r} is not fully covered by its chunks (nothing stored at {at})")
+        return
     volume = sum(math.prod(s) for _, s in boxes)
     bounds = [sorted({0, g} | {o for o, _ in ax} | {o + n for o, n in ax})
               for g, ax in zip(shape, ([(b[0][d], b[1][d]) for b in boxes] for d in range(len(shape))))]
@@ -107,7 +125,8 @@ def check_coverage(where: str, name: str, shape: tuple[int, ...], boxes: list[tu
 
 
 def _int_list(value, what: str, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+    # type() rather than isinstance: bools are not sizes, and this runs per chunk on every rank.
+    if type(value) is not list or not all(type(v) is int and v >= 0 for v in value):
         raise CheckpointError(f"{where}: {what} must be a list of non-negative integers, got {value!r}")
     return tuple(value)
 
@@ -125,14 +144,18 @@ def parse_tensors(obj, where: str) -> dict[str, TensorMeta]:
             raise CheckpointError(f"{where}: tensor {name!r} has unsupported dtype {code!r}")
         shape = _int_list(entry.get("shape"), f"tensor {name!r} shape", where)
         chunks_obj = entry.get("chunks")
-        if not isinstance(chunks_obj, list):
+        if type(chunks_obj) is not list:
             raise CheckpointError(f"{where}: tensor {name!r} has no chunk list")
         chunks = []
         for c in chunks_obj:
-            if not isinstance(c, dict) or not isinstance(c.get("file"), str) or not isinstance(c.get("key"), str):
+            try:
+                file, key, offset, size = c["file"], c["key"], c["offset"], c["shape"]
+            except (TypeError, KeyError):
+                raise CheckpointError(f"{where}: tensor {name!r} has a malformed chunk {c!r}") from None
+            if type(file) is not str or type(key) is not str:
                 raise CheckpointError(f"{where}: tensor {name!r} has a malformed chunk {c!r}")
-            chunks.append(Chunk(_int_list(c.get("offset"), f"tensor {name!r} chunk offset", where),
-                                _int_list(c.get("shape"), f"tensor {name!r} chunk shape", where), c["file"], c["key"]))
+            chunks.append(Chunk(_int_list(offset, f"tensor {name!r} chunk offset", where),
+                                _int_list(size, f"tensor {name!r} chunk shape", where), file, key))
         check_coverage(where, name, shape, [(c.offset, c.shape) for c in chunks])
         out[name] = TensorMeta(code, shape, chunks)
     return out

@@ -9,6 +9,7 @@ and no destination buffer has been touched.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -91,7 +92,7 @@ def plan_requests(layout: CheckpointLayout, dests: dict[str, dict[str, ShardedTe
             for i, chunk in enumerate(meta.chunks):
                 inter = intersect(box, (chunk.offset, chunk.shape))
                 if inter is not None:
-                    requests.append(Request(part, name, i, inter[0], inter[1], int(np.prod(inter[1])) * itemsize))
+                    requests.append(Request(part, name, i, inter[0], inter[1], math.prod(inter[1]) * itemsize))
     return requests, missing
 
 
@@ -152,8 +153,7 @@ def load(
         if optimizer_state is not None and not options.no_load_optim:
             dests["optimizer"] = as_sharded(optimizer_state, "optimizer")
         requests, missing = plan_requests(layout, dests, strict)
-        needed = {part: {r.name for r in requests if r.part == part} for part in dests}
-        headers = validate_files(layout, needed)
+        headers = validate_files(layout, {(r.part, r.name, r.chunk_index) for r in requests})
     except CheckpointError as e:
         error = str(e)
     summary = [(r.part, r.name, r.chunk_index, r.offset, r.shape, r.nbytes) for r in requests or []]

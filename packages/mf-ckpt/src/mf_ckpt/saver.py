@@ -1,9 +1,10 @@
 """Saving a sharded state: every rank writes its own files, rank 0 commits.
 
 One save, in order (all ranks call `Saver.save` together):
-1. metadata: each rank describes its chunks; the ranks gather fingerprints (and, on the first
-   save or when the structure changed, the descriptions) and every rank derives the same global
-   layout, or the same error. No rank touches the disk before all agree the request is valid.
+1. metadata (`global_layout.agree_layout`): with a layout cache, each rank checks its structure
+   against the previous save's and one gather of flags confirms it; otherwise the ranks gather
+   their chunk descriptions, rank 0 builds the global layout and hands each rank its write list,
+   or every rank raises the same error. No rank touches the disk before all agree.
 2. write: each rank writes `{prefix}-model-{rank:07d}-{world:07d}.safetensors` (and `-opt-`) into a
    hidden staging directory; rank 0 adds metadata.json. With `async_save` the chunks are copied to
    host memory first and a background thread writes them.
@@ -47,7 +48,7 @@ from .ckpt_dir import (
 from .collectives import Collective, SingleProcess
 from .errors import CheckpointError
 from .fsutil import atomic_write_bytes, fsync_dir, write_json
-from .global_layout import GlobalLayout, LayoutCache, as_sharded, build, describe, fingerprint
+from .global_layout import LayoutCache, RankPlan, agree_layout, as_sharded
 from .options import SaveOptions
 from .rotation import remove_leftovers, rotate
 from .st_io import Entry, write_file
@@ -60,7 +61,9 @@ class SaveResult:
     committed: bool
     layout_cache_hit: bool
     bytes_written: int = 0  # by this rank
-    timings: dict[str, float] = field(default_factory=dict)  # seconds: metadata, snapshot, write, commit
+    # seconds: metadata (wall, including waiting for the other ranks), metadata_cpu (this rank's
+    # own CPU time in that phase), snapshot, write, commit
+    timings: dict[str, float] = field(default_factory=dict)
     deleted: list[int] = field(default_factory=list)  # iterations removed by save_max rotation
 
 
@@ -153,8 +156,8 @@ class Saver:
             self.wait()
         opts = self.options
         rank, world = self.comm.rank, self.comm.world_size
-        t0 = time.perf_counter()
-        error = desc = fp = states = common_json = per_rank_json = None
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        error = states = common_json = per_rank_json = None
         try:
             if isinstance(iteration, bool) or not isinstance(iteration, (int, np.integer)) or iteration < 0:
                 raise CheckpointError(f"iteration must be a non-negative integer, got {iteration!r}")
@@ -162,36 +165,21 @@ class Saver:
             states = {"model": as_sharded(model_state, "model")}
             if optimizer_state is not None and not opts.no_save_optim:
                 states["optimizer"] = as_sharded(optimizer_state, "optimizer")
-            desc = describe(states)
-            fp = fingerprint(desc)
             common_json = jsonable.encode(dict(common or {}), "common")
             per_rank_json = jsonable.encode(per_rank, "per_rank")
         except CheckpointError as e:
             error = str(e)
+        cache = self._cache if opts.save_global_layout_cache else None
+        plan, new_cache, hit, token = agree_layout(self.comm, states, iteration, error, cache, opts.prefix,
+                                                   opts.remove_redundancy)
+        self._cache = new_cache if opts.save_global_layout_cache else None
+        t1, cpu1 = time.perf_counter(), time.thread_time()
 
-        cached = self._cache if opts.save_global_layout_cache else None
-        token = secrets.token_hex(4) if rank == 0 else None
-        gathered = self.comm.all_gather_object((error, iteration, fp, token, None if cached else desc))
-        failures = [(r, g[0]) for r, g in enumerate(gathered) if g[0]]
-        if failures:
-            r, msg = failures[0]
-            raise CheckpointError(msg if world == 1 else f"rank {r}: {msg}")
-        if len({g[1] for g in gathered}) != 1:
-            raise CheckpointError(f"ranks disagree on the iteration to save: {[g[1] for g in gathered]}")
-        fingerprints = [g[2] for g in gathered]
-        hit = cached is not None and cached.fingerprints == fingerprints
-        if hit:
-            layout = cached.layout
-        else:
-            descs = self.comm.all_gather_object(desc) if cached is not None else [g[4] for g in gathered]
-            layout = build(descs, opts.prefix, opts.remove_redundancy)  # same result, or error, on every rank
-            self._cache = LayoutCache(fingerprints, layout) if opts.save_global_layout_cache else None
-        t1 = time.perf_counter()
-
-        staging = self.root / staging_name(iteration, gathered[0][3])
-        entries = self._entries(layout, states, rank, copy=opts.async_save)
+        staging = self.root / staging_name(iteration, token)
+        entries = self._entries(plan, states, copy=opts.async_save)
         t2 = time.perf_counter()
-        result = SaveResult(iteration, staging, False, hit, timings={"metadata": t1 - t0, "snapshot": t2 - t1})
+        result = SaveResult(iteration, staging, False, hit,
+                            timings={"metadata": t1 - t0, "metadata_cpu": cpu1 - cpu0, "snapshot": t2 - t1})
         pending = _Pending(iteration, staging, common_json, per_rank_json, result)
 
         def write() -> int:
@@ -203,7 +191,7 @@ class Saver:
                     path = staging / shard_file(opts.prefix, part, rank, world)
                     written += write_file(path, part_entries, {"format": FORMAT}, fsync=opts.fsync)
             if rank == 0:
-                atomic_write_bytes(staging / METADATA, layout.metadata_bytes, fsync=opts.fsync)
+                atomic_write_bytes(staging / METADATA, plan.metadata_bytes, fsync=opts.fsync)
             result.bytes_written = written
             result.timings["write"] = time.perf_counter() - start
             return written
@@ -219,9 +207,9 @@ class Saver:
         return self._commit(block=True)
 
     @staticmethod
-    def _entries(layout: GlobalLayout, states, rank: int, copy: bool) -> dict[str, list[Entry]]:
+    def _entries(plan: RankPlan, states, copy: bool) -> dict[str, list[Entry]]:
         out = {}
-        for part, names in layout.writes[rank].items():
+        for part, names in plan.writes.items():
             entries = []
             for name in names:
                 chunk = states[part][name].chunk

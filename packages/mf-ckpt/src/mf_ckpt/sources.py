@@ -9,6 +9,10 @@ intact, key present, dtype and shape as the metadata says.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 from . import jsonable
@@ -43,17 +47,49 @@ def open_source(path, iteration: int | None = None) -> CheckpointLayout:
     )
 
 
+_PARSED: OrderedDict[tuple, tuple[dict, dict]] = OrderedDict()
+_PARSED_LOCK = threading.Lock()
+
+
+def _parse_metadata(path: Path) -> tuple[dict, dict[str, dict[str, TensorMeta]]]:
+    """(raw metadata, validated parts) of a metadata.json, memoised by content digest.
+
+    Validating every chunk is the costly part of opening a large checkpoint; ranks that share a
+    process (the threaded simulator, tools loading model then optimizer) do it once. Keyed by a
+    digest of the bytes, so a rewritten file is always parsed again.
+    """
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: {METADATA} not found") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read {METADATA} ({e.strerror or e})") from None
+    key = hashlib.blake2b(raw, digest_size=20).digest()
+    with _PARSED_LOCK:  # concurrent ranks wait for the first parse instead of repeating it
+        if key in _PARSED:
+            _PARSED.move_to_end(key)
+            return _PARSED[key]
+        where = str(path)
+        try:
+            meta = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{where}: {METADATA} is not valid JSON ({e})") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise CheckpointError(f"{where}: not an mf-ckpt metadata file")
+        if not isinstance(meta.get("format_version"), int) or meta["format_version"] > FORMAT_VERSION:
+            raise CheckpointError(f"{where}: format_version {meta.get('format_version')!r} is newer than this mf-ckpt")
+        parts = {p: parse_tensors(meta[p], f"{where} [{p}]") for p in PARTS if p in meta}
+        if "model" not in parts:
+            raise CheckpointError(f"{where}: no model tensors")
+        _PARSED[key] = (meta, parts)
+        while len(_PARSED) > 8:
+            _PARSED.popitem(last=False)
+        return meta, parts
+
+
 def open_mf(path: Path, iteration: int | None = None) -> CheckpointLayout:
     directory, iteration = resolve(path, iteration)
-    meta = read_json(directory / METADATA, METADATA)
-    where = str(directory / METADATA)
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{where}: not an mf-ckpt metadata file")
-    if not isinstance(meta.get("format_version"), int) or meta["format_version"] > FORMAT_VERSION:
-        raise CheckpointError(f"{where}: format_version {meta.get('format_version')!r} is newer than this mf-ckpt")
-    parts = {p: parse_tensors(meta[p], f"{where} [{p}]") for p in PARTS if p in meta}
-    if "model" not in parts:
-        raise CheckpointError(f"{where}: no model tensors")
+    meta, parts = _parse_metadata(directory / METADATA)
     info = read_json(directory / COMMON, COMMON)
     if not isinstance(info, dict):
         raise CheckpointError(f"{directory / COMMON}: must be a JSON object")
@@ -103,31 +139,36 @@ def open_merged(path: Path) -> CheckpointLayout:
     return CheckpointLayout("safetensors", path, parts, iteration, common, per_rank, None, {"headers": headers})
 
 
-def validate_files(layout: CheckpointLayout, needed: dict[str, set[str]] | None = None) -> dict[Path, FileHeader]:
-    """Check every chunk of the `needed` tensors ({part: names}; all when None) against its file."""
+def validate_files(layout: CheckpointLayout, needed=None) -> dict[Path, FileHeader]:
+    """Check chunks against their files: all of them, or `needed`, a set of (part, name) for whole
+    tensors or (part, name, chunk index) for the chunks one rank will read."""
     headers: dict[Path, FileHeader] = dict(layout.info.get("headers", {}))
-    for part, tensors in layout.parts.items():
-        names = tensors.keys() if needed is None else needed.get(part, ())
-        for name in names:
-            meta = tensors[name]
-            for chunk in meta.chunks:
-                path = safe_member(layout.root, chunk.file)
-                header = headers.get(path)
-                if header is None:
-                    if not path.is_file():
-                        raise CheckpointError(f"{layout.root}: file {chunk.file!r} (holding {part} tensor {name!r}) is missing")
-                    header = headers[path] = read_header(path)
-                info = header.tensors.get(chunk.key)
-                if info is None:
-                    raise CheckpointError(f"{path}: has no tensor {chunk.key!r} ({part} tensor {name!r})")
-                if info.dtype != meta.dtype:
-                    raise CheckpointError(f"{path}: tensor {chunk.key!r} is {info.dtype}, metadata says {meta.dtype}")
-                start, stop = chunk.stored_region(chunk.offset, chunk.shape)
-                stored = chunk.stored_shape()
-                fits = len(start) == len(info.shape) and all(b <= n for b, n in zip(stop, info.shape))
-                exact = chunk.src_start is not None or tuple(info.shape) == stored
-                if not (fits and exact):
-                    raise CheckpointError(
-                        f"{path}: tensor {chunk.key!r} has shape {list(info.shape)}, metadata says {list(stored)}"
-                    )
+    paths: dict[str, Path] = {}  # resolving a name (realpath) is costly: once per file
+    if needed is None:
+        needed = {(part, name) for part, tensors in layout.parts.items() for name in tensors}
+    for item in sorted(needed):
+        part, name = item[0], item[1]
+        meta = layout.parts[part][name]
+        for chunk in meta.chunks if len(item) == 2 else [meta.chunks[item[2]]]:
+            path = paths.get(chunk.file)
+            if path is None:
+                path = paths[chunk.file] = safe_member(layout.root, chunk.file)
+            header = headers.get(path)
+            if header is None:
+                if not path.is_file():
+                    raise CheckpointError(f"{layout.root}: file {chunk.file!r} (holding {part} tensor {name!r}) is missing")
+                header = headers[path] = read_header(path)
+            info = header.tensors.get(chunk.key)
+            if info is None:
+                raise CheckpointError(f"{path}: has no tensor {chunk.key!r} ({part} tensor {name!r})")
+            if info.dtype != meta.dtype:
+                raise CheckpointError(f"{path}: tensor {chunk.key!r} is {info.dtype}, metadata says {meta.dtype}")
+            start, stop = chunk.stored_region(chunk.offset, chunk.shape)
+            stored = chunk.stored_shape()
+            fits = len(start) == len(info.shape) and all(b <= n for b, n in zip(stop, info.shape))
+            exact = chunk.src_start is not None or tuple(info.shape) == stored
+            if not (fits and exact):
+                raise CheckpointError(
+                    f"{path}: tensor {chunk.key!r} has shape {list(info.shape)}, metadata says {list(stored)}"
+                )
     return headers

@@ -15,6 +15,7 @@ of safetensors cannot materialise).
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import threading
@@ -102,7 +103,7 @@ def _tensor_info(path: Path, name: str, entry, data_start: int) -> TensorInfo:
         raise CheckpointError(f"{path}: tensor {name!r} has an invalid shape {shape!r}")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and o >= 0 for o in offsets)):
         raise CheckpointError(f"{path}: tensor {name!r} has invalid data_offsets {offsets!r}")
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtypes.itemsize(code)
+    nbytes = math.prod(shape) * dtypes.itemsize(code)
     if offsets[1] - offsets[0] != nbytes:
         raise CheckpointError(
             f"{path}: tensor {name!r} {code}{shape} needs {nbytes} bytes but data_offsets span {offsets[1] - offsets[0]}"
@@ -130,7 +131,7 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * dtypes.itemsize(self.dtype)
+        return math.prod(self.shape) * dtypes.itemsize(self.dtype)
 
 
 def write_file(

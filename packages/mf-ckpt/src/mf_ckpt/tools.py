@@ -49,7 +49,7 @@ def merge(src, out, *, iteration: int | None = None, max_shard_size: int | str |
     check_output_dir(Path(out), overwrite=overwrite)
     layout = open_source(src, iteration)
     parts = [p for p in ("model", "optimizer") if p in layout.parts and (optimizer or p == "model")]
-    headers = validate_files(layout, {p: set(layout.parts[p]) for p in parts})
+    headers = validate_files(layout, {(p, n) for p in parts for n in layout.parts[p]})
     with atomic_output_dir(out, overwrite=overwrite) as tmp, ReaderPool(headers) as pool, \
             Progress(_total(layout, parts), "merge", enabled=progress) as bar:
         for part in parts:
@@ -104,7 +104,7 @@ def convert_mf_to_hf(src, dst, *, iteration: int | None = None, hf_config=None, 
     config = _hf_config(layout, hf_config)
     plan = plan_for(config)
     check_mf(plan, {n: (m.dtype, m.shape) for n, m in layout.parts["model"].items()}, str(layout.root))
-    headers = validate_files(layout, {"model": set(plan.targets)})
+    headers = validate_files(layout, {("model", n) for n in plan.targets})
     with atomic_output_dir(dst, overwrite=overwrite) as tmp, ReaderPool(headers) as pool:
         entries = []
         for name, target in plan.targets.items():
