@@ -89,11 +89,13 @@ class GPTDataset:
         # The build callback is only needed while building; it may not pickle (a lambda).
         state = dict(self.__dict__)
         state["is_built_on_rank"] = None
+        state["_hot"] = None  # views of the index arrays: rebuilt, not pickled twice
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.is_built_on_rank = _always
+        self._hot = (np.asarray(self.shuffle_index), np.asarray(self.sample_index), np.asarray(self.document_index))
 
     # --- Megatron's low-level hooks ----------------------------------------------------------
     @staticmethod
