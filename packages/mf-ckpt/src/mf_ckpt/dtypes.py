@@ -4,7 +4,8 @@ numpy has no bfloat16 or float8, and `safetensors.numpy` refuses them, yet most 
 checkpoints are BF16. mf-ckpt carries such tensors bit-exactly as numpy *structured* dtypes of one
 unsigned field (`BF16 = dtype([("bf16", "<u2")])`): they slice, stack, copy and save like any array,
 arithmetic on them fails loudly instead of silently computing on integers, and `to_float32` /
-`bf16_from_float32` convert. Arrays of `ml_dtypes` types (as used by JAX) are accepted on save.
+`bf16_from_float32` convert. Arrays typed with `ml_dtypes` (JAX's bfloat16/float8) map to the same
+codes by dtype name; that path is not exercised by the tests, which run without ml_dtypes.
 """
 
 from __future__ import annotations
@@ -79,13 +80,6 @@ def _code_of(dt: np.dtype) -> str:
         if dt == native:
             return code
     raise CheckpointError(f"dtype {dt} has no safetensors equivalent")
-
-
-def raw_view(arr: np.ndarray) -> np.ndarray:
-    """`arr` reinterpreted as mf-ckpt's own dtype for its code (no copy)."""
-    code = code_of(arr.dtype)
-    target = numpy_dtype(code)
-    return arr if arr.dtype == target else arr.view(target)
 
 
 def is_floating(code: str) -> bool:
