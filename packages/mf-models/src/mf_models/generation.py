@@ -45,7 +45,7 @@ class _CachedStep(nn.Cell):
     """Logits of the last position, with the KV cache bound (so a compiled graph owns it)."""
 
     def __init__(self, model: CausalLM, cache: KVCache):
-        super().__init__()
+        super().__init__(auto_prefix=False)  # keep the model's parameter names unprefixed
         self.model = model
         self.cache = cache
 
@@ -57,7 +57,7 @@ class _FullStep(nn.Cell):
     """Logits at `index` [1] of a full forward over the whole (fixed-size) buffer."""
 
     def __init__(self, model: CausalLM):
-        super().__init__()
+        super().__init__(auto_prefix=False)
         self.model = model
 
     def construct(self, input_ids, position_ids, index, attention_mask=None):
