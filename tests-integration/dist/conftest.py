@@ -1,14 +1,26 @@
-"""Helpers for the multi-process tests: run a script on N CPU ranks under msrun."""
+"""Helpers for the multi-process tests: run a script on N CPU ranks under msrun.
+
+`msrun` (function scope) runs msrun directly, as before. `dist_run` (session scope) runs a worker
+through `mf_parallel.launch` once per (script, ranks, args) and caches the parsed RESULT lines of
+every rank, so many test items share one ~20 s launch.
+"""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _results import parse  # noqa: E402
 
 
 def _free_port() -> int:
@@ -36,5 +48,43 @@ def msrun(tmp_path: Path):
             tails = "\n".join(f"--- rank {r} ---\n{log[-3000:]}" for r, log in enumerate(logs))
             pytest.fail(f"msrun exited {proc.returncode}\n{proc.stderr[-2000:]}\n{tails}")
         return logs
+
+    return run
+
+
+class DistRun:
+    """One launch: return code, console text (rank 0 streamed), per-rank logs and RESULT records."""
+
+    def __init__(self, rc: int, console: str, logs: list[str], seconds: float) -> None:
+        self.rc, self.console, self.logs, self.seconds = rc, console, logs, seconds
+        self.results = [dict(r, rank=rank) for rank, log in enumerate(logs) for r in parse(log)]
+
+    def by_name(self, name: str) -> list[dict]:
+        return [r for r in self.results if r["name"] == name]
+
+    def failure_report(self) -> str:
+        tails = "\n".join(f"--- rank {r} ---\n{log[-4000:]}" for r, log in enumerate(self.logs))
+        return f"launch returned {self.rc}\n{self.console[-3000:]}\n{tails}"
+
+
+@pytest.fixture(scope="session")
+def dist_run(tmp_path_factory):
+    """`dist_run(script, n, *args)` -> DistRun, launched once per distinct call in the session."""
+    from mf_parallel import launch
+
+    cache: dict[tuple, DistRun] = {}
+
+    def run(script: Path, n: int, *args: str, env: dict | None = None) -> DistRun:
+        key = (str(script), n, args, tuple(sorted((env or {}).items())))
+        if key not in cache:
+            log_dir = tmp_path_factory.mktemp(Path(script).stem)
+            console = io.StringIO()
+            start = time.monotonic()
+            rc = launch(n, [str(script), *args], log_dir, console=console, env={**os.environ, **(env or {})},
+                        cwd=log_dir)
+            logs = [(log_dir / f"worker_{r}.log").read_text(errors="replace")
+                    if (log_dir / f"worker_{r}.log").exists() else "" for r in range(n)]
+            cache[key] = DistRun(rc, console.getvalue(), logs, time.monotonic() - start)
+        return cache[key]
 
     return run

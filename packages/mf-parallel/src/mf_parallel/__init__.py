@@ -1,5 +1,63 @@
-"""MindSpore parallel runtime: device mesh, collectives, FSDP/HSDP, TP/SP, PP, CP, EP."""
+"""MindSpore parallel runtime: device mesh, collectives, FSDP/HSDP, TP/SP, PP, CP, EP.
+
+`ParallelDims` and the error type import without MindSpore; everything else needs it.
+"""
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from mf_parallel.dims import AXES, GROUP_NAMES, ParallelDims
+from mf_parallel.errors import ParallelConfigError
+
+__all__ = [
+    "__version__", "AXES", "GROUP_NAMES", "ParallelDims", "ParallelConfigError",
+    # mesh and backend
+    "DeviceMesh", "Group", "init_mesh", "make_group", "init_distributed", "CAPABILITIES", "Support", "capability_table",
+    # collectives
+    "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "SendRecv",
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv", "barrier",
+    "CommStats", "comm_stats",
+    # autograd-aware collectives
+    "CopyToGroup", "ReduceFromGroup", "GatherFromGroup", "ReduceScatterToGroup", "SplitToGroup", "GatherSplit",
+    # strategies
+    "register_param_forward", "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "VocabParallelEmbedding",
+    "SequenceParallel", "PrepareModuleInput", "parallelize_module", "local_heads", "VocabParallelCrossEntropy",
+    "fully_shard", "reshard_after_forward_for", "check_cpu_offload", "GlobalNormClip",
+    # state
+    "ParamLayout", "param_layouts", "shard_metadata", "local_blocks", "gather_full_state", "load_full_state",
+    "load_sharded_state",
+    # launching and the checkpoint collective interface
+    "launch", "Communicator",
+]
+
+_LAZY = {
+    "DeviceMesh": "mesh", "Group": "mesh", "init_mesh": "mesh", "make_group": "mesh",
+    "init_distributed": "backend", "CAPABILITIES": "backend", "Support": "backend", "capability_table": "backend",
+    **{name: "collectives" for name in ("AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast",
+                                        "SendRecv", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                        "broadcast", "send_recv", "barrier")},
+    "CommStats": "stats", "comm_stats": "stats",
+    **{name: "autograd" for name in ("CopyToGroup", "ReduceFromGroup", "GatherFromGroup", "ReduceScatterToGroup",
+                                     "SplitToGroup", "GatherSplit")},
+    "register_param_forward": "leaf",
+    **{name: "tensor_parallel" for name in ("ParallelStyle", "ColwiseParallel", "RowwiseParallel",
+                                            "VocabParallelEmbedding", "SequenceParallel", "PrepareModuleInput",
+                                            "parallelize_module", "local_heads")},
+    "VocabParallelCrossEntropy": "loss",
+    "fully_shard": "fsdp", "reshard_after_forward_for": "fsdp", "check_cpu_offload": "fsdp",
+    "GlobalNormClip": "clip",
+    **{name: "state" for name in ("ParamLayout", "param_layouts", "shard_metadata", "local_blocks",
+                                  "gather_full_state", "load_full_state", "load_sharded_state")},
+    "launch": "launcher", "Communicator": "communicator",
+}
+
+
+def __getattr__(name: str):
+    # MindSpore takes seconds to import: only the parts that need it pull it in.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mf_parallel' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"mf_parallel.{module}"), name)
+    globals()[name] = value
+    return value

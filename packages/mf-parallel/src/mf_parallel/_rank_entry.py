@@ -1,0 +1,77 @@
+"""What msrun starts on every rank under `mf_parallel.launch`: run the real script, and report.
+
+Usage (by the launcher): python _rank_entry.py SCRIPT [ARGS...]. The launcher watches the files
+written here in $MF_LAUNCH_STATUS_DIR:
+  rank_<r>.pid     written first: the worker's pid, so the launcher can notice it disappear
+  rank_<r>.failed  the error (last traceback line first), written when the script raises or exits
+                   with a non-zero code
+  rank_<r>.done    written when the script returns normally
+A rank that vanishes without writing .done or .failed was killed (signal, OOM killer).
+This file imports nothing from mf_parallel: it must start fast and cannot fail on import.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+
+def _rank() -> str:
+    for key in ("RANK_ID", "MS_NODE_ID", "RANK"):
+        value = os.environ.get(key)
+        if value is not None and value.isdigit():
+            return value
+    return str(os.getpid())
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)   # atomic: the launcher never reads half a message
+
+
+def main() -> int:
+    if len(sys.argv) < 2:
+        print("usage: _rank_entry.py SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    status_dir = os.environ.get("MF_LAUNCH_STATUS_DIR")
+    status = Path(status_dir) if status_dir else None
+    rank = _rank()
+    if status is not None:
+        _write(status / f"rank_{rank}.pid", str(os.getpid()))
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    # As `python SCRIPT` would: the script's directory first on sys.path, not this package's.
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code and status is not None:
+            _write(status / f"rank_{rank}.failed", f"exited with code {code}: {exc.code}\n")
+    except BaseException as exc:  # noqa: BLE001 - every failure must be reported to the launcher
+        code = 1
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        sys.stderr.flush()
+        if status is not None:
+            _write(status / f"rank_{rank}.failed", f"{type(exc).__name__}: {exc}\n\n{tb}")
+    else:
+        if status is not None:
+            _write(status / f"rank_{rank}.done", "ok\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+if __name__ == "__main__":
+    rc = main()
+    if rc:
+        # A failed rank leaves at once: MindSpore's shutdown would wait for peers that are
+        # blocked in a collective with it.
+        os._exit(rc)
+    sys.exit(0)

@@ -1,0 +1,60 @@
+"""Gradient clipping by the true global norm over every shard of every parameter.
+
+Each element of the global gradient must be counted exactly once. A rank adds the squared local
+gradient of a parameter only if it is replica 0 of its block along every axis over which that
+parameter is replicated (e.g. tp rank 0 for a norm weight, dp_replicate rank 0 under HSDP); the
+sum over the world is then one all-reduce of one scalar. Blocks of sharded parameters (TP, FSDP)
+are disjoint, and FSDP padding is zero, so they add up to the global sum of squares.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from mf_parallel.collectives import AllReduce
+from mf_parallel.dims import AXES
+from mf_parallel.errors import ParallelConfigError
+from mf_parallel.mesh import DeviceMesh
+from mf_parallel.state import param_layouts
+
+
+class GlobalNormClip(nn.Cell):
+    """`clip(grads) -> (clipped_grads, total_norm)` for `grads` aligned with `params`.
+
+    Same rule as torch.nn.utils.clip_grad_norm_: scale = min(1, max_norm / (norm + 1e-6)).
+    Graph-compatible (call it inside a compiled train step).
+    """
+
+    def __init__(self, model: nn.Cell, params, mesh: DeviceMesh, max_norm: float) -> None:
+        super().__init__()
+        if not isinstance(max_norm, (int, float)) or isinstance(max_norm, bool) or not max_norm > 0:
+            raise ParallelConfigError(f"training.max_norm: gradient clipping needs a positive number, got {max_norm!r}")
+        layouts = param_layouts(model, mesh)
+        by_id = {id(p): name for name, p in model.parameters_and_names()}
+        flags = []
+        for param in params:
+            name = by_id.get(id(param))
+            if name is None:
+                raise ParallelConfigError(f"GlobalNormClip: parameter {param.name} is not a parameter of the model")
+            replicated = [a for a in AXES if a not in layouts[name].sharded_axes]
+            flags.append(all(mesh.coords[a] == 0 for a in replicated))
+        self.flags = tuple(flags)
+        self.max_norm = float(max_norm)
+        self.world_sum = AllReduce(mesh["world"])
+
+    def global_norm(self, grads):
+        total = ops.zeros((), ms.float32)
+        for i in range(len(grads)):
+            if self.flags[i]:
+                g = ops.cast(grads[i], ms.float32)
+                total = total + (g * g).sum()
+        return ops.sqrt(self.world_sum(total.reshape((1,))).reshape(()))
+
+    def construct(self, grads):
+        norm = self.global_norm(grads)
+        scale = ops.minimum(self.max_norm / (norm + 1e-6), ops.ones((), ms.float32))
+        clipped = ()
+        for g in grads:
+            clipped = clipped + (g * ops.cast(scale, g.dtype),)
+        return clipped, norm

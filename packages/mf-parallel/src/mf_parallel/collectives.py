@@ -1,0 +1,372 @@
+"""Collectives that work on every backend: native primitives where the backend has them, an exact
+emulation from AllReduce where it does not (see `backend.CAPABILITIES`).
+
+Every collective is a Cell whose choice of path is made once, in `__init__`, from the group and
+the capability table, so `construct` contains only tensor code and compiles in GRAPH_MODE. The
+emulations only ever add a rank's values to zeros, which is exact in floating point (x + 0 = x, and
+inf/nan stay in their own slot), so emulated and native results are bitwise identical:
+
+- all_gather(x)        all_reduce of a buffer of `group size` slots, own slot = x, others zero
+- reduce_scatter(x)    all_reduce(x), then keep this rank's slice
+- all_to_all(x)        all_reduce of a [src, dst] slot matrix, own row = x's chunks; keep column
+- broadcast(x, src)    all_reduce of x on the source, zeros elsewhere
+- send/recv            all_reduce in the two-rank group {src, dst}, zeros from the receiver
+
+- all_reduce max/min/prod (MCCL sums only): the emulated all-gather, then the reduction locally
+
+Dtypes the backend cannot all-reduce (MCCL: anything but float32/float16) travel through an exact
+float32 encoding (`transport.py`). Uneven sizes (`sizes=` per rank along the axis) are padded to
+the largest and trimmed back.
+Each call is reported to `stats.comm_stats()`; the first emulated use of each kind is logged.
+Groups of one rank make every collective the identity (nothing is counted).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from mf_parallel.backend import CAPABILITIES, REDUCE_OPS, is_native, native_reduce_op
+from mf_parallel.errors import ParallelConfigError
+from mf_parallel.mesh import Group, init_distributed, make_group
+from mf_parallel.stats import count_code, make_count_op
+from mf_parallel.transport import MAX_RANKS, decode, encode, needs_transport
+
+log = logging.getLogger("mf_parallel")
+_LOGGED: set[str] = set()
+
+
+def _note_emulation(kind: str, group: Group) -> None:
+    if kind not in _LOGGED:
+        _LOGGED.add(kind)
+        where = CAPABILITIES[group.backend][kind].value
+        log.info("%s is emulated with an exact all_reduce(sum) on %s (first use: group %s, %d ranks; native "
+                 "support: %s)", kind, group.backend, group.label, group.size, where)
+
+
+def _narrow(x, axis: int, start: int, length: int):
+    return ops.narrow(x, axis, start, length)
+
+
+def _pad_axis(x, axis: int, before: int, after: int):
+    """Zero-pad `x` along `axis` (ops.pad takes (left, right) pairs starting from the last axis)."""
+    pads = (0, 0) * (x.ndim - 1 - axis) + (before, after)
+    return ops.pad(x, pads)
+
+
+def _check_sizes(sizes, n: int, what: str):
+    if sizes is None:
+        return None
+    sizes = tuple(int(s) for s in sizes)
+    if len(sizes) != n or any(s < 0 for s in sizes):
+        raise ParallelConfigError(f"{what}: sizes must list one non-negative size per rank ({n}), got {list(sizes)}")
+    return sizes
+
+
+class _Collective(nn.Cell):
+    """Common state: group geometry, native-or-emulated decision and the counting op."""
+
+    kind = ""
+
+    def __init__(self, group: Group, native: bool | None = None) -> None:
+        super().__init__()
+        self.n = group.size
+        self.r = group.rank
+        self.group_label = group.label
+        if native is None:
+            native = True if group.size == 1 else is_native(self.kind, group.backend, group.is_world)
+        self.native = native
+        self.code = count_code(self.kind, not self.native)
+        self.transport = needs_transport(group.backend)
+        if self.transport and group.size >= MAX_RANKS:
+            raise ParallelConfigError(f"{self.kind} on group {group.label}: the exact float32 transport of "
+                                      f"{group.backend} supports fewer than {MAX_RANKS} ranks, got {group.size}")
+        if group.size > 1:
+            self.count_op = make_count_op()
+            self.sum_prim = ops.AllReduce("sum", group.name)
+            if not self.native:
+                _note_emulation(self.kind, group)
+
+    def _count(self, x, payload, issued):
+        return ops.depend(x, self.count_op(ms.Tensor([self.code, payload, issued], ms.int64)))
+
+    def _sum(self, x, payload):
+        """All-reduce (sum) of any dtype, through the exact float transport where needed; counted."""
+        if self.transport:
+            enc = encode(x)
+            out = self.sum_prim(self._count(enc, payload, enc.itemsize * enc.size))
+            return decode(out, x.dtype)
+        return self.sum_prim(self._count(x, payload, x.itemsize * x.size))
+
+    def _slots(self, x, payload):
+        """[group size, *x.shape]: every rank's x, as an all-reduce of zeros with this rank's slot filled."""
+        enc = encode(x) if self.transport else x
+        buf = _pad_axis(enc.reshape((1,) + enc.shape), 0, self.r, self.n - 1 - self.r)
+        out = self.sum_prim(self._count(buf, payload, buf.itemsize * buf.size))
+        return decode(out, x.dtype) if self.transport else out
+
+
+class AllReduce(_Collective):
+    """Sum (or max/min/prod) over the group; every rank gets the result."""
+
+    kind = "all_reduce"
+
+    def __init__(self, group: Group, op: str = "sum") -> None:
+        if op not in REDUCE_OPS:
+            raise ParallelConfigError(f"all_reduce: op must be one of {REDUCE_OPS}, got {op!r}")
+        native = None if group.size == 1 or op == "sum" else native_reduce_op(op, group.backend)
+        super().__init__(group, native)
+        self.op = op
+        if group.size > 1 and op != "sum" and self.native:
+            self.op_prim = ops.AllReduce(op, group.name)
+
+    def construct(self, x):
+        if self.n == 1:
+            return x
+        nbytes = x.itemsize * x.size
+        if self.op == "sum":
+            return self._sum(x, nbytes)
+        if self.native:
+            return self.op_prim(self._count(x, nbytes, nbytes))
+        slots = self._slots(x, nbytes)
+        if self.op == "max":
+            return slots.max(axis=0)
+        if self.op == "min":
+            return slots.min(axis=0)
+        return ops.prod(slots, 0)
+
+
+class AllGather(_Collective):
+    """Concatenate every rank's `x` along `axis` in group-rank order.
+
+    `sizes` (one per rank) allows uneven extents along `axis`; without it all are equal.
+    """
+
+    kind = "all_gather"
+
+    def __init__(self, group: Group, axis: int = 0, sizes=None) -> None:
+        super().__init__(group)
+        self.axis = axis
+        sizes = _check_sizes(sizes, group.size, "all_gather")
+        # Every attribute exists whatever the case: a GRAPH_MODE bprop parses untaken branches too.
+        self.even = sizes is None or len(set(sizes)) == 1
+        self.sizes = sizes or ()
+        self.max_size = max(sizes) if sizes else 0
+        if group.size > 1 and self.native:
+            self.prim = ops.AllGather(group.name)
+
+    def construct(self, x):
+        if self.n == 1:
+            return x
+        axis = self.axis if self.axis >= 0 else self.axis + x.ndim
+        padded = x
+        if not self.even:
+            padded = _pad_axis(x, axis, 0, self.max_size - x.shape[axis])
+        out = self._gather0(padded, x.itemsize * x.size)     # [n * rows, ...]: slots along dim 0
+        if self.even and axis == 0:
+            return out
+        slots = ops.split(out, padded.shape[0], 0)
+        if self.even:
+            return ops.cat(slots, axis)
+        return self._trim_cat(slots, axis)
+
+    def _trim_cat(self, slots, axis):
+        pieces = ()
+        for i in range(self.n):
+            pieces = pieces + (_narrow(slots[i], axis, 0, self.sizes[i]),)
+        return ops.cat(pieces, axis)
+
+
+    def _gather0(self, x, payload):
+        if self.native:
+            return self.prim(self._count(x, payload, x.itemsize * x.size))
+        out = self._slots(x, payload)
+        return out.reshape((self.n * x.shape[0],) + x.shape[1:])
+
+
+class ReduceScatter(_Collective):
+    """Sum over the group, then keep this rank's slice along `axis` (`sizes` for uneven slices)."""
+
+    kind = "reduce_scatter"
+
+    def __init__(self, group: Group, axis: int = 0, sizes=None) -> None:
+        super().__init__(group)
+        self.axis = axis
+        sizes = _check_sizes(sizes, group.size, "reduce_scatter")
+        self.even = sizes is None or len(set(sizes)) == 1
+        self.uneven = sizes is not None      # explicit sizes (possibly all equal)
+        self.sizes = sizes or ()
+        self.offset = sum(sizes[: group.rank]) if sizes else 0
+        self.own = sizes[group.rank] if sizes else 0
+        self.max_size = max(sizes) if sizes else 0
+        if group.size > 1 and self.native:
+            self.prim = ops.ReduceScatter("sum", group.name)
+
+    def construct(self, x):
+        if self.n == 1:
+            return x
+        axis = self.axis if self.axis >= 0 else self.axis + x.ndim
+        nbytes = x.itemsize * x.size
+        if not self.native:
+            total = self._sum(x, nbytes)
+            if self.uneven:
+                return _narrow(total, axis, self.offset, self.own)
+            chunk = x.shape[axis] // self.n
+            return _narrow(total, axis, self.r * chunk, chunk)
+        if self.even and axis == 0:
+            return self.prim(self._count(x, nbytes, nbytes))
+        return self._native_any(x, axis, nbytes)
+
+    def _native_any(self, x, axis, nbytes):
+        """The primitive splits dim 0 evenly: move the (padded) slices along `axis` there first."""
+        if self.uneven:
+            chunks = ops.split(x, self.sizes, axis)
+        else:
+            chunks = ops.split(x, x.shape[axis] // self.n, axis)
+        stacked = ()
+        for i in range(self.n):
+            chunk = chunks[i]
+            if not self.even:
+                chunk = _pad_axis(chunk, axis, 0, self.max_size - self.sizes[i])
+            stacked = stacked + (chunk,)
+        buf = ops.cat(stacked, 0)
+        mine = self.prim(self._count(buf, nbytes, buf.itemsize * buf.size))
+        if self.even:
+            return mine
+        return _narrow(mine, axis, 0, self.own)
+
+
+class AllToAll(_Collective):
+    """Split `x` into group-size chunks along `split_axis`, send chunk j to rank j, and concatenate
+    what arrives along `concat_axis` in source-rank order."""
+
+    kind = "all_to_all"
+
+    def __init__(self, group: Group, split_axis: int = 0, concat_axis: int = 0) -> None:
+        super().__init__(group)
+        self.split_axis = split_axis
+        self.concat_axis = concat_axis
+        if group.size > 1 and self.native:
+            self.prim = ops.AlltoAll(group.size, split_axis, concat_axis, group.name)
+
+    def construct(self, x):
+        if self.n == 1:
+            return x
+        nbytes = x.itemsize * x.size
+        if self.native:
+            return self.prim(self._count(x, nbytes, nbytes))
+        chunks = ops.split(x, x.shape[self.split_axis] // self.n, self.split_axis)
+        full = self._slots(ops.stack(chunks, 0), nbytes)              # [src, dst, *chunk]
+        pieces = ()
+        for src in range(self.n):
+            pieces = pieces + (full[src][self.r],)
+        return ops.cat(pieces, self.concat_axis)
+
+
+class Broadcast(_Collective):
+    """Every rank gets the `src` rank's `x` (`src` is a group rank; all ranks pass a same-shaped x)."""
+
+    kind = "broadcast"
+
+    def __init__(self, group: Group, src: int = 0) -> None:
+        if not 0 <= src < group.size:
+            raise ParallelConfigError(f"broadcast: src {src} is not a rank of group {group.label} (size {group.size})")
+        super().__init__(group)
+        self.src = src
+        if group.size > 1 and self.native:
+            self.prim = ops.Broadcast(src, group.name)
+
+    def construct(self, x):
+        if self.n == 1:
+            return x
+        nbytes = x.itemsize * x.size
+        if self.native:
+            return self.prim((self._count(x, nbytes, nbytes),))[0]
+        contribution = x if self.r == self.src else ops.zeros_like(x)
+        return self._sum(contribution, nbytes)
+
+
+class SendRecv(_Collective):
+    """Point-to-point: world rank `src` sends a tensor of `shape`/`dtype` to world rank `dst`.
+
+    Both ranks build this Cell (it creates the two-rank group) and call it at the same point: the
+    sender passes the tensor and gets it back, the receiver passes nothing and gets the message.
+    """
+
+    kind = "send_recv"
+
+    def __init__(self, src: int, dst: int, shape, dtype=ms.float32, tag: int = 0) -> None:
+        rank, _ = init_distributed()
+        if src == dst or rank not in (src, dst):
+            raise ParallelConfigError(f"send_recv: rank {rank} must be exactly one of src {src} / dst {dst}")
+        group = make_group("p2p", sorted((src, dst)))
+        super().__init__(group)
+        self.is_src = rank == src
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        if self.native:
+            peer = group.ranks.index(dst if self.is_src else src)
+            if self.is_src:
+                self.prim = ops.Send(tag, peer, group=group.name)
+            else:
+                self.prim = ops.Receive(tag, peer, list(self.shape), dtype, group=group.name)
+
+    def construct(self, x=None):
+        if self.is_src:
+            payload = x
+        else:
+            payload = ops.zeros(self.shape, self.dtype)
+        nbytes = payload.itemsize * payload.size
+        if self.native:
+            if self.is_src:
+                return ops.depend(x, self.prim(self._count(x, nbytes, nbytes)))
+            return self.prim(self._count(payload, nbytes, nbytes))
+        return self._sum(payload, nbytes)
+
+
+# ----------------------------------------------------------------------------- eager helpers
+_CELLS: dict[tuple, nn.Cell] = {}
+
+
+def _cached(cls, group: Group, *args) -> nn.Cell:
+    key = (cls, group, args)
+    cell = _CELLS.get(key)
+    if cell is None:
+        cell = _CELLS[key] = cls(group, *args)
+    return cell
+
+
+def all_reduce(x, group: Group, op: str = "sum"):
+    return _cached(AllReduce, group, op)(x)
+
+
+def all_gather(x, group: Group, axis: int = 0, sizes=None):
+    return _cached(AllGather, group, axis, None if sizes is None else tuple(sizes))(x)
+
+
+def reduce_scatter(x, group: Group, axis: int = 0, sizes=None):
+    return _cached(ReduceScatter, group, axis, None if sizes is None else tuple(sizes))(x)
+
+
+def all_to_all(x, group: Group, split_axis: int = 0, concat_axis: int = 0):
+    return _cached(AllToAll, group, split_axis, concat_axis)(x)
+
+
+def broadcast(x, group: Group, src: int = 0):
+    return _cached(Broadcast, group, src)(x)
+
+
+def send_recv(x, src: int, dst: int, shape, dtype=ms.float32, tag: int = 0):
+    key = (SendRecv, src, dst, tuple(shape), dtype, tag)
+    cell = _CELLS.get(key)
+    if cell is None:
+        cell = _CELLS[key] = SendRecv(src, dst, shape, dtype, tag)
+    return cell(x)
+
+
+def barrier(group: Group) -> None:
+    """Block until every member arrives (an all-reduce of one int that is synchronised on)."""
+    if group.size > 1:
+        all_reduce(ms.Tensor([1], ms.int32), group).asnumpy()

@@ -1,0 +1,225 @@
+"""`launch`: run a script on N ranks with msrun, stream rank 0, and end the job when a rank fails.
+
+msrun alone is not enough: when one rank raises, the others block forever in their next
+collective and msrun keeps waiting for them. So every rank runs through `_rank_entry.py`, which
+writes its pid and, on exit, a .done or .failed file into `<log_dir>/.status/`. The launcher polls
+those files and the pids; the first failure (an error, a non-zero exit, or a rank that vanished,
+e.g. killed by a signal) ends the whole job at once: msrun's process group and every registered
+worker pid are terminated, the failing rank's error and log tail are printed, and the return
+code is non-zero.
+
+Per-rank logs are msrun's `<log_dir>/worker_<rank>.log`; the lowest rank of this node (rank 0 on
+node 0) is streamed to `console` as it is written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from mf_parallel.errors import ParallelConfigError
+
+_ENTRY = Path(__file__).with_name("_rank_entry.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _check_args(nprocs, nodes, node_rank, master_port, argv) -> None:
+    for name, value in (("-n/--nproc", nprocs), ("--nodes", nodes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ParallelConfigError(f"launch: {name} must be a positive integer, got {value!r}")
+    if isinstance(node_rank, bool) or not isinstance(node_rank, int) or not 0 <= node_rank < nodes:
+        raise ParallelConfigError(f"launch: --node-rank must be in 0..{nodes - 1}, got {node_rank!r}")
+    if master_port is not None and not (isinstance(master_port, int) and 1024 <= master_port <= 65535):
+        raise ParallelConfigError(f"launch: --master-port must be a port number in 1024..65535, got {master_port!r}")
+    if not argv:
+        raise ParallelConfigError("launch: no script to run")
+    if not Path(argv[0]).is_file():
+        raise ParallelConfigError(f"launch: script {argv[0]} does not exist")
+
+
+class _Tail:
+    """Follows one log file, handing complete new lines to `out`."""
+
+    def __init__(self, path: Path, out: TextIO) -> None:
+        self.path, self.out, self.pos, self.rest = path, out, 0, ""
+
+    def pump(self) -> None:
+        try:
+            with open(self.path, errors="replace") as f:
+                f.seek(self.pos)
+                chunk = f.read()
+                self.pos = f.tell()
+        except FileNotFoundError:
+            return
+        if chunk:
+            text = self.rest + chunk
+            lines = text.split("\n")
+            self.rest = lines.pop()
+            for line in lines:
+                self.out.write(line + "\n")
+            self.out.flush()
+
+    def flush(self) -> None:
+        self.pump()
+        if self.rest:
+            self.out.write(self.rest + "\n")
+            self.rest = ""
+            self.out.flush()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"   # a zombie has finished
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+
+
+def _tail_of(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log written)"
+
+
+def _terminate(proc: subprocess.Popen, worker_pids: list[int], grace: float = 3.0) -> None:
+    """End msrun's process group and every worker pid we registered (they may have left the group)."""
+    targets = [p for p in worker_pids if _alive(p)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        for pid in targets:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not any(_alive(p) for p in targets):
+                return
+            time.sleep(0.05)
+    proc.wait()
+
+
+def launch(nprocs: int, argv: Sequence[str], log_dir: str | os.PathLike, *, nodes: int = 1, node_rank: int = 0,
+           master_addr: str = "127.0.0.1", master_port: int | None = None, python: str | None = None,
+           env: Mapping[str, str] | None = None, console: TextIO | None = None, cwd: str | os.PathLike | None = None,
+           cluster_timeout: int = 600, poll_interval: float = 0.2) -> int:
+    """Run `python argv[0] argv[1:]` on `nprocs` ranks of this node (x `nodes` nodes) under msrun.
+
+    `python` (default: this interpreter) is put first on PATH, because msrun starts `python`
+    from PATH. Returns 0 when every rank of this node finished, else non-zero (the failing rank's
+    exit code when it reported one). Per-rank logs land in `log_dir`; ranks run in `cwd` (default:
+    the current directory, so relative paths in a config mean what they mean to the caller).
+    """
+    _check_args(nprocs, nodes, node_rank, master_port, list(argv))
+    console = console or sys.stdout
+    python = python or sys.executable
+    bin_dir = str(Path(python).parent)
+    run_env = dict(os.environ if env is None else env)
+    run_env["PATH"] = os.pathsep.join([bin_dir, run_env.get("PATH", "")])
+    run_env.setdefault("GLOG_v", "3")
+    msrun = shutil.which("msrun", path=run_env["PATH"])
+    if msrun is None:
+        raise ParallelConfigError(f"launch: msrun not found next to {python} or on PATH (is MindSpore installed?)")
+    if master_port is None:
+        if nodes > 1:
+            raise ParallelConfigError("launch: --master-port is required with more than one node")
+        master_port = free_port()
+    logs = Path(log_dir)
+    status = logs / ".status"
+    status.mkdir(parents=True, exist_ok=True)
+    for stale in status.iterdir():     # leftovers of an earlier run in the same directory
+        stale.unlink()
+    run_env["MF_LAUNCH_STATUS_DIR"] = str(status.resolve())
+    world = nprocs * nodes
+    cmd = [msrun, f"--worker_num={world}", f"--local_worker_num={nprocs}", f"--master_addr={master_addr}",
+           f"--master_port={master_port}", f"--node_rank={node_rank}", f"--log_dir={logs.resolve()}", "--join=True",
+           f"--cluster_time_out={cluster_timeout}", str(_ENTRY), str(Path(argv[0]).resolve()), *[str(a) for a in argv[1:]]]
+    first_rank = node_rank * nprocs
+    with open(logs / "msrun.log", "w") as msrun_log:
+        proc = subprocess.Popen(cmd, env=run_env, cwd=cwd, stdout=msrun_log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    tail = _Tail(logs / f"worker_{first_rank}.log", console)
+    pids: dict[str, int] = {}
+    try:
+        while True:
+            tail.pump()
+            failure = _find_failure(status, pids)
+            if failure is not None:
+                rank, message = failure
+                _terminate(proc, list(pids.values()))
+                tail.flush()
+                console.write(f"\nmf launch: rank {rank} failed: {message.splitlines()[0] if message else ''}\n"
+                              f"--- last lines of {logs / f'worker_{rank}.log'} ---\n"
+                              f"{_tail_of(logs / f'worker_{rank}.log')}\n"
+                              f"mf launch: stopped all ranks; logs in {logs}\n")
+                console.flush()
+                return _exit_code(message)
+            rc = proc.poll()
+            if rc is not None:
+                tail.flush()
+                done = sorted(p.name for p in status.glob("rank_*.done"))
+                if rc == 0 and len(done) < nprocs:
+                    # Workers that never started (e.g. python missing) leave msrun "successful".
+                    console.write(f"mf launch: msrun ended but only {len(done)} of {nprocs} ranks finished; "
+                                  f"see {logs / 'msrun.log'}\n{_tail_of(logs / 'msrun.log')}\n")
+                    return 1
+                if rc != 0:
+                    console.write(f"mf launch: msrun exited with code {rc}; see {logs}\n{_tail_of(logs / 'msrun.log')}\n")
+                return rc
+            time.sleep(poll_interval)
+    except KeyboardInterrupt:
+        _terminate(proc, list(pids.values()))
+        console.write("\nmf launch: interrupted; stopped all ranks\n")
+        return 130
+
+
+def _find_failure(status: Path, pids: dict[str, int]) -> tuple[str, str] | None:
+    """(rank, message) of the first failed or vanished rank, else None. Updates `pids`."""
+    for path in sorted(status.glob("rank_*.failed")):
+        rank = path.name[len("rank_"):-len(".failed")]
+        return rank, path.read_text(errors="replace")
+    for path in status.glob("rank_*.pid"):
+        rank = path.name[len("rank_"):-len(".pid")]
+        if rank not in pids:
+            try:
+                pids[rank] = int(path.read_text())
+            except ValueError:
+                continue
+    for rank, pid in pids.items():
+        if not _alive(pid) and not (status / f"rank_{rank}.done").exists():
+            if (status / f"rank_{rank}.failed").exists():
+                return rank, (status / f"rank_{rank}.failed").read_text(errors="replace")
+            return rank, f"process {pid} died without reporting an error (killed by a signal or crashed in native code)"
+    return None
+
+
+def _exit_code(message: str) -> int:
+    if message.startswith("exited with code "):
+        try:
+            return int(message.split()[3].rstrip(":")) or 1
+        except (IndexError, ValueError):
+            return 1
+    return 1

@@ -1,0 +1,342 @@
+"""Leaf rewriting: how strategies change the way a parameter-owning Cell uses its parameters.
+
+A *leaf* is a Cell that owns Parameters directly (a Linear, an Embedding, a norm). Strategies must
+run code between the stored parameter and its use: FSDP gathers a shard into the full tensor, TP
+with sequence parallelism all-reduces the gradient of a replicated norm weight. MindSpore's graph
+compiler reads `self.weight` in `construct` straight from the Cell, so the only way that works in
+both PyNative and GRAPH_MODE is to give the leaf a new `construct` that takes its parameters as
+tensors and calls a *parameter forward*: a pure function `fn(cell, *params, *inputs)`.
+
+So each leaf type registers its parameter forward once (`register_param_forward`); mf-parallel
+registers mindspore.mint.nn.Linear, mindspore.nn.Dense and mindspore.nn.Embedding, and a model
+registers its own norm classes. A transformed leaf keeps its class (a dynamic subclass), its
+attribute names and therefore its parameter names, so checkpoints and optimizer states keep the
+model's names.
+
+Every transform edits one `LeafPlan` per leaf and re-installs the leaf's `mf_core` Cell:
+  inputs -> input transform (activation collective) -> parameter pipelines (FSDP gather, TP grad
+  sync) -> parameter forward -> output transform -> + deferred bias
+When FSDP reshards after forward, gather + parameter forward run inside `_Recompute`, whose bprop
+gathers again instead of keeping the full parameters alive between forward and backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mindspore import mint, nn, ops
+
+from mf_parallel.errors import ParallelConfigError
+
+
+@dataclass(frozen=True)
+class ParamForward:
+    param_names: tuple[str, ...]
+    fn: Callable[..., Any]
+
+
+_FORWARDS: dict[type, ParamForward] = {}
+
+
+def register_param_forward(cls: type, param_names: tuple[str, ...] | list[str], fn: Callable[..., Any]) -> None:
+    """Declare how `cls` computes its output from its parameters.
+
+    `fn(cell, *params, *inputs)` receives the parameters named `param_names` in that order (None
+    for one the instance lacks, e.g. a Linear without bias) and must not read them from `cell`
+    (it may read other attributes, such as `cell.eps`). Define `fn` at module level in a source
+    file: GRAPH_MODE compiles it.
+    """
+    if not isinstance(cls, type) or not issubclass(cls, nn.Cell):
+        raise ParallelConfigError(f"register_param_forward: {cls!r} is not a mindspore.nn.Cell subclass")
+    _FORWARDS[cls] = ParamForward(tuple(param_names), fn)
+
+
+def param_forward_of(cell: nn.Cell) -> ParamForward:
+    for klass in type(cell).__mro__:
+        if klass in _FORWARDS:
+            return _FORWARDS[klass]
+    raise ParallelConfigError(
+        f"{type(cell).__qualname__} owns parameters {sorted(cell._params)} but has no parameter forward; "
+        f"register one with mf_parallel.register_param_forward({type(cell).__name__}, names, fn)")
+
+
+# ----------------------------------------------------------------------------- built-in leaves
+def linear_forward(cell, weight, bias, x):
+    """mint.nn.Linear: y = x W^T + b with W [out, in]."""
+    return mint.nn.functional.linear(x, weight, bias)
+
+
+def dense_forward(cell, weight, bias, x):
+    """mindspore.nn.Dense: like Linear, plus its optional activation."""
+    y = mint.matmul(x, weight.T)
+    if bias is not None:
+        y = y + bias
+    if cell.activation_flag:
+        y = cell.activation(y)
+    return y
+
+
+def embedding_forward(cell, table, ids):
+    """mindspore.nn.Embedding: row lookup (ops.gather has a CPU kernel; mint's embedding does not)."""
+    return ops.gather(table, ids, 0)
+
+
+register_param_forward(mint.nn.Linear, ("weight", "bias"), linear_forward)
+register_param_forward(nn.Dense, ("weight", "bias"), dense_forward)
+register_param_forward(nn.Embedding, ("embedding_table",), embedding_forward)
+
+
+# ----------------------------------------------------------------------------- the plan
+@dataclass
+class TPShard:
+    """How a parameter is split over the tensor-parallel group (for metadata and clipping)."""
+
+    axis: int
+    size: int        # tp degree
+    index: int       # this rank's tp coordinate
+    full_shape: tuple[int, ...]
+
+
+@dataclass
+class LeafPlan:
+    forward: ParamForward
+    names: tuple[str, ...]                          # present parameters, registered order
+    fn: Callable[..., Any]                          # possibly replaced by a strategy (e.g. vocab-parallel)
+    input_transform: nn.Cell | None = None
+    output_transform: nn.Cell | None = None
+    deferred: tuple[str, ...] = ()                  # added to the output after output_transform (row-parallel bias)
+    grad_sync: dict[str, nn.Cell] = field(default_factory=dict)    # name -> Cell factory result (CopyToGroup)
+    tp_shards: dict[str, TPShard] = field(default_factory=dict)
+    tp_replicated_sync: tuple[str, ...] = ()        # params replicated over tp whose grads are all-reduced there
+    fsdp: Any = None                                # fsdp.FSDPParams
+
+
+def plan_of(cell: nn.Cell) -> LeafPlan | None:
+    return cell.__dict__.get("_mf_plan")
+
+
+def ensure_plan(cell: nn.Cell) -> LeafPlan:
+    """The leaf's plan, creating it (and switching the leaf to the planned construct) on first use."""
+    plan = plan_of(cell)
+    if plan is not None:
+        return plan
+    if not cell._params:
+        raise ParallelConfigError(f"{type(cell).__qualname__} owns no parameters: it is not a leaf to transform")
+    forward = param_forward_of(cell)
+    unknown = set(cell._params) - set(forward.param_names)
+    if unknown:
+        raise ParallelConfigError(
+            f"{type(cell).__qualname__} owns parameters {sorted(unknown)} its registered parameter forward "
+            f"does not take ({list(forward.param_names)})")
+    names = tuple(n for n in forward.param_names if getattr(cell, n, None) is not None)
+    plan = LeafPlan(forward=forward, names=names, fn=forward.fn)
+    object.__setattr__(cell, "_mf_plan", plan)
+    base = type(cell)
+    cell.__class__ = type(f"Planned{base.__name__}", (base,), {"construct": _planned_construct,
+                                                               "_mf_base": base})
+    cell.mf_param_names = names
+    return plan
+
+
+def _planned_construct(self, *inputs):
+    params = ()
+    for name in self.mf_param_names:
+        params = params + (getattr(self, name),)
+    return self.mf_core(*params, *inputs)
+
+
+def install(cell: nn.Cell) -> None:
+    """(Re)build the leaf's `mf_core` from its plan: call after every change to the plan."""
+    cell.mf_core = LeafCore(cell, plan_of(cell))
+
+
+class _Identity(nn.Cell):
+    def construct(self, x):
+        return x
+
+    def backward(self, x, dout):
+        return dout
+
+
+class _ParamPipeline(nn.Cell):
+    """Stored parameter -> tensor the forward uses: FSDP gather first, then the TP gradient sync."""
+
+    def __init__(self, gather: nn.Cell | None, sync: nn.Cell | None) -> None:
+        super().__init__()
+        self.gather = gather if gather is not None else _Identity()
+        self.sync = sync if sync is not None else _Identity()
+
+    def construct(self, p):
+        return self.sync(self.gather(p))
+
+    def backward(self, p, dout):
+        """The adjoint of construct, without running the forward collectives again."""
+        return self.gather.backward(p, self.sync.backward(p, dout))
+
+
+def _input_count(leaf: nn.Cell) -> int:
+    """Positional inputs of the leaf's original construct (without self)."""
+    import inspect
+
+    sig = inspect.signature(leaf._mf_base.construct)
+    params = list(sig.parameters.values())[1:]
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return -1
+    return len(params)
+
+
+class LeafCore(nn.Cell):
+    """The planned forward of one leaf (see the module docstring for the order of the stages)."""
+
+    def __init__(self, leaf: nn.Cell, plan: LeafPlan) -> None:
+        super().__init__()
+        # A plain reference (not a sub-Cell: that would make the leaf its own descendant).
+        object.__setattr__(self, "_leaf", leaf)
+        self.fn = plan.fn
+        self.n = len(plan.names)
+        self.slots = tuple(plan.forward.param_names.index(name) for name in plan.names)
+        self.nslots = len(plan.forward.param_names)
+        self.deferred = tuple(plan.names.index(name) for name in plan.deferred)
+        self.has_pre = plan.input_transform is not None
+        self.has_post = plan.output_transform is not None
+        self.pre = plan.input_transform if self.has_pre else _Identity()
+        self.post = plan.output_transform if self.has_post else _Identity()
+        fsdp = plan.fsdp
+        pipelines = []
+        for name in plan.names:
+            gather = fsdp.make_gather(leaf, name) if fsdp is not None else None
+            pipelines.append(_ParamPipeline(gather, plan.grad_sync.get(name)))
+        self.pipes = nn.CellList(pipelines)
+        self.recompute = fsdp is not None and fsdp.reshard_after_forward
+        if self.recompute:
+            arity = self.n + _input_count(leaf)
+            if arity not in RECOMPUTE_BY_ARITY:
+                raise ParallelConfigError(
+                    f"fully_shard: {type(leaf).__qualname__} takes {arity} parameters + inputs; reshard_after_forward "
+                    f"supports 2 to 4, use reshard_after_forward=False for this unit")
+            self.body = RECOMPUTE_BY_ARITY[arity](self, [i for i in range(self.n) if i not in self.deferred])
+
+    def place(self, params):
+        """Parameters in registered-slot order, None for absent or deferred ones."""
+        full = ()
+        for slot in range(self.nslots):
+            value = None
+            for i in range(self.n):
+                if self.slots[i] == slot and i not in self.deferred:
+                    value = params[i]
+            full = full + (value,)
+        return full
+
+    def apply_fn(self, params, inputs):
+        return self.fn(self._leaf, *self.place(params), *inputs)
+
+    def construct(self, *args):
+        params = args[: self.n]
+        inputs = args[self.n:]
+        if self.has_pre:
+            inputs = (self.pre(inputs[0]),) + inputs[1:]
+        if self.recompute:
+            out = self.body(*params, *inputs)
+        else:
+            ready = ()
+            for i in range(self.n):
+                ready = ready + (self.pipes[i](params[i]),)
+            out = self.apply_fn(ready, inputs)
+        if self.has_post:
+            out = self.post(out)
+        for i in self.deferred:
+            out = out + self.pipes[i](params[i])
+        return out
+
+
+class _RecomputeBase(nn.Cell):
+    """Gather + parameter forward whose backward gathers again (FSDP reshard-after-forward).
+
+    Forward keeps nothing but the shards and inputs; backward re-runs the parameter pipelines,
+    differentiates the parameter forward with respect to the full parameters and inputs, and sends
+    the parameter gradients through each pipeline's `backward` (reduce-scatter etc.) without
+    running its forward collective a third time. GRAPH_MODE wants a bprop with explicit
+    parameters, hence one subclass per arity (shards + inputs).
+    """
+
+    def __init__(self, core: LeafCore, indices: list[int]) -> None:
+        super().__init__()
+        object.__setattr__(self, "_core", core)
+        self.indices = tuple(indices)
+        self.grad_all = ops.GradOperation(get_all=True, sens_param=True)
+
+    def _full(self, params):
+        ready = ()
+        for i in range(len(params)):
+            if i in self.indices:
+                ready = ready + (self._core.pipes[i](params[i]),)
+            else:
+                ready = ready + (params[i],)
+        return ready
+
+    def run(self, *flat):
+        n = self._core.n
+        return self._core.apply_fn(flat[:n], flat[n:])
+
+    def recompute_forward(self, flat):
+        n = self._core.n
+        return self.run(*self._full(flat[:n]), *flat[n:])
+
+    def full_flat(self, flat):
+        """Shards gathered again (the reshard-after-forward cost), inputs unchanged."""
+        n = self._core.n
+        return self._full(flat[:n]) + flat[n:]
+
+    def finish(self, flat, grads):
+        """Parameter gradients through each pipeline's adjoint; input gradients as they are."""
+        n = self._core.n
+        dparams = ()
+        for i in range(n):
+            if i in self.indices:
+                dparams = dparams + (self._core.pipes[i].backward(flat[i], grads[i]),)
+            else:
+                dparams = dparams + (ops.zeros_like(flat[i]),)
+        return dparams + grads[n:]
+
+
+# GradOperation in a GRAPH_MODE bprop needs its arguments spelled out (star-unpacking a tuple
+# into the differentiated call fails to compile on 2.10.0), hence the repetition below.
+class _Recompute2(_RecomputeBase):
+    def fixed_run(self, a, b):
+        return self.run(a, b)
+
+    def construct(self, a, b):
+        return self.recompute_forward((a, b))
+
+    def bprop(self, a, b, out, dout):
+        f = self.full_flat((a, b))
+        return self.finish((a, b), self.grad_all(self.fixed_run)(f[0], f[1], dout))
+
+
+class _Recompute3(_RecomputeBase):
+    def fixed_run(self, a, b, c):
+        return self.run(a, b, c)
+
+    def construct(self, a, b, c):
+        return self.recompute_forward((a, b, c))
+
+    def bprop(self, a, b, c, out, dout):
+        f = self.full_flat((a, b, c))
+        return self.finish((a, b, c), self.grad_all(self.fixed_run)(f[0], f[1], f[2], dout))
+
+
+class _Recompute4(_RecomputeBase):
+    def fixed_run(self, a, b, c, d):
+        return self.run(a, b, c, d)
+
+    def construct(self, a, b, c, d):
+        return self.recompute_forward((a, b, c, d))
+
+    def bprop(self, a, b, c, d, out, dout):
+        f = self.full_flat((a, b, c, d))
+        return self.finish((a, b, c, d), self.grad_all(self.fixed_run)(f[0], f[1], f[2], f[3], dout))
+
+
+RECOMPUTE_BY_ARITY = {2: _Recompute2, 3: _Recompute3, 4: _Recompute4}

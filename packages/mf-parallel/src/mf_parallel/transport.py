@@ -1,0 +1,55 @@
+"""Exact float32 transport for dtypes a backend cannot all-reduce (MCCL: only float32/float16).
+
+Every all-reduce-based path (AllReduce itself and every emulation) carries other dtypes through
+float32 without losing a bit:
+- bfloat16 widens to float32 (bf16 is a subset of fp32);
+- bool, int8, uint8, int16 are small integers, exact in float32 (sums of < 256 ranks too);
+- int32 / int64 are cut into 16-bit digits (2 / 4 float32 channels in a new last axis): each digit
+  is below 2^16, so a sum over fewer than 256 ranks stays below 2^24 and is exact in float32;
+  recombining the digit sums in int64 gives the exact sum with the integer type's wrap-around.
+Decoding is the inverse; both compile in GRAPH_MODE (branches on the constant dtype).
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import ops
+
+NATIVE_REDUCE_DTYPES = {"mccl": (ms.float32, ms.float16)}   # hccl/nccl: every dtype
+MAX_RANKS = 256   # beyond this, digit sums could pass 2^24 and lose exactness
+_SMALL = (ms.bool_, ms.int8, ms.uint8, ms.int16)
+
+
+def needs_transport(backend: str) -> bool:
+    return backend in NATIVE_REDUCE_DTYPES
+
+
+def encode(x):
+    """x -> float32/float16 tensor (int32/int64 gain a trailing digit axis)."""
+    if x.dtype == ms.float32 or x.dtype == ms.float16:
+        return x
+    if x.dtype == ms.bfloat16 or x.dtype in _SMALL:
+        return ops.cast(x, ms.float32)
+    digits = 4 if x.dtype == ms.int64 else 2
+    value = ops.cast(x, ms.int64)
+    channels = ()
+    for i in range(digits):
+        q = ops.floor_divide(value, 2 ** (16 * i)) if i else value
+        c = q if i == digits - 1 else ops.floor_mod(q, 65536)   # the top digit keeps the sign
+        channels = channels + (ops.cast(c, ms.float32),)
+    return ops.stack(channels, -1)
+
+
+def decode(y, dtype):
+    """Inverse of `encode` for a tensor of the original `dtype` (after any sum of encodings)."""
+    if dtype == ms.float32 or dtype == ms.float16:
+        return y
+    if dtype == ms.bool_:
+        return y != 0
+    if dtype == ms.bfloat16 or dtype in _SMALL:
+        return ops.cast(y, dtype)
+    digits = ops.cast(y, ms.int64)
+    total = digits[..., 0]
+    for i in range(1, y.shape[-1]):
+        total = total + digits[..., i] * (2 ** (16 * i))
+    return ops.cast(total, dtype)
