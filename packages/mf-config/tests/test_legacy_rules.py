@@ -308,3 +308,34 @@ def test_noop_values_are_unneeded_and_real_ones_dropped():
     assert line(result, "layer_decay").message.startswith("layer_scale is off, so nothing is lost: ")
     result, _ = run("layer_scale: True\nlayer_decay: 0.65")
     assert {line(result, "layer_scale").kind, line(result, "layer_decay").kind} == {"dropped"}
+
+
+def test_malformed_values_never_escape_as_tracebacks():
+    """A wrong kind of value in any place (null, a list, a mapping: what breaks lookups and arithmetic):
+    the migration either works or raises ConfigError (one line). Validation of the output is
+    mf-config's loader, tested on its own."""
+    from pathlib import Path
+
+    from mf_config.legacy.source import LegacySource
+
+    raw = yaml.safe_load((Path(__file__).parent / "data" / "legacy" / "pretrain_deepseek3_small_moe.yaml").read_text())
+    paths = {p[:i] for p in LegacySource(raw).leaves() for i in range(1, len(p) + 1)}
+    values = (None, [[1], [2, 3]], {"a": 1})  # one per path, in turn (kept short: ~200 migrations)
+    for i, path in enumerate(sorted(paths, key=str)):
+        broken = copy.deepcopy(raw)
+        node = broken
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = values[i % len(values)]
+        try:
+            migrate_legacy(broken).to_yaml()
+        except ConfigError as exc:
+            assert "\n" not in str(exc)
+
+
+def test_deepseek_moe_layers_select_the_moe_module():
+    result, cfg = run("model: {arch: {type: DeepseekV3ForCausalLM}, model_config: {type: DeepseekV3Config, "
+                      "n_kv_heads: 4, num_heads: 4, hidden_size: 64}}\n"
+                      "moe_config: {expert_num: 4, num_experts_chosen: 2, first_k_dense_replace: 1}\n"
+                      "recompute_config: {select_recompute: True}", validate=False)
+    assert result.new["recompute"]["select_module"] == {"feed_forward": ["0"], "moe": ["1-3"]}

@@ -19,7 +19,7 @@ from typing import Any
 
 from mf_config.errors import fmt_value
 from mf_config.legacy.session import Migration
-from mf_config.legacy.tables import DATASET
+from mf_config.legacy.tables import DATASET, lookup
 
 MEGATRON = "BlendedMegatronDatasetDataLoader"
 _COLUMN_NAMES = {"input_ids": "input_ids", "labels": "labels", "target_ids": "labels", "loss_mask": "loss_mask",
@@ -46,7 +46,10 @@ def migrate_datasets(m: Migration) -> None:
             if m.src.has((key,)):
                 m.unneeded((key,), "do_eval is off")
     if m.src.has(("do_eval",)) and not m.src.is_handled(("do_eval",)):
-        m.unneeded(("do_eval",), "no evaluation data" if do_eval else "off")
+        if do_eval and m.get_new("eval_dataset") is not None:
+            m.translated(("do_eval",), "eval_dataset is kept; mf evaluates it every eval_dataset.eval_interval steps")
+        else:
+            m.unneeded(("do_eval",), "no evaluation data" if do_eval else "off")
     for task, section in (("train_dataset_task", "train_dataset"), ("eval_dataset_task", "eval_dataset")):
         for key, value in m.src.mapping((task,)).items():
             if key == "dataset_config":
@@ -73,9 +76,11 @@ def _dataset(m: Migration, section: str) -> None:
         if columns is not None:
             m.copy((section, "input_columns"), f"{section}.dataloader.column_names")
         seed_path = (section, "seed")
-        config = loader.get("config") if isinstance(loader.get("config"), dict) else {}
+        config = loader.get("config", {})
         if m.src.has(seed_path):
-            if "seed" in config or "random_seed" in config:
+            if not isinstance(config, dict):
+                m.dropped(seed_path, "the loader's config is not a mapping to put it in")
+            elif "seed" in config or "random_seed" in config:
                 m.unneeded(seed_path, "the loader's config gives its own seed")
             else:
                 m.copy(seed_path, f"{section}.dataloader.config.seed")
@@ -117,7 +122,7 @@ def _foreign_loader(m: Migration, section: str, loader_path: tuple, loader: dict
             m.unneeded((*loader_path, key), f"a setting of the {kind} loader, replaced by the Megatron loader")
     columns = m.value((section, "input_columns"))
     if isinstance(columns, list):
-        names = [_COLUMN_NAMES[c] for c in columns if c in _COLUMN_NAMES]
+        names = [lookup(_COLUMN_NAMES, c) for c in columns if lookup(_COLUMN_NAMES, c)]
         if "input_ids" in names and "labels" not in names:
             names.insert(names.index("input_ids") + 1, "labels")
         names = list(dict.fromkeys(names)) or ["input_ids", "labels"]

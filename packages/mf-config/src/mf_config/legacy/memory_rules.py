@@ -4,7 +4,8 @@ MindFormers counts recomputed layers per pipeline stage (`recompute: [3, 4]` = t
 of stage 0 and the first 4 of stage 1; per interleaved chunk with a nested list; spread over the
 chunks of a stage round-robin otherwise) and selects operators by regular expression. mf names
 layers by index (layer specs) and selects whole modules by path, so the counts become layer specs
-and each operator pattern becomes the module that holds it. With `swap_config.swap`, MindFormers
+and each operator pattern becomes the module that holds it (in deepseek_v3's MoE layers, MindFormers'
+`feed_forward` is mf's `moe`). With `swap_config.swap`, MindFormers
 reads the same lists as layer indices instead of counts.
 """
 
@@ -95,10 +96,25 @@ def layers_of(m: Migration, value: Any, by_index: bool) -> set[int] | None:
 def modules_of(pattern: str) -> list[str] | None:
     """The mf module(s) holding a MindFormers operator pattern: its first path component
     (`feed_forward\\.w1\\.activation\\.silu` -> feed_forward); MindFormers' norm default -> both norms."""
+    if not isinstance(pattern, str):
+        return None
     if pattern in _DEFAULT_COMM:
         return list(_NORM_MODULES)
     head = pattern.replace("\\.", ".").split(".")[0]
     return [head] if _IDENT.fullmatch(head) else None
+
+
+def _moe_modules(m: Migration, chosen: dict[str, set[int]]) -> dict[str, set[int]]:
+    """MindFormers calls the MLP of every layer feed_forward; mf's deepseek_v3 calls it moe in its MoE
+    layers (those from first_k_dense_replace on)."""
+    if m.facts.family != "deepseek_v3" or "feed_forward" not in chosen:
+        return chosen
+    dense = m.get_new("model.first_k_dense_replace", 3)  # Hugging Face's default when not given
+    layers = chosen.pop("feed_forward")
+    for module, part in (("feed_forward", {i for i in layers if i < dense}), ("moe", {i for i in layers if i >= dense})):
+        if part:
+            chosen.setdefault(module, set()).update(part)
+    return chosen
 
 
 def _selection(m: Migration, path: tuple, defaults: tuple[str, ...], by_index: bool) -> dict[str, set[int]] | None:
@@ -127,7 +143,7 @@ def _selection(m: Migration, path: tuple, defaults: tuple[str, ...], by_index: b
                 out.setdefault(module, set()).update(layers)
     for item_path, _, _ in items:
         m.src.mark(item_path)
-    return out
+    return _moe_modules(m, out)
 
 
 def migrate_memory(m: Migration) -> None:
@@ -210,8 +226,11 @@ def _swap(m: Migration) -> None:
             if layers is None or modules is None:
                 m.dropped(path, f"{fmt_value(item)} could not be read as layers (and a module)")
                 continue
-            for module in modules:
-                out.append({"layers": specs(layers)} if module is None else {"op_name": module, "layers": specs(layers)})
+            per_module = _moe_modules(m, {module: set(layers) for module in modules}) if kind == "op_swap" else {
+                None: layers}
+            for module, module_layers in per_module.items():
+                out.append({"layers": specs(module_layers)} if module is None
+                           else {"op_name": module, "layers": specs(module_layers)})
             if "backward_prefetch" in item:
                 m.line((*path, "backward_prefetch"), "dropped" if item["backward_prefetch"] != sw.get(
                     "default_prefetch", 1) else "unneeded", "mf uses one look-ahead for every item: swap.default_prefetch")

@@ -26,7 +26,7 @@ from mf_config.legacy.model_tables import (
     MOE_RENAMES,
 )
 from mf_config.legacy.session import Migration
-from mf_config.legacy.tables import gone, moot
+from mf_config.legacy.tables import gone, lookup, moot
 
 MC = ("model", "model_config")
 _AVAILABLE = ", ".join(f"{t} ({a})" for t, a in MODEL_TYPES.items())
@@ -66,8 +66,8 @@ def _identify(m: Migration) -> None:
             break
     if family is None:
         for path, kind in (((*MC, "model_type"), mc.get("model_type")), ((*MC, "type"), mc.get("type"))):
-            name = kind if path[-1] == "model_type" else CONFIG_TYPES.get(kind)
-            if name in MODEL_TYPES:
+            name = kind if path[-1] == "model_type" else lookup(CONFIG_TYPES, kind)
+            if lookup(MODEL_TYPES, name) is not None:
                 family, architecture = name, MODEL_TYPES[name]
                 m.translated(path, f"model.model_type: {family}, model.architectures: {architecture}")
                 break
@@ -187,6 +187,13 @@ def _intermediate_size(m: Migration) -> None:
         return
     multiple = mc.get("multiple_of", 256)
     multiplier = mc.get("ffn_dim_multiplier")
+    if not (isinstance(multiple, int) and not isinstance(multiple, bool) and multiple > 0) or not (
+            multiplier is None or isinstance(multiplier, (int, float)) and not isinstance(multiplier, bool)):
+        for key in keys:
+            m.dropped((*MC, key), "intermediate_size cannot be derived from multiple_of "
+                                  f"{fmt_value(multiple)} and ffn_dim_multiplier {fmt_value(multiplier)}: set "
+                                  "model.intermediate_size")
+        return
     width = int(2 * (4 * hidden) / 3)
     if multiplier is not None:
         width = int(multiplier * width)

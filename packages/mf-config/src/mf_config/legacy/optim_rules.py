@@ -11,7 +11,7 @@ from __future__ import annotations
 from mf_config.errors import fmt_value
 from mf_config.legacy.model_tables import OPTIMIZER_DROPS, OPTIMIZERS, SCHEDULER_KEYS
 from mf_config.legacy.session import Migration
-from mf_config.legacy.tables import gone
+from mf_config.legacy.tables import gone, lookup
 
 OPT = ("optimizer",)
 LR = ("lr_schedule",)
@@ -26,7 +26,7 @@ def migrate_optimizer(m: Migration) -> None:
     if not opt:
         return
     name = opt.get("type", "AdamW")
-    spec = OPTIMIZERS.get(name)
+    spec = lookup(OPTIMIZERS, name)
     m.set("optimizer.type", "AdamW")
     if spec is None:
         m.dropped((*OPT, "type"), f"mf has AdamW only: AdamW is written with MindFormers' AdamW defaults for what "
@@ -64,7 +64,8 @@ def _betas(m: Migration, opt: dict, spec) -> None:
             if key in opt:
                 m.unneeded((*OPT, key), "betas is given and is the one kept")
         return
-    betas = [float(opt.get("beta1", spec.betas[0])), float(opt.get("beta2", spec.betas[1]))]
+    # a malformed beta is written as it is: validation then names it (optimizer.betas[0]: ...)
+    betas = [float(b) if _number(b) else b for b in (opt.get("beta1", spec.betas[0]), opt.get("beta2", spec.betas[1]))]
     m.set("optimizer.betas", betas)
     given = [k for k in ("beta1", "beta2") if k in opt]
     for key in given:
@@ -80,7 +81,7 @@ def migrate_lr_schedule(m: Migration) -> None:
         return
     m.line(LR, "translated", "lr_scheduler (the same scheduler names and keys)", mark=False)
     name = lr.get("type")
-    accepted = SCHEDULER_KEYS.get(name)
+    accepted = lookup(SCHEDULER_KEYS, name)
     if accepted is None:
         m.dropped((*LR, "type"), f"mf's trainer has no {fmt_value(name)} scheduler (it has "
                                  f"{', '.join(SCHEDULER_KEYS)}): a constant learning rate is used")

@@ -13,7 +13,7 @@ from typing import Any
 
 from mf_config.errors import fmt_value
 from mf_config.legacy.session import Migration
-from mf_config.legacy.tables import PARALLEL, PARALLEL_CONFIG, PARALLEL_OPTIMIZER_CONFIG
+from mf_config.legacy.tables import PARALLEL, PARALLEL_CONFIG, PARALLEL_OPTIMIZER_CONFIG, lookup
 
 PC = ("parallel_config",)
 PAR = ("parallel",)
@@ -97,13 +97,13 @@ def _context_parallel_method(m: Migration, cp: int) -> None:
     if algo is not None:
         if cp == 1:
             m.unneeded(algo_path, "no context parallelism (context_parallel is 1)")
-        elif algo in _CP_METHODS:
+        elif lookup(_CP_METHODS, algo):
             m.copy(algo_path, "parallelism.context_parallel_method", _CP_METHODS[algo])
         else:
             m.dropped(algo_path, f"unknown context-parallel method (mf has {', '.join(_CP_METHODS)} as colossal, "
                                  "ulysses, hybrid)")
     if m.src.has(degree_path):
-        if cp > 1 and _CP_METHODS.get(algo) == "hybrid":
+        if cp > 1 and lookup(_CP_METHODS, algo) == "hybrid":
             m.copy(degree_path, "parallelism.ulysses_degree_in_cp")
         else:
             m.unneeded(degree_path, "used only with context_parallel_algo hybrid_cp")
@@ -113,7 +113,7 @@ def _parallel_context(m: Migration) -> None:
     par = m.src.mapping(PAR)
     mode_path = (*PAR, "parallel_mode")
     if mode_path[-1] in par:
-        if par["parallel_mode"] in (2, "auto_parallel"):
+        if par["parallel_mode"] == 2 or par["parallel_mode"] == "auto_parallel":
             m.dropped(mode_path, "automatic strategy search is not supported: the degrees of parallel_config are used")
         else:
             m.unneeded(mode_path, "mf's parallel layout comes from the parallelism section")
@@ -162,7 +162,7 @@ def _pipeline_config(m: Migration) -> None:
         path, schedule = (*base, "pipeline_scheduler"), pipe["pipeline_scheduler"]
         if pp == 1:
             m.unneeded(path, "no pipeline parallelism")
-        elif schedule in _SCHEDULES:
+        elif lookup(_SCHEDULES, schedule):
             m.copy(path, "parallelism.pipeline_parallel_schedule", _SCHEDULES[schedule])
         else:
             m.dropped(path, f"the {schedule} schedule is not supported (mf has 1f1b, interleaved 1f1b and gpipe)")

@@ -22,6 +22,7 @@ from mf_config.legacy.tables import (
     TOP_LEVEL,
     TRAINER_TYPES,
     gone,
+    lookup,
     moot,
 )
 
@@ -80,7 +81,7 @@ def _context(m: Migration) -> None:
     ctx = m.src.mapping(("context",))
     if "mode" in ctx:
         mode = ctx["mode"]
-        m.copy(("context", "mode"), "context.mode", _MODES.get(mode, mode))
+        m.copy(("context", "mode"), "context.mode", lookup(_MODES, mode, mode))
     for key in ("device_target", "device_id"):
         if key in ctx:
             m.copy(("context", key), f"context.{key}")
@@ -179,7 +180,7 @@ def _callbacks(m: Migration) -> None:
         elif kind == "MFLossMonitor":
             _loss_monitor(m, base, item)
         else:
-            m.drop(base, CALLBACKS.get(kind, CALLBACK_DEFAULT), prefix=f"{kind}: ")
+            m.drop(base, lookup(CALLBACKS, kind, CALLBACK_DEFAULT), prefix=f"{kind}: ")
     if not saves:
         m.set("checkpoint.enable_save", False)
         m.line(("callbacks",), "translated", "no CheckpointMonitor: checkpoint.enable_save: False (the old run saved "

@@ -39,6 +39,15 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def lookup(table: dict, key: Any, default: Any = None) -> Any:
+    """`table.get(key, default)` that tolerates an unhashable key from a malformed file (a list
+    where a name belongs): such a key is simply not in the table."""
+    try:
+        return table.get(key, default)
+    except TypeError:
+        return default
+
+
 def gone(reason: str, *noop: Any, gate: str | None = None) -> Drop:
     """Not carried; `noop` values lose nothing."""
     return Drop(reason, tuple(noop), gate=gate)
