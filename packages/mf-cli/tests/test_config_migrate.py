@@ -2,7 +2,8 @@
 
 The old files are mf-config's realistic test data (packages/mf-config/tests/data/legacy). The
 migrated configs are also handed to the packages that consume them (mf-models builds the model
-arguments, mf-trainer the scheduler), which checks mf-config's copies of their key tables.
+arguments, mf-trainer the scheduler, mf-data the dataset settings), which checks mf-config's
+copies of their key tables.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def test_real_process(tmp_path):
 
 @pytest.mark.parametrize("name", FILES)
 def test_consumers_accept_the_migrated_config(name, tmp_path, capsys):
-    """mf-models builds the model arguments and mf-trainer the scheduler from the migrated YAML."""
+    """mf-models builds the model arguments, mf-trainer the scheduler and mf-data the dataset settings
+    from the migrated YAML."""
     mf_models = pytest.importorskip("mf_models")
     from mf_trainer import build_scheduler
 
@@ -147,6 +149,11 @@ def test_consumers_accept_the_migrated_config(name, tmp_path, capsys):
                                 cfg.training.steps)
     assert scheduler(0) >= 0.0
     assert cfg.optimizer.type == "AdamW" and cfg.optimizer.extra == {}  # mf-trainer's AdamW takes no extra keys
+    data = cfg.train_dataset.dataloader.extra.get("config", {})
+    if "data_path" in data:  # the Megatron loader's keys, carried as they were, are mf-data's
+        import mf_data
+
+        assert mf_data.gpt_config_from_dict(data).sequence_length == data["seq_length"]
 
 
 def test_key_tables_match_the_consumers():
