@@ -32,6 +32,18 @@ def test_yaml_section_with_mf_extras():
     assert spec.model_type == "qwen3" and args.seq_length == 32 and args.head_dim == 12
 
 
+def test_seed_yaml_model_sections_build():
+    """The `model` examples of the configuration reference (seeds/000_*.txt)."""
+    first = dict(model_type="deepseek_v3", architectures="DeepseekV3ForCausalLM", vocab_size=129280,
+                 seq_length=4096, hidden_size=1792, num_hidden_layers=12, num_attention_heads=8,
+                 use_flash_attention=True, compute_dtype="bfloat16")
+    second = {**first, "intermediate_size": 3072, "n_routed_experts": 8, "num_experts_per_tok": 4}
+    for section in (first, second):
+        spec, args = build_args(section)
+        assert spec.model_type == "deepseek_v3" and args.compute_dtype == "bfloat16" and args.use_flash_attention
+    assert args.n_routed_experts == 8 and args.n_group == 1
+
+
 def test_architecture_alone_selects_the_model():
     section = {k: v for k, v in LLAMA.items() if k != "model_type"}
     spec, _ = build_args({**section, "architectures": ["LlamaForCausalLM"]})
@@ -81,6 +93,8 @@ def test_bad_llama_section_is_one_clear_error(change, match):
     ({**DEEPSEEK, "num_experts_per_tok": 3}, r"exceeds the experts in the 1 selected group"),
     ({**DEEPSEEK, "attention_bias": True}, r"^model\.attention_bias: biases on MLA projections are not supported"),
     ({**DEEPSEEK, "output_router_logits": True}, r"output_router_logits"),
+    ({**DEEPSEEK, "topk_method": "greedy"}, r"^model\.topk_method: only 'noaux_tc' is implemented, got 'greedy'$"),
+    ({**DEEPSEEK, "scoring_func": "softmax"}, r"^model\.scoring_func: only 'sigmoid'"),
     ({"vocab_size": 8}, r"^model\.model_type: missing \(and no architectures\); available: "),
 ])
 def test_bad_sections_of_other_models(section, match):

@@ -18,7 +18,9 @@ class DeepseekV3Args(BaseArgs):
     `v_head_dim`. `head_dim` is HF's name for the rotary size (= qk_rope_head_dim).
     MoE (layers >= first_k_dense_replace): `n_routed_experts` of size `moe_intermediate_size`,
     `num_experts_per_tok` chosen per token among the best `topk_group` of `n_group` groups,
-    `n_shared_experts` always on; dense layers use `intermediate_size`.
+    `n_shared_experts` always on; dense layers use `intermediate_size`. `n_group` / `topk_group`
+    default to 1 (no group limit), unlike HF's 8 / 4, so a YAML section that only sets
+    `n_routed_experts` builds; HF config.json files always carry their own values.
     `num_nextn_predict_layers` (multi-token-prediction heads) is accepted as HF does: those layers
     are not part of the causal LM and are not built. `num_key_value_heads` must equal the head
     count (MLA has per-head keys).
@@ -39,8 +41,8 @@ class DeepseekV3Args(BaseArgs):
     v_head_dim: int = 128
     qk_nope_head_dim: int = 128
     qk_head_dim: int | None = None
-    n_group: int = 8
-    topk_group: int = 4
+    n_group: int = 1
+    topk_group: int = 1
     num_experts_per_tok: int = 8
     first_k_dense_replace: int = 3
     norm_topk_prob: bool = True
@@ -49,6 +51,10 @@ class DeepseekV3Args(BaseArgs):
     attention_bias: bool = False
     num_nextn_predict_layers: int = 0
     output_router_logits: bool = False
+    # DeepSeek's own config.json spellings of the routing HF implements (checked, not free choices)
+    topk_method: str = "noaux_tc"
+    scoring_func: str = "sigmoid"
+    moe_layer_freq: int = 1
 
     def validate(self) -> None:
         super().validate()
@@ -74,6 +80,9 @@ class DeepseekV3Args(BaseArgs):
         if self.n_shared_experts < 0 or self.first_k_dense_replace < 0 or self.num_nextn_predict_layers < 0:
             raise ModelConfigError("model.n_shared_experts / first_k_dense_replace / num_nextn_predict_layers: "
                                    "must be >= 0")
+        for name, only in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid"), ("moe_layer_freq", 1)):
+            if getattr(self, name) != only:
+                raise ModelConfigError(f"model.{name}: only {only!r} is implemented, got {getattr(self, name)!r}")
         if self.n_routed_experts % self.n_group:
             raise ModelConfigError(f"model.n_group: {self.n_group} must divide n_routed_experts={self.n_routed_experts}")
         if self.n_group > 1 and self.n_routed_experts // self.n_group < 2:
