@@ -124,6 +124,13 @@ def test_bfloat16_on_cpu_computes_in_float32_and_says_so_once(caplog):
     np.testing.assert_allclose(model(ids).asnumpy(), reference(ids).asnumpy(), rtol=0, atol=1e-6)
 
 
+def test_bfloat16_params_are_float32_on_cpu():
+    model = build_model({**DEEPSEEK, "compute_dtype": "bfloat16", "params_dtype": "bfloat16"}, seed=2)
+    assert {p.dtype for p in model.get_parameters()} == {ms.float32}
+    ids = ms.Tensor(np.arange(10).reshape(2, 5), ms.int32)
+    np.testing.assert_array_equal(model(ids).asnumpy(), build_model(DEEPSEEK, seed=2)(ids).asnumpy())
+
+
 def test_float16_compute_and_params():
     ids = ms.Tensor(np.arange(10).reshape(2, 5), ms.int32)
     reference = build_model(LLAMA)(ids).asnumpy()

@@ -45,6 +45,15 @@ def linear(x, weight, bias=None):
     return y.reshape(shape[:-1] + (-1,))
 
 
+def resolve_params_dtype(name: str) -> ms.Type:
+    """The dtype parameters are stored in on this device: bfloat16 falls back to float32 on CPU
+    (its Gather has no bf16 kernel, and every bf16 matmul would be upcast anyway), said once."""
+    if name == "bfloat16" and device_target() == "CPU":
+        log_once("params_dtype bfloat16 is kept in float32 on CPU (no bf16 Gather/MatMul kernels there)")
+        return ms.float32
+    return DTYPES[name]
+
+
 def _zeros(shape: tuple[int, ...], dtype: ms.Type) -> Tensor:
     # Real values are written by `init_weights` (numpy, seeded, device-independent).
     return Tensor(np.zeros(shape, np.float32), dtype)

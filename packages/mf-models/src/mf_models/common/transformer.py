@@ -15,7 +15,7 @@ from mindspore import Tensor, nn, ops
 
 from .args import BaseArgs
 from .attention import causal_mask
-from .layers import DTYPES, Embedding, Linear, RMSNorm, linear, resolve_compute_dtype
+from .layers import Embedding, Linear, RMSNorm, linear, resolve_compute_dtype, resolve_params_dtype
 from .rope import RotaryEmbedding, rope_frequencies
 
 
@@ -34,7 +34,7 @@ class CausalLM(nn.Cell):
         super().__init__()
         self.args = args
         self.compute_dtype = resolve_compute_dtype(args.compute_dtype)
-        self.params_dtype = DTYPES[args.params_dtype]
+        self.params_dtype = resolve_params_dtype(args.params_dtype)
         pdt, cdt = self.params_dtype, self.compute_dtype
         self.tok_embeddings = Embedding(args.vocab_size, args.hidden_size, pdt, args.pad_token_id)
         self.layers = nn.CellList([make_block(i, cdt, pdt) for i in range(args.num_hidden_layers)])
