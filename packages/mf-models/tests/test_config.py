@@ -73,6 +73,7 @@ def test_architecture_alone_selects_the_model():
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}, "rope_theta": 5e5}, r"^model\.rope_theta: 500000.0 contradicts"),
     ({"rope_scaling": {"type": "linear", "factor": 2.0}, "rope_parameters": {"rope_type": "default"}}, r"rope_scaling\.rope_type: 'linear' contradicts"),
     ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, r"partial_rotary_factor: only 1.0"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": "2"}}, r"^model\.rope_parameters\.factor: expected a number, got '2'$"),
 ])
 def test_bad_llama_section_is_one_clear_error(change, match):
     with pytest.raises(ModelConfigError, match=match) as info:

@@ -85,6 +85,11 @@ def normalize_rope(rope_parameters: dict | None, rope_scaling: dict | None, rope
             raise ModelConfigError(
                 f"model.{source}.{key}: not a parameter of rope_type {rope_type!r};{did_you_mean(key, allowed)} "
                 f"accepted: {', '.join(sorted(allowed))}")
+    for key, value in raw.items():
+        expected = bool if key == "truncate" else (int, float)
+        if value is not None and (not isinstance(value, expected) or (expected is not bool and isinstance(value, bool))):
+            raise ModelConfigError(f"model.{source}.{key}: expected {'a bool' if key == 'truncate' else 'a number'}, "
+                                   f"got {value!r}")
     partial = float(raw.pop("partial_rotary_factor", 1.0))
     if partial != 1.0:
         raise ModelConfigError(f"model.{source}.partial_rotary_factor: only 1.0 is supported, got {partial}")
