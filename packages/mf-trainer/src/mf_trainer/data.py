@@ -39,18 +39,6 @@ log = logging.getLogger("mf_trainer")
 DEMO_KEYS = {"vocab_size": 2000}
 
 
-def _mf_data(name: str):
-    """mf-data's public name, or its defining module while the package `__init__` lacks it."""
-    if hasattr(mf_data, name):
-        return getattr(mf_data, name)
-    import importlib
-
-    module = {"BlendedMegatronDatasetDataLoader": "loader", "make_demo_corpus": "demo_corpus",
-              "train_sentencepiece": "tokenizer", "SentencePieceTokenizer": "tokenizer",
-              "preprocess": "preprocess", "output_prefixes": "preprocess"}[name]
-    return getattr(importlib.import_module(f"mf_data.{module}"), name)
-
-
 def _demo_settings(value: Any) -> dict:
     if value is True or value is None:
         value = {}
@@ -96,17 +84,17 @@ def ensure_demo_corpus(extra: dict, tokenizer_path: str, model_vocab: int | None
     cache.mkdir(parents=True, exist_ok=True)
     corpus = cache / "corpus.jsonl"
     if not corpus.is_file():
-        info = _mf_data("make_demo_corpus")(str(cache))
+        info = mf_data.make_demo_corpus(str(cache))
         log.info("demo corpus: %s documents from pydoc_data.topics -> %s", info["documents"], info["path"])
     if not os.path.isfile(tokenizer_path):
         Path(tokenizer_path).parent.mkdir(parents=True, exist_ok=True)
-        _mf_data("train_sentencepiece")([str(corpus)], tokenizer_path, vocab)
+        mf_data.train_sentencepiece([str(corpus)], tokenizer_path, vocab)
         log.info("demo corpus: trained a %d-piece sentencepiece model -> %s", vocab, tokenizer_path)
     # Written under a temporary name, then renamed (.idx last, the file whose presence counts):
     # an interrupted build never leaves a pair that looks complete.
     name = Path(prefix).name[: -len("_text_document")]
     staging = str(cache / f".building-{os.getpid()}-{name}")
-    summary = _mf_data("preprocess")([str(corpus)], tokenizer_path, staging, append_eod=True,
+    summary = mf_data.preprocess([str(corpus)], tokenizer_path, staging, append_eod=True,
                                      workers=1, overwrite=True, progress=False)
     os.replace(staging + "_text_document.bin", prefix + ".bin")
     os.replace(staging + "_text_document.idx", prefix + ".idx")
@@ -117,7 +105,7 @@ def ensure_demo_corpus(extra: dict, tokenizer_path: str, model_vocab: int | None
 def check_eod(extra: dict, tokenizer_path: str) -> None:
     """The demo's config.eod must be the id its tokenizer appended, else the masks would be wrong."""
     eod = (extra.get("config") or {}).get("eod")
-    actual = _mf_data("SentencePieceTokenizer")(tokenizer_path).eod
+    actual = mf_data.SentencePieceTokenizer(tokenizer_path).eod
     if eod is not None and eod != actual:
         raise TrainerConfigError(f"train_dataset.dataloader.config.eod: {eod} is not the end-of-document id of "
                                  f"{tokenizer_path} ({actual})")
@@ -132,7 +120,7 @@ def build_loader(cfg, *, micro_batch_size: int, dp_rank: int = 0, dp_size: int =
         ensure_demo_corpus(extra, cfg.tokenizer.path, cfg.model.extra.get("vocab_size"))
         check_eod(extra, cfg.tokenizer.path)
         extra.pop("demo_corpus")
-    loader_cls = _mf_data("BlendedMegatronDatasetDataLoader")
+    loader_cls = mf_data.BlendedMegatronDatasetDataLoader
     kwargs = dict(
         type=dl.type, column_names=dl.column_names, shuffle=dl.shuffle,
         python_multiprocessing=dl.python_multiprocessing, drop_remainder=section.drop_remainder,

@@ -42,10 +42,10 @@ def _left_pad(rows: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def generate_samples(model, inf, tokenizer_path: str, seed: int) -> list[dict]:
+    import mf_data
     import mf_models
-    from mf_trainer.data import _mf_data
 
-    tokenizer = _mf_data("SentencePieceTokenizer")(tokenizer_path)
+    tokenizer = mf_data.SentencePieceTokenizer(tokenizer_path)
     eod = tokenizer.eod
     eos = list(inf.stop_token_ids or []) or ([eod] if eod is not None else None)
     pad = eod if eod is not None else 0

@@ -49,12 +49,12 @@ class FusedStep(nn.Cell):
         self.max_norm = float(max_norm)
         self.grad_fn = ms.value_and_grad(loss_cell, None, self.weights)
 
-    def construct(self, labels, loss_mask, inv_tokens, decay_factor, neg_step_size, bc2_sqrt, *model_inputs):
+    def construct(self, labels, loss_mask, inv_tokens, lr, eps, decay, *model_inputs):
         loss, grads = self.grad_fn(labels, loss_mask, inv_tokens, *model_inputs)
         norm = _global_norm(grads)
         finite = ops.logical_and(ops.isfinite(norm), ops.isfinite(loss))
         grads = _clip_or_zero(grads, norm, self.max_norm, finite)
-        self.optimizer(grads, finite, decay_factor, neg_step_size, bc2_sqrt)
+        self.optimizer(grads, finite, lr, eps, decay)
         return loss, norm, finite
 
 
@@ -84,12 +84,11 @@ class ApplyStep(nn.Cell):
         self.buffers = buffers
         self.max_norm = float(max_norm)
 
-    def construct(self, loss, decay_factor, neg_step_size, bc2_sqrt):
+    def construct(self, loss, lr, eps, decay):
         grads = tuple(self.buffers[i] * 1.0 for i in range(len(self.buffers)))
         norm = _global_norm(grads)
         finite = ops.logical_and(ops.isfinite(norm), ops.isfinite(loss))
-        self.optimizer(_clip_or_zero(grads, norm, self.max_norm, finite), finite, decay_factor, neg_step_size,
-                       bc2_sqrt)
+        self.optimizer(_clip_or_zero(grads, norm, self.max_norm, finite), finite, lr, eps, decay)
         for i in range(len(self.buffers)):
             ops.assign(self.buffers[i], ops.zeros_like(self.buffers[i]))
         return norm, finite
