@@ -14,6 +14,12 @@ from mf_models import build_model, model_state, tiny_model_section
 rng = np.random.default_rng(0)
 TOKENS = rng.integers(0, 64, (2, 13)).astype(np.int32)
 INPUTS, LABELS = TOKENS[:, :-1], TOKENS[:, 1:]
+# Megatron packing in the compiled step too: row 0 holds two documents (reset positions and a
+# block-diagonal causal mask, True = masked), row 1 one.
+POSITIONS = np.stack([np.r_[np.arange(5), np.arange(7)], np.arange(12)]).astype(np.int32)
+_allowed = np.tril(np.ones((2, 12, 12), bool))
+_allowed[0, 5:, :5] = False
+MASK = ~_allowed[:, None]
 
 
 class TrainStep(nn.Cell):
@@ -26,18 +32,18 @@ class TrainStep(nn.Cell):
         self.ce = ops.SparseSoftmaxCrossEntropyWithLogits()
         self.grad_fn = ms.value_and_grad(self.loss, None, optimizer.parameters)
 
-    def loss(self, input_ids, labels):
-        logits = self.model(input_ids)
+    def loss(self, input_ids, labels, position_ids, attention_mask):
+        logits = self.model(input_ids, position_ids, attention_mask)
         return self.ce(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
-    def construct(self, input_ids, labels):
-        loss, grads = self.grad_fn(input_ids, labels)
+    def construct(self, input_ids, labels, position_ids, attention_mask):
+        loss, grads = self.grad_fn(input_ids, labels, position_ids, attention_mask)
         self.optimizer(grads)
         return loss, grads
 
 
 def pynative_loss(model):
-    logits = model(ms.Tensor(INPUTS)).asnumpy().astype(np.float64).reshape(-1, 64)
+    logits = model(ms.Tensor(INPUTS), ms.Tensor(POSITIONS), ms.Tensor(MASK)).asnumpy().astype(np.float64).reshape(-1, 64)
     logits -= logits.max(-1, keepdims=True)
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     return -logp[np.arange(logp.shape[0]), LABELS.reshape(-1)].mean()
@@ -61,7 +67,7 @@ def test_compiled_train_steps_match_pynative_and_learn(kind):
     try:
         losses = []
         for i in range(8):
-            loss, grads = step(ms.Tensor(INPUTS), ms.Tensor(LABELS))
+            loss, grads = step(ms.Tensor(INPUTS), ms.Tensor(LABELS), ms.Tensor(POSITIONS), ms.Tensor(MASK))
             losses.append(float(loss.asnumpy()))
             if i == 0:
                 grads = [g.asnumpy() for g in grads]

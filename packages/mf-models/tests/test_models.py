@@ -200,3 +200,24 @@ def test_qwen3_qk_norm_is_used(models):
         assert np.abs(logits_of(model) - before).max() > 1e-4
     finally:
         param.set_data(ms.Tensor(original))
+
+
+def test_rope_interleave_is_a_permutation_of_the_rope_rows(models):
+    """DeepSeek's rope_interleave reads rope dims as (x0,x1),(x2,x3)..; with the rope rows of wq_b
+    and wkv_a de-interleaved, the rotate-half model computes the same logits."""
+    state = model_state(models["deepseek_v3"])
+    plain = build_model(tiny_model_section("deepseek_v3", rope_interleave=False))
+    nope, rope, heads, kv_rank = 8, 4, 4, 16
+    order = np.r_[np.arange(0, rope, 2), np.arange(1, rope, 2)]
+    permuted = dict(state)
+    for i in range(2):
+        wq_b = state[f"layers.{i}.attention.wq_b.weight"].reshape(heads, nope + rope, -1).copy()
+        wq_b[:, nope:] = wq_b[:, nope:][:, order]
+        permuted[f"layers.{i}.attention.wq_b.weight"] = wq_b.reshape(heads * (nope + rope), -1)
+        wkv_a = state[f"layers.{i}.attention.wkv_a.weight"].copy()
+        wkv_a[kv_rank:] = wkv_a[kv_rank:][order]
+        permuted[f"layers.{i}.attention.wkv_a.weight"] = wkv_a
+    load_state(plain, permuted)
+    np.testing.assert_allclose(logits_of(plain), logits_of(models["deepseek_v3"]), atol=1e-5)
+    load_state(plain, state)  # without the permutation the models differ
+    assert np.abs(logits_of(plain) - logits_of(models["deepseek_v3"])).max() > 1e-4
