@@ -16,6 +16,7 @@ from mindspore import Tensor, nn, ops
 from .args import BaseArgs
 from .attention import causal_mask
 from .layers import Embedding, Linear, RMSNorm, linear, resolve_compute_dtype, resolve_params_dtype
+from .moe import GroupedExperts, TopKRouter
 from .rope import RotaryEmbedding, rope_frequencies
 
 
@@ -78,8 +79,6 @@ class CausalLM(nn.Cell):
         """Weights multiplied per token: every Linear (the output projection even when tied), and
         for MoE only the `num_experts_per_tok` routed experts a token visits. Embedding lookup,
         norms and biases are not matmuls and are left out."""
-        from .moe import GroupedExperts  # local: moe imports layers only
-
         total = 0
         for _, cell in self.cells_and_names():
             if isinstance(cell, Linear):
@@ -110,8 +109,6 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 def init_weights(model: nn.Cell, seed: int = 0) -> None:
     """HF-style init from numpy (device independent): normal(0, initializer_range) for matmul
     weights, embeddings and routers, ones for norms, zeros for biases and the expert-score bias."""
-    from .moe import GroupedExperts, TopKRouter
-
     std = model.args.initializer_range
     for _, cell in model.cells_and_names():
         own = cell.parameters_dict(recurse=False) if hasattr(cell, "parameters_dict") else {}
