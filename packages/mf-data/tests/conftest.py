@@ -83,3 +83,45 @@ def spm_model(demo_corpus: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("spm") / "spm.model"
     train_sentencepiece([str(demo_corpus)], str(out), vocab_size=400)
     return out
+
+
+# A ChatML template with transformers' {% generation %} markers, so transformers can compute the
+# reference assistant masks of the same template.
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endgeneration %}{% else %}{{ message['content'] + '<|im_end|>' + '\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _train_hf_tokenizer(texts: list[str], path: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    tok.save(str(path))
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Two tiny Hugging Face tokenizer directories trained here with `tokenizers`: "chatml" has a
+    ChatML chat template (eos <|im_end|>), "plain" has none (eos <|endoftext|>)."""
+    from mf_data.demo_sft import demo_conversations
+
+    texts = [m["content"] for c in list(demo_conversations())[:60] for m in c["messages"]]
+    base = tmp_path_factory.mktemp("hf")
+    dirs = {"chatml": base / "chatml", "plain": base / "plain"}
+    for name, directory in dirs.items():
+        directory.mkdir()
+        _train_hf_tokenizer(texts, directory / "tokenizer.json")
+        config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML} if name == "chatml" \
+            else {"eos_token": {"content": "<|endoftext|>", "special": True}, "bos_token": None}
+        (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return dirs

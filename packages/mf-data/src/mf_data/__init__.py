@@ -7,8 +7,11 @@ for the same inputs.
 
 from .blended_dataset import BlendedDataset
 from .builder import BlendedMegatronDatasetBuilder
+from .chat import Conversation, SFTKeys, conversation_from_json
+from .chat_template import BUILTIN_TEMPLATE_DOC
 from .config import BlendedMegatronDatasetConfig, GPTDatasetConfig
 from .demo_corpus import make_demo_corpus
+from .demo_sft import make_demo_sft
 from .errors import (
     CacheTimeoutError,
     DataFileError,
@@ -19,12 +22,14 @@ from .errors import (
     MFDataError,
 )
 from .gpt_dataset import GPTDataset
+from .hf_tokenizer import HFTokenizer
 from .indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder, get_bin_path, get_idx_path
 from .loader import BlendedMegatronDatasetDataLoader, build_from_yaml_block
 from .loader_config import gpt_config_from_dict
 from .preprocess import preprocess
 from .sampler import MegatronPretrainingSampler
 from .samples import COLUMNS, flatten_actual_seq_len
+from .sft_encode import ChatEncoder, load_tokenizer
 from .summary import summarize
 from .tokenizer import SentencePieceTokenizer, train_sentencepiece
 from .utils import Split, get_blend_from_list, parse_and_normalize_split
@@ -32,12 +37,15 @@ from .utils import Split, get_blend_from_list, parse_and_normalize_split
 __version__ = "0.1.0"
 
 __all__ = [
+    "BUILTIN_TEMPLATE_DOC",
     "COLUMNS",
     "BlendedDataset",
     "BlendedMegatronDatasetBuilder",
     "BlendedMegatronDatasetConfig",
     "BlendedMegatronDatasetDataLoader",
     "CacheTimeoutError",
+    "ChatEncoder",
+    "Conversation",
     "DType",
     "DataFileError",
     "DataFileNotFoundError",
@@ -45,21 +53,26 @@ __all__ = [
     "DatasetTooSmallError",
     "GPTDataset",
     "GPTDatasetConfig",
+    "HFTokenizer",
     "IndexedDataset",
     "IndexedDatasetBuilder",
     "InputError",
     "MFDataError",
     "MegatronPretrainingSampler",
+    "SFTKeys",
     "SentencePieceTokenizer",
     "Split",
     "__version__",
     "build_from_yaml_block",
+    "conversation_from_json",
     "flatten_actual_seq_len",
     "get_bin_path",
     "get_blend_from_list",
     "get_idx_path",
     "gpt_config_from_dict",
+    "load_tokenizer",
     "make_demo_corpus",
+    "make_demo_sft",
     "parse_and_normalize_split",
     "preprocess",
     "summarize",

@@ -53,11 +53,18 @@ def _parse(line: bytes) -> object:
         raise LineError(f"invalid JSON ({str(err).split(':')[0]})") from None
 
 
-def parse_line(line: bytes, json_keys: Sequence[str]) -> dict[str, str | list[str]] | None:
-    """The requested fields of one line; None for a blank line; LineError when unusable."""
+def parse_json_line(line: bytes) -> object | None:
+    """The JSON value of one line; None for a blank line; LineError when it is not JSON."""
     if not line.strip():
         return None
-    obj = _parse(line)
+    return _parse(line)
+
+
+def parse_line(line: bytes, json_keys: Sequence[str]) -> dict[str, str | list[str]] | None:
+    """The requested fields of one line; None for a blank line; LineError when unusable."""
+    obj = parse_json_line(line)
+    if obj is None:
+        return None
     if not isinstance(obj, dict):
         raise LineError(f"expected a JSON object, got {type(obj).__name__}")
     out: dict[str, str | list[str]] = {}

@@ -27,7 +27,8 @@ def _spm() -> Any:
 
 
 class SentencePieceTokenizer:
-    """A loaded `.model`: `vocab_size`, `eod` (the model's end-of-sentence id) and batch `encode`."""
+    """A loaded `.model`: `vocab_size`, `eod` (the model's end-of-sentence id), `bos` and batch
+    `encode`."""
 
     def __init__(self, model_path: str) -> None:
         self.model_path = os.fspath(model_path)
@@ -48,6 +49,11 @@ class SentencePieceTokenizer:
     def eod(self) -> int | None:
         eos = int(self._sp.eos_id())
         return None if eos < 0 else eos
+
+    @property
+    def bos(self) -> int | None:
+        bos = int(self._sp.bos_id())
+        return None if bos < 0 else bos
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         # One thread per call: parallelism comes from worker processes, one per requested worker.
