@@ -134,7 +134,7 @@ def test_columns_select_and_order(config):
         ({"column_names": ["input_ids", "attention_mask"]}, "create_attention_mask is False"),
         ({"column_names": ["input_ids", "input_ids"]}, "listed twice"),
         ({"numa_enable": True}, "numa_enable"),
-        ({"datasets_type": "BertDataset"}, "only GPTDataset"),
+        ({"datasets_type": "BertDataset"}, "one of GPTDataset, SFTDataset is supported"),
         ({"type": "HFDataLoader"}, "BlendedMegatronDatasetDataLoader"),
         ({"dp_rank": 2, "dp_size": 2}, "below dp_size"),
         ({"prefetch_size": 0}, "prefetch_size"),

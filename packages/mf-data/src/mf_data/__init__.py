@@ -29,7 +29,10 @@ from .loader_config import gpt_config_from_dict
 from .preprocess import preprocess
 from .sampler import MegatronPretrainingSampler
 from .samples import COLUMNS, flatten_actual_seq_len
+from .sft_config import SFTDatasetConfig, sft_config_from_dict
+from .sft_dataset import SFTDataset
 from .sft_encode import ChatEncoder, load_tokenizer
+from .sft_indexed import SFTIndexedDataset, loss_mask_prefix
 from .summary import summarize
 from .tokenizer import SentencePieceTokenizer, train_sentencepiece
 from .utils import Split, get_blend_from_list, parse_and_normalize_split
@@ -59,6 +62,9 @@ __all__ = [
     "InputError",
     "MFDataError",
     "MegatronPretrainingSampler",
+    "SFTDataset",
+    "SFTDatasetConfig",
+    "SFTIndexedDataset",
     "SFTKeys",
     "SentencePieceTokenizer",
     "Split",
@@ -71,10 +77,12 @@ __all__ = [
     "get_idx_path",
     "gpt_config_from_dict",
     "load_tokenizer",
+    "loss_mask_prefix",
     "make_demo_corpus",
     "make_demo_sft",
     "parse_and_normalize_split",
     "preprocess",
+    "sft_config_from_dict",
     "summarize",
     "train_sentencepiece",
 ]

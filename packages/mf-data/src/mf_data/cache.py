@@ -51,10 +51,14 @@ def _jsonable(obj: Any) -> Any:
 
 @dataclass(frozen=True)
 class Expected:
-    """What a cached array must look like: allowed dtypes and exact shape."""
+    """What a cached array must look like: allowed dtypes and shape (None: any size on that axis,
+    for arrays whose length is only known once built, such as packed SFT rows)."""
 
     dtypes: tuple[type[np.generic], ...]
-    shape: tuple[int, ...]
+    shape: tuple[int | None, ...]
+
+    def matches(self, shape: tuple[int, ...]) -> bool:
+        return len(shape) == len(self.shape) and all(e is None or e == a for e, a in zip(self.shape, shape))
 
 
 class IndexCache:
@@ -76,8 +80,11 @@ class IndexCache:
     def npy_path(self, name: str) -> str:
         return self.path(f"{name}.npy")
 
-    def try_load(self, expected: Mapping[str, Expected]) -> tuple[dict[str, np.ndarray] | None, str]:
-        """(arrays, "") when the cache is complete and sound, else (None, reason)."""
+    def try_load(
+        self, expected: Mapping[str, Expected], validate: Callable[[dict[str, np.ndarray]], str] | None = None
+    ) -> tuple[dict[str, np.ndarray] | None, str]:
+        """(arrays, "") when the cache is complete and sound, else (None, reason). `validate`
+        returns a reason (or "") for checks across arrays."""
         if not os.path.isfile(self.description_path):
             return None, "missing"
         try:
@@ -99,9 +106,13 @@ class IndexCache:
             exp = expected[name]
             if arr.dtype.type not in exp.dtypes:
                 return None, f"{os.path.basename(path)} has dtype {arr.dtype}, expected {np.dtype(exp.dtypes[0])}"
-            if tuple(arr.shape) != exp.shape:
+            if not exp.matches(tuple(arr.shape)):
                 return None, f"{os.path.basename(path)} has shape {arr.shape}, expected {exp.shape}"
             arrays[name] = arr
+        if validate is not None:
+            reason = validate(arrays)
+            if reason:
+                return None, reason
         return arrays, ""
 
     def save(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -129,12 +140,13 @@ def load_or_build(
     is_built_on_rank: Callable[[], bool],
     timeout: float,
     what: str,
+    validate: Callable[[dict[str, np.ndarray]], str] | None = None,
 ) -> dict[str, np.ndarray]:
     """The arrays of `what`: from the cache, built here, or waited for (see module docstring)."""
     if cache is None:
         return build()
     if is_built_on_rank():
-        arrays, reason = cache.try_load(expected)
+        arrays, reason = cache.try_load(expected, validate)
         if arrays is not None:
             logger.info("loaded %s indices from %s", what, cache.directory)
             return arrays
@@ -153,7 +165,7 @@ def load_or_build(
     deadline = time.monotonic() + timeout
     delay = 0.05
     while True:
-        arrays, reason = cache.try_load(expected)
+        arrays, reason = cache.try_load(expected, validate)
         if arrays is not None:
             return arrays
         if time.monotonic() >= deadline:

@@ -1,5 +1,9 @@
 """`BlendedMegatronDatasetDataLoader`: numpy micro-batches for one data-parallel rank.
 
+`datasets_type` picks the dataset: `GPTDataset` (pretraining windows) or `SFTDataset` (packed
+supervised samples with a loss-mask channel, `mf_data.sft_dataset`); both yield the same columns
+and share everything below.
+
 Built from the values of the training YAML's `train_dataset` block (see `build_from_yaml_block`)
 or from a dataset directly. Iterating yields dicts `{column: array[micro_batch_size, ...]}` in
 Megatron's pretraining-sampler order (`mf_data.sampler`), assembled ahead of time by worker
@@ -43,12 +47,19 @@ from .loader_config import gpt_config_from_dict, suggest
 from .prefetch import prefetched
 from .sampler import MegatronPretrainingSampler
 from .samples import COLUMNS
+from .sft_config import SFTDatasetConfig, sft_config_from_dict
+from .sft_dataset import SFTDataset
 from .utils import Split, as_split
 
 logger = logging.getLogger("mf_data")
 
 LOADER_TYPE = "BlendedMegatronDatasetDataLoader"
-SUPPORTED_DATASET_TYPES = ("GPTDataset",)
+# datasets_type -> (dataset class, its config class, YAML mapping -> config)
+DATASET_TYPES: dict[str, tuple[type, type, Callable[..., Any]]] = {
+    "GPTDataset": (GPTDataset, GPTDatasetConfig, gpt_config_from_dict),
+    "SFTDataset": (SFTDataset, SFTDatasetConfig, sft_config_from_dict),
+}
+SUPPORTED_DATASET_TYPES = tuple(DATASET_TYPES)
 _BASE_COLUMNS = ("input_ids", "labels", "loss_mask", "position_ids")
 
 
@@ -64,7 +75,24 @@ def _bool(name: str, value: Any) -> bool:
     return bool(value)
 
 
-def resolve_columns(column_names: Sequence[str] | None, config: GPTDatasetConfig) -> tuple[str, ...]:
+def dataset_config(datasets_type: str, config: Any, where: str = "config") -> Any:
+    """The config object `datasets_type` needs, from a YAML mapping or an instance of its class."""
+    if datasets_type not in DATASET_TYPES:
+        raise DatasetConfigError(
+            f"datasets_type: one of {', '.join(SUPPORTED_DATASET_TYPES)} is supported, got {datasets_type!r}"
+            f"{suggest(str(datasets_type), SUPPORTED_DATASET_TYPES)}"
+        )
+    _, config_cls, from_dict = DATASET_TYPES[datasets_type]
+    if isinstance(config, Mapping):
+        return from_dict(config, where=where)
+    if not isinstance(config, config_cls):
+        raise DatasetConfigError(
+            f"datasets_type {datasets_type!r} needs a {config_cls.__name__} (or a mapping), got {type(config).__name__}"
+        )
+    return config
+
+
+def resolve_columns(column_names: Sequence[str] | None, config: Any) -> tuple[str, ...]:
     """Check `column_names` against what the config produces; None means all of it."""
     produced = list(_BASE_COLUMNS)
     if config.create_attention_mask:
@@ -124,19 +152,19 @@ class BlendedMegatronDatasetDataLoader:
     """Framework-free loader over Megatron datasets, for one data-parallel rank.
 
     Keyword names follow the YAML: `datasets_type`, `sizes`, `config` (a mapping with the YAML's
-    keys or a `GPTDatasetConfig`), `column_names`, `shuffle`, `python_multiprocessing` from
+    keys, or the `GPTDatasetConfig` / `SFTDatasetConfig` of `datasets_type`), `column_names`, `shuffle`, `python_multiprocessing` from
     `train_dataset.dataloader`; `drop_remainder`, `num_parallel_workers`, `prefetch_size`,
     `numa_enable` from `train_dataset`; then the run's `dp_rank`, `dp_size`,
     `micro_batch_size`, `consumed_samples`. `phase` picks the split (train, valid, test),
     `is_built_on_rank` the rank(s) that write the index caches. Instead of `config`/`sizes`, an
-    already built `dataset` (GPTDataset or BlendedDataset) may be given.
+    already built `dataset` (GPTDataset, SFTDataset or a BlendedDataset of them) may be given.
     """
 
     def __init__(
         self,
         datasets_type: str = "GPTDataset",
         sizes: Sequence[int | None] | None = None,
-        config: Mapping[str, Any] | GPTDatasetConfig | None = None,
+        config: Mapping[str, Any] | GPTDatasetConfig | SFTDatasetConfig | None = None,
         column_names: Sequence[str] | None = None,
         shuffle: bool = False,
         python_multiprocessing: bool = False,
@@ -158,7 +186,7 @@ class BlendedMegatronDatasetDataLoader:
         if type is not None and type != LOADER_TYPE:
             raise DatasetConfigError(f"type: this loader is {LOADER_TYPE!r}, got {type!r}")
         if datasets_type not in SUPPORTED_DATASET_TYPES:
-            raise DatasetConfigError(f"datasets_type: only {', '.join(SUPPORTED_DATASET_TYPES)} is supported, got {datasets_type!r}")
+            dataset_config(datasets_type, config)  # raises the one-line error
         self.shuffle = _bool("shuffle", shuffle)
         self.python_multiprocessing = _bool("python_multiprocessing", python_multiprocessing)
         self.drop_remainder = _bool("drop_remainder", drop_remainder)
@@ -182,10 +210,11 @@ class BlendedMegatronDatasetDataLoader:
         if dataset is None:
             if config is None or sizes is None:
                 raise DatasetConfigError("give config and sizes (or an already built dataset)")
-            gpt_config = config if isinstance(config, GPTDatasetConfig) else gpt_config_from_dict(config)
+            gpt_config = dataset_config(datasets_type, config)
             if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
                 raise DatasetConfigError(f"sizes must be a list [train, valid, test], got {sizes!r}")
-            splits = BlendedMegatronDatasetBuilder(GPTDataset, list(sizes), is_built_on_rank, gpt_config).build()
+            dataset_cls = DATASET_TYPES[datasets_type][0]
+            splits = BlendedMegatronDatasetBuilder(dataset_cls, list(sizes), is_built_on_rank, gpt_config).build()
             dataset = splits[self.phase.value]
             if dataset is None:
                 why = (f"split {gpt_config.split!r} gives it no documents" if gpt_config.blend_per_split is None
@@ -194,7 +223,7 @@ class BlendedMegatronDatasetDataLoader:
         else:
             gpt_config = dataset.config
         self.dataset = dataset
-        self.config: GPTDatasetConfig = gpt_config
+        self.config: GPTDatasetConfig | SFTDatasetConfig = gpt_config
         self.columns = resolve_columns(column_names, gpt_config)
         self.total_samples = len(dataset)
         if self.total_samples == 0:
@@ -297,7 +326,7 @@ def build_from_yaml_block(
         raise DatasetConfigError(f"{where}.dataloader: needs sizes and config")
     config = block["config"]
     if isinstance(config, Mapping):
-        config = gpt_config_from_dict(config, where=f"{where}.dataloader.config")
+        config = dataset_config(block.get("datasets_type", "GPTDataset"), config, where=f"{where}.dataloader.config")
     kwargs = {k: block[k] for k in ("datasets_type", "column_names", "shuffle", "python_multiprocessing") if k in block}
     kwargs.update({k: train_dataset[k] for k in _BLOCK_KEYS[1:] if k in train_dataset})
     try:

@@ -1,4 +1,5 @@
-"""From the YAML `train_dataset.dataloader.config` mapping to a `GPTDatasetConfig`.
+"""From the YAML `train_dataset.dataloader.config` mapping to a `GPTDatasetConfig` (or, through
+`config_from_dict`, another dataset's config).
 
 The YAML uses MindFormers' names (`seq_length`, `seed`, `data_path: [weight, prefix, ...]`);
 the dataclass uses Megatron's. Every key is either mapped to a field or rejected with a
@@ -11,7 +12,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from .config import GPTDatasetConfig
+from .config import BlendedMegatronDatasetConfig, GPTDatasetConfig
 from .errors import DatasetConfigError, MFDataError
 from .utils import get_blend_from_list
 
@@ -38,15 +39,36 @@ def suggest(key: str, known: Any) -> str:
 
 def gpt_config_from_dict(values: Mapping[str, Any], where: str = "config") -> GPTDatasetConfig:
     """Build a `GPTDatasetConfig` from YAML-style keys; errors name `where.<key>`."""
+    return config_from_dict(GPTDatasetConfig, _SAME, _REJECTED, values, where)
+
+
+def config_from_dict(
+    cls: type[BlendedMegatronDatasetConfig],
+    same: tuple[str, ...],
+    rejected: Mapping[str, str],
+    values: Mapping[str, Any],
+    where: str,
+    always_true: Mapping[str, str] | None = None,
+) -> Any:
+    """`cls` from YAML-style keys: `same` are field names used as they are, `rejected` keys are
+    errors (with the reason given) unless null, `always_true` keys describe fixed behaviour (the
+    reason says which) and may only be true; anything else unknown is an error with a did-you-mean
+    hint."""
+    always_true = always_true or {}
     if not isinstance(values, Mapping):
         raise DatasetConfigError(f"{where} must be a mapping, got {type(values).__name__}")
+    known = tuple(sorted({*_RENAMED, *same, *_BLEND_KEYS, *rejected, *always_true}))
     fields: dict[str, Any] = {}
     for key, value in values.items():
-        if not isinstance(key, str) or key not in KNOWN_KEYS:
-            raise DatasetConfigError(f"{where}.{key}: unknown key{suggest(str(key), KNOWN_KEYS)}")
-        if key in _REJECTED:
+        if not isinstance(key, str) or key not in known:
+            raise DatasetConfigError(f"{where}.{key}: unknown key{suggest(str(key), known)}")
+        if key in rejected:
             if value is not None:
-                raise DatasetConfigError(f"{where}.{key}: {_REJECTED[key]}")
+                raise DatasetConfigError(f"{where}.{key}: {rejected[key]}")
+            continue
+        if key in always_true:
+            if value not in (None, True):
+                raise DatasetConfigError(f"{where}.{key}: {always_true[key]}; it cannot be {value!r}")
             continue
         if key in _BLEND_KEYS:
             continue
@@ -70,7 +92,7 @@ def gpt_config_from_dict(values: Mapping[str, Any], where: str = "config") -> GP
     except MFDataError as err:
         raise DatasetConfigError(f"{where}.data_path: {err}") from None
     try:
-        return GPTDatasetConfig(**fields)
+        return cls(**fields)
     except MFDataError as err:
         raise DatasetConfigError(f"{where}: {_yaml_names(str(err))}") from None
 
