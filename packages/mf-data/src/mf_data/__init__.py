@@ -2,7 +2,8 @@
 
 Formats and datasets keep Megatron-Core's names, so `from megatron.core.datasets... import X`
 becomes `from mf_data import X`. Index arrays and samples are identical to Megatron-Core 0.16's
-for the same inputs.
+for the same inputs. Supervised fine-tuning data (chat jsonl -> tokens + a loss-mask channel ->
+packed rows) is `preprocess_sft` / `SFTDataset`, served by the same loader.
 """
 
 from .blended_dataset import BlendedDataset
@@ -33,6 +34,7 @@ from .sft_config import SFTDatasetConfig, sft_config_from_dict
 from .sft_dataset import SFTDataset
 from .sft_encode import ChatEncoder, load_tokenizer
 from .sft_indexed import SFTIndexedDataset, loss_mask_prefix
+from .sft_preprocess import preprocess_sft, sft_output_prefix
 from .summary import summarize
 from .tokenizer import SentencePieceTokenizer, train_sentencepiece
 from .utils import Split, get_blend_from_list, parse_and_normalize_split
@@ -82,7 +84,9 @@ __all__ = [
     "make_demo_sft",
     "parse_and_normalize_split",
     "preprocess",
+    "preprocess_sft",
     "sft_config_from_dict",
+    "sft_output_prefix",
     "summarize",
     "train_sentencepiece",
 ]

@@ -1,4 +1,5 @@
-"""The `mf-data` command (also `mf data`): preprocess, train-tokenizer, inspect, make-demo-corpus.
+"""The `mf-data` command (also `mf data`): preprocess, preprocess-sft, train-tokenizer, inspect,
+make-demo-corpus, make-demo-sft.
 
 `main(argv) -> int` returns the exit status: 0 on success, 2 on bad input (one line on stderr,
 no traceback), 130 when interrupted.
@@ -55,6 +56,25 @@ def build_parser(prog: str = "mf-data") -> argparse.ArgumentParser:
     p.add_argument("--chunk-lines", type=_positive_int, default=512, help="lines per work unit (default 512)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    s = sub.add_parser("preprocess-sft", help="tokenize chat/instruction jsonl(.gz) into <prefix>_sft_document "
+                       "plus its loss-mask channel")
+    s.add_argument("--input", nargs="+", required=True, help="jsonl files, plain or gzip")
+    s.add_argument("--tokenizer", required=True, help="sentencepiece .model file, or a Hugging Face tokenizer directory")
+    s.add_argument("--output-prefix", required=True, help="outputs are <prefix>_sft_document{,_loss_mask}.{bin,idx}")
+    s.add_argument("--seq-length", type=_positive_int, help="truncate longer samples to this many tokens")
+    s.add_argument("--drop-long", action="store_true", help="drop samples longer than --seq-length instead")
+    s.add_argument("--messages-key", default="messages", help="field of OpenAI-style message lists (default messages)")
+    s.add_argument("--prompt-key", default="prompt", help="field of single-turn prompts (default prompt)")
+    s.add_argument("--response-key", default="response", help="field of single-turn responses (default response)")
+    s.add_argument("--system-key", default="system", help="optional system field of prompt/response lines")
+    s.add_argument("--builtin-template", action="store_true", help="ignore the tokenizer's chat template")
+    s.add_argument("--add-bos", action="store_true", help="start samples with BOS (built-in template only)")
+    s.add_argument("--workers", type=_positive_int, default=1, help="encoding processes (default 1)")
+    s.add_argument("--strict", action="store_true", help="stop at the first bad line instead of skipping it")
+    s.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    s.add_argument("--chunk-lines", type=_positive_int, default=256, help="lines per work unit (default 256)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     t = sub.add_parser("train-tokenizer", help="train a sentencepiece model on jsonl text")
     t.add_argument("--input", nargs="+", required=True, help="jsonl files, plain or gzip")
     t.add_argument("--json-keys", nargs="+", default=["text"])
@@ -74,6 +94,10 @@ def build_parser(prog: str = "mf-data") -> argparse.ArgumentParser:
     d.add_argument("directory")
     d.add_argument("--min-chars", type=_positive_int, default=1000, help="minimum characters per document")
     d.add_argument("--overwrite", action="store_true")
+
+    q = sub.add_parser("make-demo-sft", help="write DIR/sft.jsonl: questions and answers from Python's help topics")
+    q.add_argument("directory")
+    q.add_argument("--overwrite", action="store_true")
     return parser
 
 
@@ -85,6 +109,17 @@ def _run(args: argparse.Namespace) -> int:
             args.input, args.tokenizer_model, args.output_prefix, json_keys=args.json_keys, append_eod=args.append_eod,
             workers=args.workers, strict=args.strict, overwrite=args.overwrite, chunk_lines=args.chunk_lines,
             progress=False if args.no_progress else None,
+        )
+    elif args.command == "preprocess-sft":
+        from .chat import SFTKeys
+        from .sft_preprocess import preprocess_sft
+
+        preprocess_sft(
+            args.input, args.tokenizer, args.output_prefix,
+            keys=SFTKeys(args.messages_key, args.prompt_key, args.response_key, args.system_key),
+            seq_length=args.seq_length, drop_long=args.drop_long, add_bos=args.add_bos,
+            use_template=not args.builtin_template, workers=args.workers, strict=args.strict,
+            overwrite=args.overwrite, chunk_lines=args.chunk_lines, progress=False if args.no_progress else None,
         )
     elif args.command == "train-tokenizer":
         from .tokenizer import train_sentencepiece
@@ -106,6 +141,11 @@ def _run(args: argparse.Namespace) -> int:
 
         info = make_demo_corpus(args.directory, overwrite=args.overwrite, min_chars=args.min_chars)
         print(f"wrote {info['path']}: {info['documents']} documents, {info['bytes']} bytes", file=sys.stderr)
+    elif args.command == "make-demo-sft":
+        from .demo_sft import make_demo_sft
+
+        info = make_demo_sft(args.directory, overwrite=args.overwrite)
+        print(f"wrote {info['path']}: {info['conversations']} conversations, {info['bytes']} bytes", file=sys.stderr)
     return EXIT_OK
 
 
