@@ -59,6 +59,10 @@ def test_preprocess_sft_round_trip_to_loader_batches(tmp_path, demo_sft, spm_mod
         assert tok.decode(ids[bits == 1].tolist()) == unicodedata.normalize("NFKC", rows[k]["messages"][2]["content"])
         assert ids[-1] == tok.eod and bits[-1] == 1
 
+    assert main(["inspect", str(out) + "_sft_document", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["documents"] == len(rows) and stats["response_tokens"] == int(sum(data.read(k)[1].sum() for k in range(len(data))))
+
     loader = BlendedMegatronDatasetDataLoader(
         datasets_type="SFTDataset", sizes=[40, 0, 0], micro_batch_size=4, num_parallel_workers=1,
         config={"seq_length": 256, "split": "1", "data_path": [str(out) + "_sft_document"], "seed": 5,

@@ -101,6 +101,16 @@ def test_packing_invariants(tmp_path):
     assert not ds.padding_sample()["loss_mask"].any()
 
 
+def test_unmapped_reads_give_the_same_rows(tmp_path):
+    prefix = _write_pair(str(tmp_path / "d"), _samples(30))
+    mapped = _build(prefix, tmp_path, 20)
+    unmapped = _build(prefix, tmp_path, 20, mmap_bin_files=False)
+    assert unmapped.dataset.tokens.token_array() is None  # pread path
+    rows = np.arange(len(mapped))
+    a, b = mapped.get_batch(rows), unmapped.get_batch(rows)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def test_pack_rows_is_sequential_next_fit():
     rng = np.random.default_rng(1)
     lengths = rng.integers(1, 41, size=500)

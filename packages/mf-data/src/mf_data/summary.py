@@ -1,4 +1,5 @@
-"""What is in a `.bin/.idx` pair: counts, dtype and document length percentiles."""
+"""What is in a `.bin/.idx` pair: counts, dtype and document length percentiles (and, for SFT
+data with a loss-mask channel beside it, how many tokens are response tokens)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .indexed_dataset import IndexedDataset, get_bin_path
+from .indexed_dataset import IndexedDataset, get_bin_path, get_idx_path
+from .sft_indexed import SFTIndexedDataset, loss_mask_prefix
 
 PERCENTILES = (50, 90, 99)
 
@@ -28,6 +30,10 @@ def summarize(path_prefix: str) -> dict[str, Any]:
         "empty_documents": int((doc_tokens == 0).sum()),
         "bin_bytes": os.path.getsize(get_bin_path(path_prefix)),
     }
+    if os.path.isfile(get_idx_path(loss_mask_prefix(path_prefix))):
+        mask = SFTIndexedDataset(path_prefix).mask.token_array()  # opening checks the channel
+        if mask is not None:
+            stats["response_tokens"] = int(np.count_nonzero(mask))
     if doc_tokens.size:
         stats["document_tokens"] = {
             "min": int(doc_tokens.min()),
@@ -45,6 +51,8 @@ def format_summary(stats: dict[str, Any]) -> str:
         f"documents   {stats['documents']}  (empty: {stats['empty_documents']})",
         f"sequences   {stats['sequences']}",
         f"tokens      {stats['tokens']}",
+        *([f"response    {stats['response_tokens']}  (loss-mask channel {stats['prefix']}_loss_mask)"]
+          if "response_tokens" in stats else []),
         f"bin bytes   {stats['bin_bytes']}",
     ]
     d = stats.get("document_tokens")
