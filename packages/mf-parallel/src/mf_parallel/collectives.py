@@ -31,7 +31,7 @@ from mindspore import nn, ops
 from mf_parallel.backend import CAPABILITIES, REDUCE_OPS, is_native, native_reduce_op
 from mf_parallel.errors import ParallelConfigError
 from mf_parallel.mesh import Group, init_distributed, make_group
-from mf_parallel.stats import count_code, make_count_op
+from mf_parallel.stats import count_code, counted, make_count_op
 from mf_parallel.transport import MAX_RANKS, decode, encode, needs_transport
 
 log = logging.getLogger("mf_parallel")
@@ -46,14 +46,25 @@ def _note_emulation(kind: str, group: Group) -> None:
                  "support: %s)", kind, group.backend, group.label, group.size, where)
 
 
+# Data movement is written with primitives and validator-free functions: ops.narrow and ops.pad run
+# Python argument validators that fail to compile inside a GRAPH_MODE bprop on 2.10.0 ("The func
+# graph is empty ... check_value_type").
 def _narrow(x, axis: int, start: int, length: int):
-    return ops.narrow(x, axis, start, length)
+    """x's slice [start, start + length) along `axis`."""
+    begin = (0,) * axis + (start,) + (0,) * (x.ndim - axis - 1)
+    size = x.shape[:axis] + (length,) + x.shape[axis + 1:]
+    return ops.Slice()(x, begin, size)
 
 
 def _pad_axis(x, axis: int, before: int, after: int):
-    """Zero-pad `x` along `axis` (ops.pad takes (left, right) pairs starting from the last axis)."""
-    pads = (0, 0) * (x.ndim - 1 - axis) + (before, after)
-    return ops.pad(x, pads)
+    """Zero-pad `x` along `axis` with `before` / `after` slices."""
+    parts = ()
+    if before > 0:
+        parts = parts + (ops.zeros(x.shape[:axis] + (before,) + x.shape[axis + 1:], x.dtype),)
+    parts = parts + (x,)
+    if after > 0:
+        parts = parts + (ops.zeros(x.shape[:axis] + (after,) + x.shape[axis + 1:], x.dtype),)
+    return ops.cat(parts, axis)
 
 
 def _check_sizes(sizes, n: int, what: str):
@@ -89,22 +100,24 @@ class _Collective(nn.Cell):
             if not self.native:
                 _note_emulation(self.kind, group)
 
-    def _count(self, x, payload, issued):
-        return ops.depend(x, self.count_op(ms.Tensor([self.code, payload, issued], ms.int64)))
+    def _count(self, out, payload, issued):
+        """Report one call; applied to the primitive's *output*, so if the compiler merges two
+        identical collectives their records merge with them, and otherwise they stay apart."""
+        return counted(out, self.count_op, self.code, payload, issued)
 
     def _sum(self, x, payload):
         """All-reduce (sum) of any dtype, through the exact float transport where needed; counted."""
         if self.transport:
             enc = encode(x)
-            out = self.sum_prim(self._count(enc, payload, enc.itemsize * enc.size))
+            out = self._count(self.sum_prim(enc), payload, enc.itemsize * enc.size)
             return decode(out, x.dtype)
-        return self.sum_prim(self._count(x, payload, x.itemsize * x.size))
+        return self._count(self.sum_prim(x), payload, x.itemsize * x.size)
 
     def _slots(self, x, payload):
         """[group size, *x.shape]: every rank's x, as an all-reduce of zeros with this rank's slot filled."""
         enc = encode(x) if self.transport else x
         buf = _pad_axis(enc.reshape((1,) + enc.shape), 0, self.r, self.n - 1 - self.r)
-        out = self.sum_prim(self._count(buf, payload, buf.itemsize * buf.size))
+        out = self._count(self.sum_prim(buf), payload, buf.itemsize * buf.size)
         return decode(out, x.dtype) if self.transport else out
 
 
@@ -129,7 +142,7 @@ class AllReduce(_Collective):
         if self.op == "sum":
             return self._sum(x, nbytes)
         if self.native:
-            return self.op_prim(self._count(x, nbytes, nbytes))
+            return self._count(self.op_prim(x), nbytes, nbytes)
         slots = self._slots(x, nbytes)
         if self.op == "max":
             return slots.max(axis=0)
@@ -181,7 +194,7 @@ class AllGather(_Collective):
 
     def _gather0(self, x, payload):
         if self.native:
-            return self.prim(self._count(x, payload, x.itemsize * x.size))
+            return self._count(self.prim(x), payload, x.itemsize * x.size)
         out = self._slots(x, payload)
         return out.reshape((self.n * x.shape[0],) + x.shape[1:])
 
@@ -216,7 +229,7 @@ class ReduceScatter(_Collective):
             chunk = x.shape[axis] // self.n
             return _narrow(total, axis, self.r * chunk, chunk)
         if self.even and axis == 0:
-            return self.prim(self._count(x, nbytes, nbytes))
+            return self._count(self.prim(x), nbytes, nbytes)
         return self._native_any(x, axis, nbytes)
 
     def _native_any(self, x, axis, nbytes):
@@ -232,7 +245,7 @@ class ReduceScatter(_Collective):
                 chunk = _pad_axis(chunk, axis, 0, self.max_size - self.sizes[i])
             stacked = stacked + (chunk,)
         buf = ops.cat(stacked, 0)
-        mine = self.prim(self._count(buf, nbytes, buf.itemsize * buf.size))
+        mine = self._count(self.prim(buf), nbytes, buf.itemsize * buf.size)
         if self.even:
             return mine
         return _narrow(mine, axis, 0, self.own)
@@ -256,7 +269,7 @@ class AllToAll(_Collective):
             return x
         nbytes = x.itemsize * x.size
         if self.native:
-            return self.prim(self._count(x, nbytes, nbytes))
+            return self._count(self.prim(x), nbytes, nbytes)
         chunks = ops.split(x, x.shape[self.split_axis] // self.n, self.split_axis)
         full = self._slots(ops.stack(chunks, 0), nbytes)              # [src, dst, *chunk]
         pieces = ()
@@ -283,7 +296,7 @@ class Broadcast(_Collective):
             return x
         nbytes = x.itemsize * x.size
         if self.native:
-            return self.prim((self._count(x, nbytes, nbytes),))[0]
+            return self._count(self.prim((x,))[0], nbytes, nbytes)
         contribution = x if self.r == self.src else ops.zeros_like(x)
         return self._sum(contribution, nbytes)
 
@@ -321,8 +334,8 @@ class SendRecv(_Collective):
         nbytes = payload.itemsize * payload.size
         if self.native:
             if self.is_src:
-                return ops.depend(x, self.prim(self._count(x, nbytes, nbytes)))
-            return self.prim(self._count(payload, nbytes, nbytes))
+                return ops.depend(x, self._count(self.prim(x), nbytes, nbytes))
+            return self._count(self.prim(payload), nbytes, nbytes)
         return self._sum(payload, nbytes)
 
 

@@ -180,20 +180,28 @@ def launch(nprocs: int, argv: Sequence[str], log_dir: str | os.PathLike, *, node
             rc = proc.poll()
             if rc is not None:
                 tail.flush()
-                done = sorted(p.name for p in status.glob("rank_*.done"))
-                if rc == 0 and len(done) < nprocs:
-                    # Workers that never started (e.g. python missing) leave msrun "successful".
-                    console.write(f"mf launch: msrun ended but only {len(done)} of {nprocs} ranks finished; "
-                                  f"see {logs / 'msrun.log'}\n{_tail_of(logs / 'msrun.log')}\n")
-                    return 1
-                if rc != 0:
-                    console.write(f"mf launch: msrun exited with code {rc}; see {logs}\n{_tail_of(logs / 'msrun.log')}\n")
-                return rc
+                return _finish(rc, status, nprocs, logs, console)
             time.sleep(poll_interval)
     except KeyboardInterrupt:
         _terminate(proc, list(pids.values()))
         console.write("\nmf launch: interrupted; stopped all ranks\n")
         return 130
+
+
+def _finish(rc: int, status: Path, nprocs: int, logs: Path, console: TextIO) -> int:
+    """The job's code once msrun has exited: every rank of this node must have reported .done."""
+    done = len(list(status.glob("rank_*.done")))
+    if done < nprocs:
+        # Workers that never started (e.g. python missing) can leave msrun "successful".
+        console.write(f"mf launch: msrun exited with code {rc} but only {done} of {nprocs} ranks finished; "
+                      f"see {logs}\n{_tail_of(logs / 'msrun.log')}\n")
+        return rc or 1
+    if rc != 0:
+        # Seen on MindSpore 2.10.0: the scheduler process aborts while shutting down after every
+        # worker finished ("terminate called without an active exception"); the job did its work.
+        console.write(f"mf launch: all {nprocs} ranks finished; msrun itself exited with code {rc} "
+                      f"(scheduler: {_tail_of(logs / 'scheduler.log', 1) or 'no log'})\n")
+    return 0
 
 
 def _find_failure(status: Path, pids: dict[str, int]) -> tuple[str, str] | None:

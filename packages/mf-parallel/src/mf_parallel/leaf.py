@@ -210,13 +210,16 @@ class LeafCore(nn.Cell):
             pipelines.append(_ParamPipeline(gather, plan.grad_sync.get(name)))
         self.pipes = nn.CellList(pipelines)
         self.recompute = fsdp is not None and fsdp.reshard_after_forward
+        # The recomputing body sees deferred parameters as identity pipelines (their real gather
+        # happens outside it): straight-line code, which a GRAPH_MODE bprop needs.
+        self.body_pipes = nn.CellList([_Identity() if i in self.deferred else pipelines[i] for i in range(self.n)])
         if self.recompute:
             arity = self.n + _input_count(leaf)
             if arity not in RECOMPUTE_BY_ARITY:
                 raise ParallelConfigError(
                     f"fully_shard: {type(leaf).__qualname__} takes {arity} parameters + inputs; reshard_after_forward "
                     f"supports 2 to 4, use reshard_after_forward=False for this unit")
-            self.body = RECOMPUTE_BY_ARITY[arity](self, [i for i in range(self.n) if i not in self.deferred])
+            self.body = RECOMPUTE_BY_ARITY[arity](self)
 
     def place(self, params):
         """Parameters in registered-slot order, None for absent or deferred ones."""
@@ -261,19 +264,15 @@ class _RecomputeBase(nn.Cell):
     parameters, hence one subclass per arity (shards + inputs).
     """
 
-    def __init__(self, core: LeafCore, indices: list[int]) -> None:
+    def __init__(self, core: LeafCore) -> None:
         super().__init__()
         object.__setattr__(self, "_core", core)
-        self.indices = tuple(indices)
         self.grad_all = ops.GradOperation(get_all=True, sens_param=True)
 
     def _full(self, params):
         ready = ()
         for i in range(len(params)):
-            if i in self.indices:
-                ready = ready + (self._core.pipes[i](params[i]),)
-            else:
-                ready = ready + (params[i],)
+            ready = ready + (self._core.body_pipes[i](params[i]),)
         return ready
 
     def run(self, *flat):
@@ -294,10 +293,7 @@ class _RecomputeBase(nn.Cell):
         n = self._core.n
         dparams = ()
         for i in range(n):
-            if i in self.indices:
-                dparams = dparams + (self._core.pipes[i].backward(flat[i], grads[i]),)
-            else:
-                dparams = dparams + (ops.zeros_like(flat[i]),)
+            dparams = dparams + (self._core.body_pipes[i].backward(flat[i], grads[i]),)
         return dparams + grads[n:]
 
 

@@ -32,11 +32,16 @@ def encode(x):
         return ops.cast(x, ms.float32)
     digits = 4 if x.dtype == ms.int64 else 2
     value = ops.cast(x, ms.int64)
+    base = ms.Tensor(65536, ms.int64)
+    mask = ms.Tensor(65535, ms.int64)
     channels = ()
     for i in range(digits):
-        q = ops.floor_divide(value, 2 ** (16 * i)) if i else value
-        c = q if i == digits - 1 else ops.floor_mod(q, 65536)   # the top digit keeps the sign
-        channels = channels + (ops.cast(c, ms.float32),)
+        if i == digits - 1:
+            channels = channels + (ops.cast(value, ms.float32),)     # the top digit keeps the sign
+        else:
+            # bitwise_and, not floor_mod: the CPU FloorMod kernel rounds int64 through float64.
+            channels = channels + (ops.cast(ops.bitwise_and(value, mask), ms.float32),)
+            value = ops.floor_divide(value, base)
     return ops.stack(channels, -1)
 
 
@@ -51,5 +56,5 @@ def decode(y, dtype):
     digits = ops.cast(y, ms.int64)
     total = digits[..., 0]
     for i in range(1, y.shape[-1]):
-        total = total + digits[..., i] * (2 ** (16 * i))
+        total = total + digits[..., i] * ms.Tensor(2 ** (16 * i), ms.int64)
     return ops.cast(total, dtype)

@@ -1,0 +1,115 @@
+"""The launcher's pieces without msrun: argument checks, the per-rank entry's reports, failure
+detection from the status files, log streaming and the final exit code."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mf_parallel import ParallelConfigError, launch
+from mf_parallel.launcher import _ENTRY, _exit_code, _find_failure, _finish, _Tail
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(nprocs=0), "-n/--nproc must be a positive integer, got 0"),
+    (dict(nodes=2, node_rank=2, master_port=9000), r"--node-rank must be in 0..1, got 2"),
+    (dict(master_port=80), "--master-port must be a port number in 1024..65535, got 80"),
+    (dict(nodes=2, node_rank=1), "--master-port is required with more than one node"),
+    (dict(argv=["/no/such/script.py"]), "script /no/such/script.py does not exist"),
+    (dict(argv=[]), "no script to run"),
+])
+def test_bad_arguments_are_one_line(tmp_path, kwargs, message):
+    script = tmp_path / "ok.py"
+    script.write_text("print('hi')\n")
+    args = dict(nprocs=2, argv=[str(script)], log_dir=tmp_path / "logs")
+    args.update(kwargs)
+    with pytest.raises(ParallelConfigError, match=message):
+        launch(args.pop("nprocs"), args.pop("argv"), args.pop("log_dir"), **args)
+
+
+def _run_entry(tmp_path: Path, body: str, rank: str = "3") -> tuple[subprocess.CompletedProcess, Path]:
+    script = tmp_path / "job.py"
+    script.write_text(body)
+    status = tmp_path / "status"
+    status.mkdir(exist_ok=True)
+    env = {**os.environ, "MF_LAUNCH_STATUS_DIR": str(status), "RANK_ID": rank}
+    proc = subprocess.run([sys.executable, str(_ENTRY), str(script), "a1"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    return proc, status
+
+
+def test_entry_reports_success(tmp_path):
+    proc, status = _run_entry(tmp_path, "import sys, os\nprint(sys.argv[1:], os.path.basename(sys.path[0]))\n")
+    assert proc.returncode == 0
+    assert "['a1'] " + tmp_path.name in proc.stdout      # argv and sys.path as `python job.py a1` would see
+    assert (status / "rank_3.done").exists() and int((status / "rank_3.pid").read_text()) > 0
+    assert not (status / "rank_3.failed").exists()
+
+
+def test_entry_reports_an_exception(tmp_path):
+    proc, status = _run_entry(tmp_path, "raise ValueError('bad shard at step 3')\n", rank="1")
+    assert proc.returncode == 1
+    assert "ValueError: bad shard at step 3" in proc.stderr
+    assert (status / "rank_1.failed").read_text().startswith("ValueError: bad shard at step 3")
+    assert not (status / "rank_1.done").exists()
+
+
+def test_entry_reports_a_nonzero_exit(tmp_path):
+    proc, status = _run_entry(tmp_path, "import sys\nsys.exit(3)\n")
+    assert proc.returncode == 3
+    message = (status / "rank_3.failed").read_text()
+    assert message.startswith("exited with code 3") and _exit_code(message) == 3
+
+
+def test_failure_detection(tmp_path):
+    status = tmp_path / "status"
+    status.mkdir()
+    pids: dict[str, int] = {}
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (status / "rank_0.pid").write_text(str(live.pid))
+        assert _find_failure(status, pids) is None
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        (status / "rank_1.pid").write_text(str(dead.pid))
+        rank, message = _find_failure(status, pids)
+        assert rank == "1" and "died without reporting an error" in message
+        (status / "rank_1.done").write_text("ok\n")                      # a finished rank is not a failure
+        assert _find_failure(status, pids) is None
+        (status / "rank_0.failed").write_text("RuntimeError: boom\n\ntraceback")
+        assert _find_failure(status, pids) == ("0", "RuntimeError: boom\n\ntraceback")
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_tail_streams_whole_lines(tmp_path):
+    log = tmp_path / "worker_0.log"
+    out = io.StringIO()
+    tail = _Tail(log, out)
+    tail.pump()                                   # no file yet
+    log.write_text("step 1\nstep 2\npart")
+    tail.pump()
+    assert out.getvalue() == "step 1\nstep 2\n"
+    with open(log, "a") as f:
+        f.write("ial line\n")
+    tail.pump()
+    tail.flush()
+    assert out.getvalue() == "step 1\nstep 2\npartial line\n"
+
+
+def test_finish_codes(tmp_path):
+    status = tmp_path / ".status"
+    status.mkdir()
+    out = io.StringIO()
+    (status / "rank_0.done").write_text("ok")
+    assert _finish(0, status, 2, tmp_path, out) == 1 and "only 1 of 2 ranks finished" in out.getvalue()
+    (status / "rank_1.done").write_text("ok")
+    assert _finish(0, status, 2, tmp_path, out) == 0
+    assert _finish(1, status, 2, tmp_path, out) == 0 and "all 2 ranks finished; msrun itself exited with code 1" \
+        in out.getvalue()

@@ -1,0 +1,172 @@
+"""Loss parity: N training steps of the tiny model under a parallel layout give the per-step losses,
+gradient norms and final (gathered) weights of one process training on the same global batch.
+
+Usage: _parity_worker.py CASE [CASE ...]; the cases of one world size share one launch. The
+reference runs in this same process but touches nothing of mf-parallel: the plain model, MindSpore's
+own sparse cross entropy, an independently written global-norm clip, full batches.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import mindspore as ms
+import numpy as np
+from _results import emit, run_check
+from _tiny_model import ParallelLoss, ReferenceClip, ReferenceLoss, TinyArgs, TrainStep, batches, build, parallelize
+from mindspore import Tensor
+
+import mf_parallel as mp
+
+ARGS = TinyArgs()
+STEPS = 8
+GLOBAL_BATCH = 4
+SEED = 3
+MAX_NORM = 1.0
+RTOL = 1e-5
+
+# name -> (ParallelDims keywords, reshard policy, average gradients over dp, mode)
+CASES = {
+    "fsdp2": (dict(dp_shard=2), "always", False, "pynative"),
+    "fsdp2_graph": (dict(dp_shard=2), "default", True, "graph"),
+    "tp2": (dict(tp=2), "default", False, "pynative"),
+    "tp2_graph": (dict(tp=2), "default", False, "graph"),
+    "ddp2": (dict(dp_replicate=2, dp_shard=1), "default", True, "pynative"),
+    "hsdp2x2": (dict(dp_replicate=2, dp_shard=2), "never", False, "pynative"),
+    "fsdp2_tp2": (dict(dp_shard=2, tp=2), "always", False, "pynative"),
+    "fsdp2_tp2_graph": (dict(dp_shard=2, tp=2), "default", True, "graph"),
+}
+
+_REFERENCE: dict = {}
+
+
+def reference(steps: int = STEPS, start: dict | None = None):
+    """Losses, norms and final weights of the one-process run (cached per start state)."""
+    key = (steps, None if start is None else id(start))
+    if key in _REFERENCE:
+        return _REFERENCE[key]
+    ms.set_context(mode=ms.GRAPH_MODE)   # compiled once: the cheapest way through 8 steps
+    model = build(ARGS, SEED)
+    if start is not None:
+        for name, p in model.parameters_and_names():
+            p.set_data(Tensor(start[name]))
+    step = TrainStep(ReferenceLoss(model), ReferenceClip(MAX_NORM))
+    losses, norms = [], []
+    data = batches(ARGS, STEPS + 2, GLOBAL_BATCH)
+    chosen = data[:steps] if start is None else data[STEPS:STEPS + steps]
+    for ids, labels, mask in chosen:
+        loss, norm = step(Tensor(ids), Tensor(labels), Tensor(mask), Tensor(np.float32(mask.sum())))
+        losses.append(float(loss.asnumpy()))
+        norms.append(float(norm.asnumpy()))
+    weights = {name: p.asnumpy().copy() for name, p in model.parameters_and_names()}
+    _REFERENCE[key] = (losses, norms, weights)
+    return _REFERENCE[key]
+
+
+def train_parallel(model, mesh, divide: bool, data):
+    """Run the parallel model over `data`; returns (global losses, global norms, comm snapshot of step 1)."""
+    dims = mesh.dims
+    params = model.trainable_params()
+    step = TrainStep(ParallelLoss(model, mesh["tp"]), mp.GlobalNormClip(model, params, mesh, MAX_NORM))
+    dp_rank = dims.dp_rank(mesh.rank)
+    rows = GLOBAL_BATCH // dims.dp
+    losses, norms, comm = [], [], {}
+    for i, (ids, labels, mask) in enumerate(data):
+        sl = slice(dp_rank * rows, (dp_rank + 1) * rows)
+        denom = mask.sum() / (dims.dp if divide else 1)
+        mp.comm_stats().reset()
+        loss, norm = step(Tensor(ids[sl]), Tensor(labels[sl]), Tensor(mask[sl]), Tensor(np.float32(denom)))
+        loss.asnumpy()
+        if i == 1:
+            comm = mp.comm_stats().snapshot()
+        total = mp.all_reduce(loss.reshape((1,)), mesh["dp"]).asnumpy()[0] / (dims.dp if divide else 1)
+        losses.append(float(total))
+        norms.append(float(norm.asnumpy()))
+    return losses, norms, comm
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
+
+
+def _weights_match(full: dict, ref: dict) -> tuple[bool, str]:
+    if set(full) != set(ref):
+        return False, f"parameter names differ: {sorted(set(full) ^ set(ref))}"
+    worst = max(((name, float(np.max(np.abs(full[name] - ref[name])))) for name in ref), key=lambda t: t[1])
+    ok = all(np.allclose(full[name], ref[name], rtol=RTOL, atol=1e-6) for name in ref)
+    return ok, f"largest weight difference {worst[1]:.2e} ({worst[0]})"
+
+
+def run_case(name: str):
+    kwargs, policy, divide, mode = CASES[name]
+    ref_losses, ref_norms, ref_weights = reference()
+    dims = mp.ParallelDims(mesh_world(), **kwargs)
+    mesh = mp.init_mesh(dims)
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    start = time.monotonic()
+    model = parallelize(build(ARGS, SEED), ARGS, mesh, policy, divide)
+    losses, norms, comm = train_parallel(model, mesh, divide, batches(ARGS, STEPS + 2, GLOBAL_BATCH)[:STEPS])
+    seconds = time.monotonic() - start
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    full = mp.gather_full_state(model, mesh)
+    w_ok, w_detail = _weights_match(full, ref_weights)
+    loss_err, norm_err = _rel(losses, ref_losses), _rel(norms, ref_norms)
+    clipped = sum(n > MAX_NORM for n in ref_norms)
+    ok = loss_err <= RTOL and norm_err <= RTOL and w_ok and clipped > 0
+    detail = (f"{dims.describe()} policy={policy} divide={divide} mode={mode}: loss rel err {loss_err:.2e}, "
+              f"grad-norm rel err {norm_err:.2e}, {clipped}/{STEPS} steps clipped, {w_detail}; {seconds:.1f}s")
+    emit(f"parity[{name}]", ok, detail, losses=losses, reference=ref_losses, comm=comm)
+    return model, mesh, full
+
+
+def check_layout_tiles(model, mesh):
+    """Replica-0 blocks of every rank cover each global tensor exactly once (what a sharded save writes)."""
+    meta = mp.shard_metadata(model, mesh)
+    every = mp.Communicator().all_gather_object(meta)
+    for name in meta:
+        shape = tuple(meta[name]["global_shape"])
+        cover = np.zeros(shape, np.int32)
+        for rank_meta in every:
+            m = rank_meta[name]
+            if m["replica_id"] == 0 and all(s > 0 for s in m["shape"]):
+                cover[tuple(slice(o, o + s) for o, s in zip(m["offset"], m["shape"]))] += 1
+        if not np.all(cover == 1):
+            return False, f"{name}: replica-0 blocks cover elements {np.unique(cover).tolist()} times"
+    return True, f"{len(meta)} parameters tile exactly"
+
+
+def check_reload(name: str, full: dict):
+    """Load full weights into a freshly parallelized model (reshard 1 -> layout) and train on:
+    same losses as the one-process run continuing from the same weights."""
+    kwargs, policy, divide, mode = CASES[name]
+    mesh = mp.init_mesh(mp.ParallelDims(mesh_world(), **kwargs))
+    model = parallelize(build(ARGS, SEED + 1), ARGS, mesh, policy, divide)    # different init, then load
+    mp.load_full_state(model, mesh, full)
+    losses, _, _ = train_parallel(model, mesh, divide, batches(ARGS, STEPS + 2, GLOBAL_BATCH)[STEPS:])
+    ref_losses, _, _ = reference(2, start=full)
+    err = _rel(losses, ref_losses)
+    return err <= RTOL, f"continued losses {losses} vs {ref_losses}: rel err {err:.2e}"
+
+
+def mesh_world() -> int:
+    return mp.init_distributed()[1]
+
+
+def main(names):
+    for name in names:
+        try:
+            model, mesh, full = run_case(name)
+        except Exception as exc:  # report and continue with the next case
+            import traceback
+
+            emit(f"parity[{name}]", False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}")
+            continue
+        if name == "fsdp2_tp2":
+            run_check(f"layout_tiles[{name}]", check_layout_tiles, model, mesh)
+            run_check(f"reload[{name}]", check_reload, name, full)
+    emit("done", True)
+
+
+main(sys.argv[1:])
