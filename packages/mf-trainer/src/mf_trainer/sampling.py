@@ -46,6 +46,8 @@ def generate_samples(model, inf, tokenizer_path: str, seed: int) -> list[dict]:
     import mf_models
 
     tokenizer = mf_data.SentencePieceTokenizer(tokenizer_path)
+    if tokenizer.vocab_size > model.args.vocab_size:
+        raise ValueError(f"tokenizer.path: {tokenizer.vocab_size} pieces exceed model.vocab_size {model.args.vocab_size}")
     eod = tokenizer.eod
     eos = list(inf.stop_token_ids or []) or ([eod] if eod is not None else None)
     pad = eod if eod is not None else 0
@@ -61,6 +63,8 @@ def generate_samples(model, inf, tokenizer_path: str, seed: int) -> list[dict]:
         for prompt, row in zip(batch, out[:, ids.shape[1]:].tolist()):
             if eos:
                 row = row[: next((i for i, t in enumerate(row) if t in eos), len(row))]
+            # A model vocabulary padded beyond the tokenizer's can emit ids it cannot decode.
+            row = [t for t in row if t < tokenizer.vocab_size]
             completion = tokenizer.decode(row)
             results.append({"prompt": prompt, "completion": completion})
             log.info("sample: %s|%s", prompt, completion)

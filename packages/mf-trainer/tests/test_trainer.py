@@ -1,0 +1,134 @@
+"""The Trainer end to end on a 2-layer llama over a corpus written with mf-data's builder."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import mf_config
+import mf_models
+from mf_trainer import Callback, StopAtStep, Trainer, register_callback
+
+
+@register_callback
+class RecordHooks(Callback):
+    calls: list = []
+
+    def __init__(self, tag: str = "x"):
+        RecordHooks.calls = []
+
+    def on_train_begin(self, trainer):
+        self.calls.append(("begin", trainer.state.step))
+
+    def on_step_begin(self, trainer, step):
+        self.calls.append(("step_begin", step))
+
+    def on_step_end(self, trainer, metrics):
+        self.calls.append(("step_end", metrics["step"]))
+
+    def on_save(self, trainer, step, path):
+        self.calls.append(("save", step))
+
+    def on_train_end(self, trainer):
+        self.calls.append(("end", trainer.state.step))
+
+
+def _trainer(raw, callbacks=()):
+    return Trainer(mf_config.load_config(raw), callbacks=list(callbacks))
+
+
+def _weights(trainer):
+    return {k: v.copy() for k, v in mf_models.model_state(trainer.model).items()}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_model(tmp_path_factory):
+    from pydoc_data.topics import topics
+
+    import mf_data
+
+    d = tmp_path_factory.mktemp("spm")
+    corpus = d / "c.jsonl"
+    # lower-case letters and spaces only: few enough characters for a 60-piece vocabulary
+    texts = ["".join(c for c in topics[t].lower() if c.isascii() and (c.isalpha() or c == " "))
+             for t in sorted(topics)[:20]]
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    mf_data.train_sentencepiece([str(corpus)], str(d / "t.model"), 60)
+    return str(d / "t.model")
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, tiny_corpus, tokenizer_model, tiny_config):
+    """6 uninterrupted steps, with every optional feature that does not change the numbers."""
+    out = tmp_path_factory.mktemp("full")
+    raw = tiny_config(out, tiny_corpus,
+                      checkpoint={"save_interleaved_steps": 2, "save_max": 2},
+                      recompute={"mode": "select", "select_module": {"attention": ["0"]}},
+                      profiler={"enable_profiling": True, "start_step": 2, "end_step": 2},
+                      callbacks=[{"type": "RecordHooks", "tag": "full"}],
+                      tokenizer={"path": tokenizer_model},
+                      inference={"prompts": ["The for statement", "x"], "max_new_tokens": 5,
+                                 "batch_size": 2, "output_file": str(out / "samples.jsonl")})
+    trainer = _trainer(raw)
+    result = trainer.train()
+    return trainer, result, out, list(RecordHooks.calls)
+
+
+def test_loss_falls_and_metrics_are_written(full_run):
+    trainer, result, out, _ = full_run
+    assert result.step == 6 and len(result.losses) == 6
+    assert result.losses[-1] < result.losses[0] - 0.2
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in rows] == pytest.approx(result.losses, rel=0, abs=0)
+    for key in ("lr", "grad_norm", "step_time_s", "tokens_per_s", "mfu", "rss_bytes", "consumed_samples"):
+        assert all(key in r for r in rows), key
+    assert rows[-1]["consumed_samples"] == 6 * 4
+    # CosineWithWarmUpLR, warmup 2 of 6 steps: 0, lr/2, lr, then the cosine at progress 1/4
+    assert [r["lr"] for r in rows[:3]] == [0.0, 1.5e-3, 3e-3]
+    assert rows[3]["lr"] == pytest.approx(1e-4 + (3e-3 - 1e-4) * 0.5 * (1 + np.cos(np.pi / 4)), rel=1e-12)
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_checkpoints_rotate_and_hooks_fire_in_order(full_run):
+    trainer, result, out, calls = full_run
+    ckpt = out / "checkpoint"
+    assert sorted(p.name for p in ckpt.glob("iteration_*")) == ["iteration_00000004", "iteration_00000006"]
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
+    assert result.checkpoint.endswith("iteration_00000006")
+    expected = [("begin", 0)]
+    for step in range(1, 7):
+        expected += [("step_begin", step), ("step_end", step)] + ([("save", step)] if step % 2 == 0 else [])
+    assert calls == expected + [("end", 6)]
+    common = json.loads((ckpt / "iteration_00000006" / "common.json").read_text())
+    blob = json.dumps(common)
+    for key in ("consumed_samples", "optimizer_step", "rng", "hf_config", "train_config", "lr_schedule"):
+        assert key in blob
+
+
+def test_profiler_and_end_of_training_sample(full_run):
+    _, result, out, _ = full_run
+    assert list((out / "profile").rglob("*.csv")) or list((out / "profile").rglob("*.json"))
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == ["The for statement", "x"] and rows == result.samples
+    assert all(isinstance(r["completion"], str) for r in rows)
+
+
+def test_interrupted_and_resumed_run_matches_bit_for_bit(full_run, tmp_path, tiny_corpus, tiny_config):
+    full_trainer, full_result, _, _ = full_run
+    raw = tiny_config(tmp_path, tiny_corpus, checkpoint={"save_interleaved_steps": 2, "save_max": 2},
+                      recompute={"mode": "select", "select_module": {"attention": ["0"]}})
+    first = _trainer(raw, [StopAtStep(3)]).train()
+    assert first.step == 3 and first.checkpoint.endswith("iteration_00000003")
+    resumed_trainer = _trainer({**raw, "checkpoint": {**raw["checkpoint"],
+                                                      "load_path": str(tmp_path / "checkpoint")}})
+    assert resumed_trainer.state.step == 3 and resumed_trainer.optimizer.step == 3
+    second = resumed_trainer.train()
+    assert first.losses + second.losses == full_result.losses  # exact float equality
+    full_w, resumed_w = _weights(full_trainer), _weights(resumed_trainer)
+    assert all(np.array_equal(full_w[k], resumed_w[k]) for k in full_w)
+    # metrics.jsonl holds one line per step of the combined history
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
