@@ -18,10 +18,14 @@ from mf_cli.errors import UsageError
 # name -> one-line help. The module `mf_cli.commands.<name>` implements it.
 COMMANDS: dict[str, str] = {
     "config": "validate or show a training YAML",
+    "train": "train a model as a YAML describes (mf train CONFIG [--set KEY=VALUE ...])",
 }
 
 # Sub-commands that hand their whole argument list to another package's own CLI.
-DELEGATED: dict[str, str] = {}
+DELEGATED: dict[str, str] = {
+    "data": "datasets: preprocess, train-tokenizer, inspect, make-demo-corpus (the mf-data CLI)",
+    "ckpt": "checkpoints: inspect, verify, merge, convert (the mf-ckpt CLI)",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
