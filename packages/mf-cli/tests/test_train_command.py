@@ -1,0 +1,111 @@
+"""`mf train`, `mf data`, `mf ckpt` through the real entry point (a subprocess running `mf`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from mf_cli.main import main
+
+
+def _mf(*args, cwd=None):
+    env = {**os.environ, "GLOG_v": "3"}
+    return subprocess.run([sys.executable, "-m", "mf_cli.main", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    import mf_data
+
+    prefix = str(tmp_path_factory.mktemp("data") / "toy_text_document")
+    rng = np.random.RandomState(0)
+    builder = mf_data.IndexedDatasetBuilder(mf_data.get_bin_path(prefix), dtype=np.uint16)
+    for _ in range(40):
+        start, length = rng.randint(0, 60), rng.randint(40, 100)
+        builder.add_item(np.append((start + np.arange(length) * 3) % 61 + 2, 1).astype(np.uint16))
+        builder.end_document()
+    builder.finalize(mf_data.get_idx_path(prefix))
+    return prefix
+
+
+def _yaml(tmp_path, corpus, **changes) -> str:
+    cfg = {
+        "output_dir": str(tmp_path / "out"),
+        "training": {"steps": 2, "local_batch_size": 2, "global_batch_size": 2},
+        "lr_scheduler": {"learning_rate": 1e-3},
+        "train_dataset": {"dataloader": {
+            "type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset", "sizes": [100, 0, 0],
+            "column_names": ["input_ids", "labels", "loss_mask", "position_ids"],
+            "config": {"seq_length": 16, "split": "1,0,0", "eod": 1, "pad": 0, "create_attention_mask": False,
+                       "data_path": ["1", corpus]}}, "num_parallel_workers": 1},
+        "model": {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+                  "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
+        "monitor": {"peak_flops_per_device": 1e11},
+    }
+    for section, value in changes.items():
+        cfg[section] = {**cfg.get(section, {}), **value}
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def test_train_runs_saves_and_reports(tmp_path, corpus):
+    out = _mf("train", _yaml(tmp_path, corpus), "--set", "training.steps=3")
+    assert out.returncode == 0, out.stderr
+    assert "step 3/3" in out.stdout
+    assert out.stdout.splitlines()[-1].startswith("mf train: done at step 3, final loss ")
+    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    # the delegated checkpoint tool reads what training wrote
+    inspect = _mf("ckpt", "inspect", str(tmp_path / "out" / "checkpoint"))
+    assert inspect.returncode == 0, inspect.stderr
+    assert "tok_embeddings.weight" in inspect.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "training.stpes=3"], "mf train: error: training.stpes: unknown key; did you mean 'steps'?"),
+    (["--set", "model.hiden_size=8"], "mf train: error: model.hiden_size: unknown key for llama"),
+    (["--set", "parallelism.tensor_parallel=2"], "mf train: error: parallelism.tensor_parallel: 2 > 1 needs 2 ranks"),
+    (["--set", "lr_scheduler.type=Cosine"], "mf train: error: lr_scheduler.type: unknown scheduler 'Cosine'"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, corpus, capsys, args, message):
+    # in-process (the same main() the console script calls), to spare a MindSpore start per case
+    assert main(["train", _yaml(tmp_path, corpus), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "out" / "checkpoint").exists()
+
+
+def test_missing_data_and_missing_yaml_exit_2(tmp_path, corpus, capsys):
+    data_path = f"train_dataset.dataloader.config.data_path=['1', '{tmp_path}/none']"
+    assert main(["train", _yaml(tmp_path, corpus), "--set", data_path]) == 2
+    err = capsys.readouterr().err
+    assert "none.idx" in err and err.count("\n") == 1
+    assert main(["train", str(tmp_path / "absent.yaml")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_failure_during_training_exits_1_with_the_reason(tmp_path, corpus):
+    # An absurd learning rate blows the weights up; every later step is non-finite.
+    path = _yaml(tmp_path, corpus, context={"mode": 1}, training={"steps": 4, "max_consecutive_nonfinite": 1},
+                 lr_scheduler={"learning_rate": 1e30})
+    out = _mf("train", path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("mf train: training failed: 1 non-finite steps in a row")
+    assert "error.log" in last and (tmp_path / "out" / "error.log").read_text().startswith("Traceback")
+
+
+def test_data_commands_are_delegated(tmp_path):
+    out = _mf("data", "make-demo-corpus", str(tmp_path / "demo"))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "demo" / "corpus.jsonl").stat().st_size > 100_000
+    out = _mf("data", "no-such-tool")
+    assert out.returncode == 2
