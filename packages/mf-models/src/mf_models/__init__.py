@@ -4,9 +4,13 @@
     logits = model(input_ids)                       # [B, S, V] float32
     model = mf_models.load_hf("path/to/hf_dir")     # config.json + safetensors via mf-ckpt
     out = mf_models.generate(model, prompt, max_new_tokens=20)
+    engine = mf_models.InferenceEngine(model, max_slots=8)   # continuous batching (mf_models.inference)
+    done = engine.generate([[1, 5, 9], [1, 7]], mf_models.SamplingParams(max_new_tokens=32))
+
+The OpenAI-compatible HTTP server is `mf_models.serving` (extra `serve`: starlette, uvicorn).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .common.args import BaseArgs
 from .common.attention import KVCache
@@ -14,6 +18,7 @@ from .common.transformer import CausalLM, init_weights
 from .deepseek_v3 import DeepseekV3Args, DeepseekV3ForCausalLM
 from .errors import ModelConfigError, ModelStateError
 from .generation import generate
+from .inference import InferenceEngine, SamplingParams, load_pretrained
 from .llama import LlamaArgs, LlamaForCausalLM
 from .presets import tiny_model_section
 from .qwen3 import Qwen3Args, Qwen3ForCausalLM
@@ -22,8 +27,8 @@ from .state import load_hf, load_state, model_state
 
 __all__ = [
     "__version__",
-    "BaseArgs", "CausalLM", "KVCache", "ModelConfigError", "ModelSpec", "ModelStateError",
+    "BaseArgs", "CausalLM", "InferenceEngine", "KVCache", "ModelConfigError", "ModelSpec", "ModelStateError",
     "LlamaArgs", "LlamaForCausalLM", "Qwen3Args", "Qwen3ForCausalLM", "DeepseekV3Args", "DeepseekV3ForCausalLM",
     "available_models", "build_args", "build_model", "generate", "init_weights", "load_hf", "load_state",
-    "model_state", "register_model", "resolve_spec", "tiny_model_section",
+    "load_pretrained", "model_state", "register_model", "resolve_spec", "SamplingParams", "tiny_model_section",
 ]

@@ -28,7 +28,10 @@ class CausalLM(nn.Cell):
       Megatron's reset_position_ids packing just passes restarting positions.
     - attention_mask: Megatron convention, bool/int [B, 1, S, S] (or broadcastable), True/1 = masked
       out; OR-ed with the causal mask (e.g. reset_attention_mask's block-diagonal causal mask).
-    - cache: a `KVCache` (used by `generate`; works eagerly and compiled).
+    - cache: a `KVCache` (used by `generate`; works eagerly and compiled), or any Cell with its
+      protocol: `begin(seq)` -> query positions, `causal_mask(query_positions, attention_mask)`,
+      `update(layer_id, k, v)` -> keys/values to attend over (the slot views of
+      `mf_models.inference` keep one sequence per batch row at its own position).
     """
 
     def __init__(self, args: BaseArgs, rope_dim: int, make_block: Callable[[int, ms.Type, ms.Type], nn.Cell]):
@@ -46,6 +49,11 @@ class CausalLM(nn.Cell):
         self.rope = RotaryEmbedding(*rope_frequencies(args.rope, rope_dim, args.max_position_embeddings))
 
     def construct(self, input_ids, position_ids=None, attention_mask=None, cache=None):
+        return self.head(self.hidden_states(input_ids, position_ids, attention_mask, cache))
+
+    def hidden_states(self, input_ids, position_ids=None, attention_mask=None, cache=None):
+        """The final-norm hidden states [B, S, H]: `construct` without the output projection, for
+        callers that need the logits of a few positions only (generation's last position)."""
         batch, seq = input_ids.shape
         if cache is None:
             query_positions = ops.arange(0, seq, dtype=ms.int32)
@@ -59,7 +67,10 @@ class CausalLM(nn.Cell):
         h = self.tok_embeddings(input_ids).astype(self.compute_dtype)
         for layer in self.layers:
             h = layer(h, cos, sin, mask, cache)
-        h = self.norm(h)
+        return self.norm(h)
+
+    def head(self, h):
+        """Logits (float32) of hidden states [..., H]."""
         if self.tie_word_embeddings:
             logits = linear(h, self.tok_embeddings.weight.astype(self.compute_dtype))
         else:

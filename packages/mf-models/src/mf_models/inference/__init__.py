@@ -1,0 +1,20 @@
+"""Batched generation with continuous batching over the mf models.
+
+    from mf_models.inference import InferenceEngine, SamplingParams
+    engine = InferenceEngine(model, max_slots=8, max_len=1024)
+    done = engine.generate([[1, 5, 9], [1, 7]], SamplingParams(max_new_tokens=32, do_sample=True, top_p=0.9, seed=0))
+    done[0].output_ids, done[0].finish_reason, engine.stats.tokens_per_second
+"""
+
+from .cache import DecodeView, PrefillView, SlotKVCache
+from .engine import EngineStats, InferenceEngine
+from .loading import Pretrained, load_pretrained, load_weights, read_checkpoint_info
+from .sampling import SamplingParams, TokenChooser
+from .scheduler import Request, RequestError
+from .text import TextStream
+
+__all__ = [
+    "DecodeView", "EngineStats", "InferenceEngine", "PrefillView", "Pretrained", "Request", "RequestError",
+    "SamplingParams", "SlotKVCache", "TextStream", "TokenChooser", "load_pretrained", "load_weights",
+    "read_checkpoint_info",
+]

@@ -1,0 +1,267 @@
+"""Continuous-batching generation: a fixed number of slots, requests joining and leaving between steps.
+
+    engine = InferenceEngine(model, max_slots=8, max_len=1024)
+    results = engine.generate([[1, 5, 9], [1, 7]], SamplingParams(max_new_tokens=32))
+    request = engine.submit(ids, params, on_update=callback)   # from any thread; engine.step() runs it
+
+One engine step: requests that asked to stop leave; waiting requests take the free slots, each
+prefilled on its own (prompt padded to a length bucket, first token chosen in the same call);
+then ONE compiled decode call advances every occupied slot by a token at the slot's own position.
+Per token, the host sends the slots' last tokens and positions ([slots] int32 each, plus the
+sampling rows' uniform draws) and receives [slots] token ids. Graph count is bounded: one prefill
+graph per prompt bucket and one decode graph per attention-length bucket (x greedy / sampling),
+compiled on first use in GRAPH_MODE and reused for the engine's life. In PyNative it runs eagerly
+and synchronously (see generation.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor
+
+from ..common.transformer import CausalLM
+from ..generation import _synchronous_pynative
+from .cache import DecodeView, PrefillView, SlotKVCache
+from .sampling import SamplingParams, SlotSettings, TokenChooser
+from .scheduler import Request, RequestError, Scheduler, length_buckets, pick_bucket
+from .steps import DecodeStep, PrefillStep
+
+log = logging.getLogger("mf_models")
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine was built (or `reset`)."""
+
+    prefill_calls: int = 0
+    prompt_tokens: int = 0
+    decode_steps: int = 0
+    generated_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    graphs_built: int = 0
+
+    @property
+    def tokens_per_second(self) -> float:
+        busy = self.prefill_seconds + self.decode_seconds
+        return self.generated_tokens / busy if busy > 0 else 0.0
+
+    def reset(self) -> None:
+        graphs = self.graphs_built
+        self.__init__()  # type: ignore[misc]
+        self.graphs_built = graphs
+
+
+class InferenceEngine:
+    """Prefill + decode over a `SlotKVCache` of `max_slots` sequences of up to `max_len` tokens.
+
+    - `max_len`: prompt + generated tokens per request (default: the model's
+      max_position_embeddings, at most 2048). The cache holds max_slots x max_len positions.
+    - `eos_token_ids`: stop ids of every request (default: the model config's eos_token_id);
+      a request adds its own `stop_token_ids` and may set `ignore_eos`.
+    - `min_prefill_bucket` / `min_decode_bucket`: smallest prompt / attention buckets; buckets
+      double up to max_len.
+    """
+
+    def __init__(self, model: CausalLM, *, max_slots: int = 8, max_len: int | None = None,
+                 eos_token_ids: Sequence[int] | None = None, min_prefill_bucket: int = 16,
+                 min_decode_bucket: int = 64):
+        limit = model.args.max_position_embeddings
+        max_len = min(limit, 2048) if max_len is None else max_len
+        for name, value in (("max_slots", max_slots), ("max_len", max_len), ("min_prefill_bucket", min_prefill_bucket),
+                            ("min_decode_bucket", min_decode_bucket)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"InferenceEngine: {name} must be a positive integer, got {value!r}")
+        if max_len < 2:
+            raise ValueError(f"InferenceEngine: max_len must be at least 2, got {max_len}")
+        if max_len > limit:
+            raise ValueError(f"InferenceEngine: max_len {max_len} exceeds the model's max_position_embeddings {limit}")
+        self.model = model
+        self.vocab_size = model.args.vocab_size
+        self.max_slots, self.max_len = max_slots, max_len
+        self.eos_token_ids = tuple(int(t) for t in (model.args.eos_token_ids if eos_token_ids is None else eos_token_ids))
+        self.prefill_buckets = length_buckets(min(min_prefill_bucket, max_len), max_len)
+        self.decode_buckets = length_buckets(min(min_decode_bucket, max_len), max_len)
+        self.cache = SlotKVCache.for_model(model, max_slots, max_len)
+        self.scheduler = Scheduler(max_slots)
+        self.settings = SlotSettings(max_slots)
+        self.tokens = np.zeros(max_slots, np.int32)      # each slot's last token (next decode input)
+        self.positions = np.zeros(max_slots, np.int32)   # ... and its position (= keys cached so far)
+        self._choosers = {s: TokenChooser(self.vocab_size, s) for s in (False, True)}
+        self._prefill: dict[tuple[int, bool], PrefillStep] = {}
+        self._decode: dict[tuple[int, bool], DecodeStep] = {}
+        self.stats = EngineStats()
+        log.info("inference engine: %d slots x %d positions, KV cache %.1f MB, prefill buckets %s, decode buckets %s",
+                 max_slots, max_len, self.cache.nbytes() / 1e6, self.prefill_buckets, self.decode_buckets)
+
+    # ---- requests ------------------------------------------------------------------------------
+    def make_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
+                     on_update: Callable[[Request, list[int]], None] | None = None) -> Request:
+        """A validated request (not yet queued). Raises `RequestError` with one line."""
+        params = params or SamplingParams()
+        try:
+            ids = [int(t) for t in prompt_ids]
+        except (TypeError, ValueError):
+            raise RequestError("prompt token ids must be integers") from None
+        if not ids:
+            raise RequestError("the prompt is empty (at least one token is needed)")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if len(ids) + params.max_new_tokens > self.max_len:
+            raise RequestError(f"prompt of {len(ids)} tokens + max_new_tokens {params.max_new_tokens} exceeds the "
+                               f"engine's max length {self.max_len}")
+        stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
+        return Request(ids, params, frozenset(stop), on_update)
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
+               on_update: Callable[[Request, list[int]], None] | None = None) -> Request:
+        """Queue a request (thread-safe); it joins a slot at the start of an engine step.
+        `on_update(request, new_ids)` is called from the engine's thread after every token and
+        once more when it finishes (new_ids empty if it ended without a new token)."""
+        request = self.make_request(prompt_ids, params, on_update)
+        self.scheduler.submit(request)
+        return request
+
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 on_update: Callable[[Request, list[int]], None] | None = None) -> list[Request]:
+        """Run `prompts` to completion (at most max_slots at a time, the others joining as slots
+        free up); returns the finished requests in prompt order. `on_update` as in `submit`."""
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"generate: {len(prompts)} prompts but {len(params)} sampling settings")
+        requests = [self.make_request(p, s, on_update) for p, s in zip(prompts, params)]  # all checked first
+        for request in requests:
+            self.scheduler.submit(request)
+        while not all(r.finished for r in requests):
+            self.step()
+        return requests
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.scheduler.active()) or self.scheduler.waiting > 0
+
+    def step(self) -> None:
+        """Drop cancelled requests, seat waiting ones (prefill), then one decode step for all."""
+        with _synchronous_pynative():
+            for request in self.scheduler.take_cancelled_waiting():
+                self._finish(request, request._cancel_reason or "cancelled", [])
+            for request in self.scheduler.active():
+                if request._cancel_reason is not None:
+                    self._finish(request, request._cancel_reason, [])
+            for request in self.scheduler.admit():
+                self._prefill_one(request)
+            active = self.scheduler.active()
+            if active:
+                self._decode_all(active)
+
+    def run_forever(self, should_stop: Callable[[], bool], idle_wait: float = 0.05) -> None:
+        """Serve submitted requests until `should_stop()` (for a server's engine thread)."""
+        while not should_stop():
+            if self.scheduler.wait_for_work(idle_wait):
+                self.step()
+
+    def abort_all(self, reason: str = "error") -> None:
+        """Finish every active and waiting request with `reason` (after an engine failure)."""
+        for request in self.scheduler.active() + self.scheduler.take_all_waiting():
+            self._finish(request, request._cancel_reason or reason, [])
+
+    def warmup(self) -> None:
+        """Compile the smallest prefill and decode graphs (greedy) before the first request."""
+        self.generate([[0]], SamplingParams(max_new_tokens=2, ignore_eos=True))
+        self.stats.reset()
+
+    # ---- compiled steps ------------------------------------------------------------------------
+    def _prefill_step(self, bucket: int, sample: bool) -> PrefillStep:
+        step = self._prefill.get((bucket, sample))
+        if step is None:
+            step = PrefillStep(self.model, PrefillView(self.cache, bucket), self._choosers[sample])
+            self._prefill[(bucket, sample)] = step
+            self.stats.graphs_built += 1
+        return step
+
+    def _decode_step(self, bucket: int, sample: bool) -> DecodeStep:
+        step = self._decode.get((bucket, sample))
+        if step is None:
+            step = DecodeStep(self.model, DecodeView(self.cache, bucket), self._choosers[sample])
+            self._decode[(bucket, sample)] = step
+            self.stats.graphs_built += 1
+        return step
+
+    def _prefill_one(self, request: Request) -> None:
+        started = time.perf_counter()
+        slot, length = request.slot, len(request.prompt_ids)
+        bucket = pick_bucket(self.prefill_buckets, length)
+        ids = np.zeros((1, bucket), np.int32)
+        ids[0, :length] = request.prompt_ids
+        sample = request.params.do_sample
+        self.settings.set(slot, request.params)
+        if sample:
+            self.settings.uniform[slot] = request.rng.random()
+        step = self._prefill_step(bucket, sample)
+        token = step(Tensor(ids), Tensor([slot], ms.int32), Tensor([length - 1], ms.int32),
+                     *self.settings.tensors([slot])).asnumpy()[0]
+        self.stats.prefill_calls += 1
+        self.stats.prompt_tokens += length
+        self.stats.prefill_seconds += time.perf_counter() - started
+        self.positions[slot] = length
+        self._accept(request, int(token))
+
+    def _decode_all(self, active: list[Request]) -> None:
+        started = time.perf_counter()
+        view = pick_bucket(self.decode_buckets, int(max(self.positions[r.slot] for r in active)) + 1)
+        sample = False
+        for request in active:
+            if request.params.do_sample:
+                sample = True
+                self.settings.uniform[request.slot] = request.rng.random()
+        step = self._decode_step(view, sample)
+        out = step(Tensor(self.tokens), Tensor(self.positions), *self.settings.tensors()).asnumpy()
+        self.stats.decode_steps += 1
+        self.stats.decode_seconds += time.perf_counter() - started
+        for request in active:
+            self.positions[request.slot] += 1
+            self._accept(request, int(out[request.slot]))
+
+    def _accept(self, request: Request, token: int) -> None:
+        self.stats.generated_tokens += 1
+        if request.first_token_at is None:
+            request.first_token_at = time.perf_counter()
+        if token in request.stop_ids:
+            request.stop_token = token
+            self._finish(request, "stop", [])
+            return
+        request.output_ids.append(token)
+        self.tokens[request.slot] = token
+        if len(request.output_ids) >= request.params.max_new_tokens:
+            self._finish(request, "length", [token])
+        else:
+            self._notify(request, [token])
+
+    def _finish(self, request: Request, reason: str, new_ids: list[int]) -> None:
+        request.finish_reason = reason
+        request.finished_at = time.perf_counter()
+        if request.slot is not None:
+            self.tokens[request.slot] = 0
+            self.positions[request.slot] = 0
+            self.settings.clear(request.slot)
+            self.scheduler.release(request)
+        self._notify(request, new_ids)
+        request.done.set()
+
+    def _notify(self, request: Request, new_ids: list[int]) -> None:
+        if request.on_update is None:
+            return
+        try:
+            request.on_update(request, new_ids)
+        except Exception:  # a consumer's failure ends its own request, never the engine
+            log.exception("on_update of request %d failed; cancelling it", request.id)
+            request.cancel("cancelled")

@@ -1,0 +1,100 @@
+"""A model ready to generate from a checkpoint directory, with what the directory says about it.
+
+`load_pretrained(path)` takes anything mf-ckpt loads: a Hugging Face directory (config.json +
+safetensors), an mf save directory (its latest committed iteration) or one iteration directory, or
+a merged directory. The architecture comes from the checkpoint itself (`config.json`, or the
+`hf_config` mf-trainer stores in common.json), so no YAML is needed. Also reported: the EOS ids
+(HF's generation_config.json first, then config.json) and a tokenizer the directory points to
+(`tokenizer.json` / `tokenizer.model` beside the weights, or the training YAML's `tokenizer.path`
+that mf-trainer stores in common.json, when that file still exists).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import mf_ckpt
+
+from ..common.transformer import CausalLM
+from ..registry import build_model
+from ..state import load_state
+
+
+@dataclass
+class Pretrained:
+    model: CausalLM
+    path: str
+    kind: str                       # "hf", "mf" or "safetensors" (mf-ckpt's source kinds)
+    iteration: int | None
+    hf_config: dict[str, Any]
+    eos_token_ids: list[int]
+    tokenizer_path: str | None      # found with the checkpoint, if any
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        base = Path(self.path).resolve()
+        if base.name.startswith("iteration_"):
+            base = base.parent
+        return base.name or "model"
+
+
+def _eos_ids(*values: Any) -> list[int]:
+    for value in values:
+        if value is None:
+            continue
+        ids = value if isinstance(value, list) else [value]
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            return [int(t) for t in ids]
+    return []
+
+
+def _find_tokenizer(path: Path, common: dict, notes: list[str]) -> str | None:
+    for directory in (path, path.parent) if path.name.startswith("iteration_") else (path,):
+        if (directory / "tokenizer.json").is_file():
+            return str(directory)
+        if (directory / "tokenizer.model").is_file():
+            return str(directory / "tokenizer.model")
+    train = common.get("train_config")
+    recorded = train.get("tokenizer", {}).get("path") if isinstance(train, dict) and isinstance(train.get("tokenizer"), dict) else None
+    if recorded:
+        if os.path.exists(recorded):
+            return str(recorded)
+        notes.append(f"the training config's tokenizer.path {recorded} does not exist here")
+    return None
+
+
+def read_checkpoint_info(path: str | os.PathLike) -> tuple[str, int | None, dict[str, Any]]:
+    """(kind, iteration, common) of a checkpoint without reading any tensor."""
+    result = mf_ckpt.load(os.fspath(path), {}, strict=False)
+    return result.kind, result.iteration, dict(result.common)
+
+
+def load_weights(model: CausalLM, path: str | os.PathLike) -> None:
+    """Fill `model` from any checkpoint mf-ckpt loads (strict: every parameter, right shapes)."""
+    state = {name: np.zeros(param.shape, np.float32) for name, param in model.parameters_and_names()}
+    mf_ckpt.load(os.fspath(path), state)
+    load_state(model, state)
+
+
+def load_pretrained(path: str | os.PathLike, **overrides: Any) -> Pretrained:
+    """Build the checkpoint's model and load its weights; `overrides` replace model keys (e.g.
+    compute_dtype="float16"). Raises `mf_ckpt.CheckpointError` or `ModelConfigError` (one line)."""
+    path = Path(path)
+    kind, iteration, common = read_checkpoint_info(path)
+    hf_config = common.get("hf_config")
+    if not isinstance(hf_config, dict):
+        raise mf_ckpt.CheckpointError(
+            f"{path}: the checkpoint does not record its model (no hf_config in common.json); "
+            "give a YAML with the model section and checkpoint.load_path instead")
+    model = build_model({**hf_config, **overrides}, init=False)
+    load_weights(model, path)
+    notes: list[str] = []
+    generation = common.get("hf_generation_config") if isinstance(common.get("hf_generation_config"), dict) else {}
+    eos = _eos_ids(generation.get("eos_token_id"), hf_config.get("eos_token_id"))
+    return Pretrained(model, os.fspath(path), kind, iteration, hf_config, eos, _find_tokenizer(path, common, notes), notes)

@@ -1,0 +1,44 @@
+"""The two Cells the engine calls: prefill one prompt into a slot, and decode one token for every slot.
+
+Both end with the token chooser, so a call returns token ids (int32) and nothing else crosses from
+device to host. Shapes are static per Cell: a prefill Cell is built per prompt-length bucket and a
+decode Cell per attention-length bucket, each for greedy-only or sampling rows, and created on
+first use (in GRAPH_MODE: one compile each, reused for the life of the engine).
+"""
+
+from __future__ import annotations
+
+from mindspore import nn, ops
+
+from ..common.transformer import CausalLM
+from .cache import DecodeView, PrefillView
+from .sampling import TokenChooser
+
+
+class PrefillStep(nn.Cell):
+    """ids [1, Pb] (right-padded) -> the first generated token [1], chosen from the logits at
+    `last` [1] (the prompt's last real position); the prompt's keys fill slot `slot` [1]."""
+
+    def __init__(self, model: CausalLM, view: PrefillView, chooser: TokenChooser):
+        super().__init__(auto_prefix=False)  # the model's parameter names stay unprefixed
+        self.model, self.view, self.chooser = model, view, chooser
+
+    def construct(self, ids, slot, last, temperature, top_k, top_p, uniform, greedy):
+        self.view.set_inputs(slot)
+        h = self.model.hidden_states(ids, self.view.positions, None, self.view)     # [1, Pb, H]
+        logits = self.model.head(ops.gather(h, last, 1)[:, 0])                        # [1, V]
+        return self.chooser(logits, temperature, top_k, top_p, uniform, greedy)
+
+
+class DecodeStep(nn.Cell):
+    """tokens [slots] at positions [slots] (each slot its own) -> next tokens [slots]."""
+
+    def __init__(self, model: CausalLM, view: DecodeView, chooser: TokenChooser):
+        super().__init__(auto_prefix=False)
+        self.model, self.view, self.chooser = model, view, chooser
+
+    def construct(self, tokens, positions, temperature, top_k, top_p, uniform, greedy):
+        self.view.set_inputs(positions)
+        h = self.model.hidden_states(tokens.reshape(-1, 1), positions.reshape(-1, 1), None, self.view)
+        logits = self.model.head(h[:, 0])                                             # [slots, V]
+        return self.chooser(logits, temperature, top_k, top_p, uniform, greedy)

@@ -1,0 +1,15 @@
+"""OpenAI-compatible HTTP serving of an `InferenceEngine` (the `serve` extra: starlette, uvicorn).
+
+    from mf_models.serving import serve
+    serve(engine, tokenizer=my_tokenizer, model_name="tiny", host="127.0.0.1", port=8000)
+
+`tokenizer` is any object with `encode(text)`, `decode(ids)` and `encode_chat(messages)` (see
+`ServingTokenizer`); mf-models has no tokenizer of its own (mf-cli passes mf-data's).
+"""
+
+from .app import ServingTokenizer, create_app
+from .protocol import APIError, ServerLimits
+from .runner import EngineRunner, TokenStream
+from .server import bind, serve
+
+__all__ = ["APIError", "EngineRunner", "ServerLimits", "ServingTokenizer", "TokenStream", "bind", "create_app", "serve"]

@@ -1,0 +1,284 @@
+"""The HTTP application: OpenAI-compatible completions and chat over the engine runner (Starlette).
+
+    GET  /health                 {"status": "ok"} or 503 when the engine thread has failed
+    GET  /v1/models              the one served model
+    POST /v1/completions         prompt(s) as text or token ids; stream: true -> server-sent events
+    POST /v1/chat/completions    messages rendered by the tokenizer's chat template
+
+Every error is JSON in OpenAI's shape with a 4xx/5xx status: 400 for a bad field (named in `param`),
+404 for an unknown model or route, 405 for a wrong method, 413 for a body over the byte limit,
+503 when the queue is full or the engine is down, 500 if generation fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..inference.scheduler import RequestError
+from .choices import Choice, run_choice
+from .protocol import APIError, Job, ServerLimits, parse_chat, parse_completion
+from .runner import EngineRunner
+
+log = logging.getLogger("mf_models")
+
+
+class ServingTokenizer(Protocol):
+    """What the server needs from a tokenizer. `encode_chat` renders messages with the model's
+    chat template (generation prompt included) and tokenises them; it raises ValueError for
+    messages the template cannot render."""
+
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+
+def _error(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _read_json(request: HTTPRequest, limit: int) -> dict[str, Any]:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise APIError(413, f"request body exceeds the limit of {limit} bytes")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise APIError(400, "request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "request body must be a JSON object")
+    return data
+
+
+class Server:
+    """The routes' shared state: runner, tokenizer, model name, limits."""
+
+    def __init__(self, runner: EngineRunner, tokenizer: ServingTokenizer | None, model_name: str,
+                 limits: ServerLimits):
+        self.runner, self.tokenizer, self.model_name, self.limits = runner, tokenizer, model_name, limits
+        self.created = int(time.time())
+        engine = runner.engine
+        self.max_len = engine.max_len
+        self.max_tokens_cap = max(1, min(limits.max_tokens, engine.max_len - 1))
+        self.max_prompt_tokens = min(limits.max_prompt_tokens or engine.max_len - 1, engine.max_len - 1)
+
+    # ---- routes --------------------------------------------------------------------------------
+    async def health(self, request: HTTPRequest) -> Response:
+        if not self.runner.healthy:
+            reason = f"engine failed: {self.runner.error}" if self.runner.error else "engine stopped"
+            return JSONResponse({"status": "error", "detail": reason}, status_code=503)
+        engine = self.runner.engine
+        return JSONResponse({"status": "ok", "active": len(engine.scheduler.active()),
+                             "waiting": engine.scheduler.waiting, "slots": engine.max_slots})
+
+    async def models(self, request: HTTPRequest) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "mf",
+             "max_model_len": self.max_len}]})
+
+    async def completions(self, request: HTTPRequest) -> Response:
+        try:
+            body = await _read_json(request, self.limits.max_request_bytes)
+            self._check_model(body)
+            job = parse_completion(body, self.limits, self.max_tokens_cap)
+            prompt_ids = [self._encode(p) for p in job.prompts]
+            return await self._respond(job, prompt_ids, [self._prompt_text(p, ids) for p, ids in zip(job.prompts, prompt_ids)])
+        except APIError as exc:
+            return _error(exc)
+
+    async def chat(self, request: HTTPRequest) -> Response:
+        try:
+            body = await _read_json(request, self.limits.max_request_bytes)
+            self._check_model(body)
+            job = parse_chat(body, self.limits, self.max_tokens_cap)
+            if self.tokenizer is None:
+                raise APIError(400, "this server has no tokenizer, so it cannot render chat messages; "
+                                    "use /v1/completions with token ids", "messages")
+            try:
+                ids = self.tokenizer.encode_chat(job.prompts[0])
+            except ValueError as exc:
+                raise APIError(400, f"messages: {exc}", "messages") from None
+            return await self._respond(job, [ids], [""])
+        except APIError as exc:
+            return _error(exc)
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _check_model(self, body: dict) -> None:
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist; this server serves `{self.model_name}`",
+                           "model", code="model_not_found")
+
+    def _encode(self, prompt: Any) -> list[int]:
+        if not isinstance(prompt, str):
+            return prompt
+        if self.tokenizer is None:
+            raise APIError(400, "this server has no tokenizer: send the prompt as token ids", "prompt")
+        ids = self.tokenizer.encode(prompt)
+        if not ids:
+            raise APIError(400, "prompt: encodes to no tokens", "prompt")
+        return ids
+
+    def _prompt_text(self, prompt: Any, ids: list[int]) -> str:
+        if isinstance(prompt, str):
+            return prompt
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
+    def _choices(self, job: Job, prompt_ids: list[list[int]], prompt_texts: list[str]) -> list[Choice]:
+        choices = []
+        for i, ids in enumerate(prompt_ids):
+            param = "messages" if job.chat else "prompt"
+            if len(ids) > self.max_prompt_tokens:
+                raise APIError(400, f"{param}: {len(ids)} tokens exceed the limit of {self.max_prompt_tokens} prompt "
+                                    "tokens", param)
+            room = self.max_len - len(ids)
+            max_tokens = job.max_tokens if job.max_tokens is not None else min(self.max_tokens_cap, room)
+            if max_tokens > room:
+                raise APIError(400, f"This model's maximum context length is {self.max_len} tokens. However, you "
+                                    f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} "
+                                    "for the completion). Reduce the prompt or max_tokens.", "max_tokens")
+            for j in range(job.n):
+                seed = job.params.seed + j if job.params.seed is not None else None
+                params = dataclasses.replace(job.params, max_new_tokens=max_tokens, seed=seed)
+                choices.append(Choice(len(choices), ids, params, prompt_texts[i] if job.echo else ""))
+        return choices
+
+    def _submit(self, choices: list[Choice]) -> None:
+        if not self.runner.healthy:
+            raise APIError(503, "the engine is not running", type="server_error")
+        if self.runner.engine.scheduler.waiting + len(choices) > self.limits.max_waiting:
+            raise APIError(503, "the server is busy (request queue full); retry later", type="server_overloaded")
+        try:
+            for choice in choices:
+                choice.stream = self.runner.submit(choice.prompt_ids, choice.params)
+        except RequestError as exc:
+            for choice in choices:
+                if choice.stream is not None:
+                    choice.stream.cancel()
+            raise APIError(400, str(exc), "prompt") from None
+
+    async def _respond(self, job: Job, prompt_ids: list[list[int]], prompt_texts: list[str]) -> Response:
+        if job.stop and self.tokenizer is None:
+            raise APIError(400, "stop: stop strings need a tokenizer, and this server has none; use stop_token_ids",
+                           "stop")
+        choices = self._choices(job, prompt_ids, prompt_texts)
+        self._submit(choices)
+        if job.user:
+            log.info("request for user %r: %d choice(s)", job.user, len(choices))
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        rid = ("chatcmpl-" if job.chat else "cmpl-") + uuid.uuid4().hex
+        if job.stream:
+            return StreamingResponse(self._events(job, choices, decode, rid), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            await asyncio.gather(*(run_choice(c, decode, job.stop) for c in choices))
+        finally:
+            for c in choices:
+                if not c.done:
+                    c.stream.cancel()
+        if any(c.finish_reason == "error" for c in choices):
+            raise APIError(500, "generation failed in the engine (see the server log)")
+        out = [self._choice_body(job, c, c.text) for c in choices]
+        return JSONResponse({"id": rid, "object": "chat.completion" if job.chat else "text_completion",
+                             "created": int(time.time()), "model": self.model_name, "choices": out,
+                             "usage": _usage(choices)})
+
+    def _choice_body(self, job: Job, choice: Choice, text: str, finish: str | None = None, last: bool = True) -> dict:
+        finish = choice.finish_reason if last else finish
+        if job.chat:
+            return {"index": choice.index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                    "finish_reason": finish, "token_ids": choice.token_ids}
+        return {"index": choice.index, "text": choice.echo + text, "logprobs": None, "finish_reason": finish,
+                "token_ids": choice.token_ids}
+
+    async def _events(self, job: Job, choices: list[Choice], decode: Callable | None, rid: str) -> AsyncIterator[str]:
+        created = int(time.time())
+        kind = "chat.completion.chunk" if job.chat else "text_completion"
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.create_task(run_choice(c, decode, job.stop, queue)) for c in choices]
+
+        def chunk(choice_bodies: list[dict], usage: dict | None = None) -> str:
+            body = {"id": rid, "object": kind, "created": created, "model": self.model_name, "choices": choice_bodies}
+            if usage is not None:
+                body["usage"] = usage
+            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+        try:
+            if job.chat:
+                yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None} for c in choices])
+            elif job.echo:
+                yield chunk([{"index": c.index, "text": c.echo, "logprobs": None, "finish_reason": None}
+                             for c in choices])
+            remaining = len(choices)
+            while remaining:
+                choice, text, new_ids, finish = await queue.get()
+                if finish == "error":
+                    yield f"data: {json.dumps(APIError(500, 'generation failed in the engine').body())}\n\n"
+                    return
+                if job.chat:
+                    delta = {"content": text} if text else {}
+                    body = {"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": finish,
+                            "token_ids": new_ids}
+                else:
+                    body = {"index": choice.index, "text": text, "logprobs": None, "finish_reason": finish,
+                            "token_ids": new_ids}
+                if text or new_ids or finish:
+                    yield chunk([body])
+                remaining -= finish is not None
+            if job.include_usage:
+                yield chunk([], _usage(choices))
+            yield "data: [DONE]\n\n"
+        finally:
+            for task in tasks:
+                task.cancel()
+            for c in choices:
+                if not c.done:
+                    c.stream.cancel()
+
+
+def _usage(choices: list[Choice]) -> dict[str, int]:
+    prompt = sum(len(c.prompt_ids) for c in choices)
+    completion = sum(c.completion_tokens for c in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _http_error(request: HTTPRequest, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 500)
+    message = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed on {request.url.path}"}
+    return _error(APIError(status, message.get(status, getattr(exc, "detail", "error"))))
+
+
+async def _internal_error(request: HTTPRequest, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+    return _error(APIError(500, "internal server error (see the server log)"))
+
+
+def create_app(runner: EngineRunner, *, tokenizer: ServingTokenizer | None = None, model_name: str = "model",
+               limits: ServerLimits | None = None) -> Starlette:
+    """The Starlette app over a started (or about to be started) `EngineRunner`."""
+    server = Server(runner, tokenizer, model_name, limits or ServerLimits())
+    routes = [Route("/health", server.health, methods=["GET"]),
+              Route("/v1/models", server.models, methods=["GET"]),
+              Route("/v1/completions", server.completions, methods=["POST"]),
+              Route("/v1/chat/completions", server.chat, methods=["POST"])]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _internal_error})
+    app.state.server = server
+    return app
