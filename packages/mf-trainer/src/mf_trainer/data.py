@@ -26,6 +26,7 @@ missing", never "ignore".
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from pathlib import Path
@@ -95,11 +96,12 @@ def ensure_demo_corpus(extra: dict, tokenizer_path: str, model_vocab: int | None
     name = Path(prefix).name[: -len("_text_document")]
     staging = str(cache / f".building-{os.getpid()}-{name}")
     summary = mf_data.preprocess([str(corpus)], tokenizer_path, staging, append_eod=True,
-                                     workers=1, overwrite=True, progress=False)
+                                 workers=1, overwrite=True, progress=False, log=io.StringIO())
     os.replace(staging + "_text_document.bin", prefix + ".bin")
     os.replace(staging + "_text_document.idx", prefix + ".idx")
-    log.info("demo corpus: %s documents, %s tokens -> %s.{bin,idx}", summary.get("documents"),
-             summary.get("tokens"), prefix)
+    tokens = summary.get("tokens")
+    tokens = sum(tokens.values()) if isinstance(tokens, dict) else tokens
+    log.info("demo corpus: %s documents, %s tokens -> %s.{bin,idx}", summary.get("documents"), tokens, prefix)
 
 
 def check_eod(extra: dict, tokenizer_path: str) -> None:

@@ -1,14 +1,14 @@
-"""What a step costs: model FLOPs, the device's peak FLOP/s (for MFU) and host memory.
+"""What a step costs: the device's peak FLOP/s (for MFU) and host memory.
 
-MFU = (model FLOPs per step / step time) / peak FLOP/s of the devices used. Model FLOPs follow
-the PaLM appendix: 6 x (parameters taking part in matmuls) per token for forward + backward, plus
-12 x layers x heads x head_dim x seq_len per token for the attention scores and values. The
-embedding lookup is no matmul and does not count; a tied output head does.
+MFU = (model FLOPs per step / step time) / peak FLOP/s of the devices used. Model FLOPs per token
+are mf-models' `num_flops_per_token(seq_len)` (PaLM, appendix B: 6 x active matmul parameters plus
+the attention term); the Trainer multiplies by the tokens of the global batch.
 
 Peak per device: `monitor.peak_flops_per_device` when given; on Ascend a table of known parts;
-on CPU measured once by timing a float32 numpy GEMM in this process (its BLAS threads, its
-environment) and cached under `$MF_CACHE_DIR` (default `~/.cache/mf`) keyed by CPU model and
-thread count, so MFU on CPU is relative to the GEMM rate this process can actually reach.
+on CPU a float32 numpy GEMM timed in this process (its BLAS threads, its environment) for a
+fraction of a second at start, and the best rate ever seen kept under `$MF_CACHE_DIR` (default
+`~/.cache/mf`) keyed by CPU model and thread count; so MFU on CPU is relative to the GEMM rate
+this process can reach, and a measurement taken on a busy machine does not stick.
 """
 
 from __future__ import annotations
@@ -31,34 +31,6 @@ ASCEND_PEAK_FLOPS: dict[str, float] = {
     "Ascend910B3": 313e12,
     "Ascend910B4": 280e12,
 }
-
-
-def train_flops_per_token(
-    matmul_params: int, num_layers: int, num_heads: int, head_dim: int, seq_len: int,
-) -> float:
-    """Forward + backward FLOPs per token (PaLM, appendix B), causal mask not discounted."""
-    return 6.0 * matmul_params + 12.0 * num_layers * num_heads * head_dim * seq_len
-
-
-def matmul_param_count(named_shapes: list[tuple[str, tuple[int, ...]]], active_fraction: dict[str, float] | None = None,
-                       tied_output: tuple[int, int] | None = None) -> int:
-    """Parameters that enter matmuls: every >= 2-D weight except the embedding table.
-
-    `active_fraction` scales weights whose name contains a key (MoE experts: top-k / experts);
-    `tied_output` is the [V, H] shape of a tied output head, which the embedding table provides.
-    """
-    total = 0.0
-    for name, shape in named_shapes:
-        if len(shape) < 2 or "embed" in name:
-            continue
-        size = float(np.prod(shape))
-        for key, frac in (active_fraction or {}).items():
-            if key in name:
-                size *= frac
-        total += size
-    if tied_output is not None:
-        total += tied_output[0] * tied_output[1]
-    return int(total)
 
 
 def _cache_dir() -> Path:
@@ -97,16 +69,20 @@ def measure_cpu_gemm_flops(n: int = 1536, seconds: float = 0.5) -> float:
 
 
 def cpu_peak_flops() -> tuple[float, str]:
-    """(peak FLOP/s, where it came from): the cached measurement for this CPU, or a new one."""
+    """(peak FLOP/s, where it came from): the best of this run's short measurement and the best
+    cached for this CPU. A single measurement on a busy machine reads low; keeping the best seen
+    makes the figure converge on what the CPU can do."""
     key = _cpu_key()
     path = _cache_dir() / "peak_flops.json"
     try:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
         cache = {}
-    if isinstance(cache.get(key), (int, float)) and cache[key] > 0:
-        return float(cache[key]), f"measured earlier for {key} ({path})"
-    peak = measure_cpu_gemm_flops()
+    cached = float(cache[key]) if isinstance(cache.get(key), (int, float)) and cache[key] > 0 else 0.0
+    measured = measure_cpu_gemm_flops(seconds=0.3 if cached else 0.5)
+    if cached >= measured:
+        return cached, f"best measured so far for {key} ({path})"
+    peak = measured
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         cache[key] = peak
@@ -116,6 +92,7 @@ def cpu_peak_flops() -> tuple[float, str]:
     except OSError:
         pass  # an unwritable cache only costs a re-measurement next run
     return peak, f"measured now for {key}"
+
 
 
 def peak_flops_per_device(device_target: str, configured: float | None) -> tuple[float | None, str]:
