@@ -1,0 +1,401 @@
+"""`mf generate SOURCE ...`: batched generation with continuous batching (mf_models.inference).
+
+SOURCE is one of
+  - a YAML config with `run_mode: predict`: the model section, weights from `checkpoint.load_path`,
+    `tokenizer.path`, and the `inference` section (max_new_tokens, do_sample, temperature, top_k,
+    top_p, stop_token_ids, batch_size = engine slots, prompts / input_file, output_file);
+    `training.seed` seeds sampling. Command-line flags override these keys (as `--set` does).
+  - an mf checkpoint (save directory or iteration directory) written by mf-trainer: the model
+    comes from its common.json (`hf_config`), the tokenizer from the training config it recorded.
+  - a Hugging Face directory (config.json + safetensors; tokenizer.json / tokenizer.model beside).
+
+Prompts: `--prompt TEXT` and `--prompt-ids 1,2,3` (repeatable, in order) or `--input FILE.jsonl`
+with one {"prompt": text} or {"prompt_ids": [...]} object per line (an "id" key is copied to the
+output). Results go to stdout, or to `--output FILE.jsonl` (prompt, prompt_ids, completion,
+completion_ids, prompt_tokens, completion_tokens, finish_reason), written atomically; the token
+counts and tokens/s go to stderr. Exit 0 done, 2 bad input (one line), 1 failure while generating.
+`mf serve` shares the model and tokenizer loading below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mf_cli.errors import UsageError
+
+
+# ---- shared with `mf serve` -------------------------------------------------------------------
+class TokenizerAdapter:
+    """mf-data's tokenizer behind the interface mf_models.serving needs (encode, decode,
+    encode_chat). Chat prompts are rendered by mf-data's ChatEncoder, i.e. exactly as SFT data
+    is tokenised: the tokenizer's chat template, or mf-data's built-in template without one."""
+
+    def __init__(self, path: str):
+        import mf_data
+
+        self.path = path
+        self._tok = mf_data.load_tokenizer(path)
+        self._chat = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.vocab_size
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._tok.eod
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode([text])[0])
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        import mf_data
+
+        if self._chat is None:
+            self._chat = mf_data.ChatEncoder(self._tok)  # ValueError subclasses for bad input
+        return self._chat.encode_prompt(messages)
+
+
+@dataclass
+class Source:
+    model: Any
+    name: str
+    eos_token_ids: list[int]
+    tokenizer: TokenizerAdapter | None
+    inference: Any = None          # mf_config.InferenceConfig (CONFIG sources)
+    seed: int | None = None        # training.seed (CONFIG sources)
+    notes: list[str] = field(default_factory=list)
+
+
+def bad_input_errors() -> tuple[type[BaseException], ...]:
+    import mf_ckpt
+    import mf_config
+    import mf_data
+    import mf_models
+
+    return (mf_config.ConfigError, mf_models.ModelConfigError, mf_models.ModelStateError, mf_data.MFDataError,
+            mf_ckpt.CheckpointError)
+
+
+def set_mode(mode: str | int | None, device_target: str | None = None) -> None:
+    import mindspore as ms
+
+    context: dict[str, Any] = {"mode": ms.PYNATIVE_MODE if mode in ("pynative", 1) else ms.GRAPH_MODE}
+    if device_target:
+        context["device_target"] = device_target
+    ms.set_context(**context)
+
+
+def _tokenizer(path: str | None) -> TokenizerAdapter | None:
+    return TokenizerAdapter(path) if path else None
+
+
+def load_source(path: str, *, tokenizer: str | None = None, overrides: list[str] = (), mode: str | None = None,
+                predict_overrides: list[str] = ()) -> Source:
+    """Model, tokenizer and defaults of SOURCE; bad input raises UsageError (one line)."""
+    if not os.path.exists(path):
+        raise UsageError(f"{path}: no such file or directory")
+    bad = bad_input_errors()
+    try:
+        if os.path.isdir(path):
+            if overrides:
+                raise UsageError("--set applies to a YAML config, not to a checkpoint directory")
+            set_mode(mode or "graph")
+            from mf_models.inference import load_pretrained
+
+            loaded = load_pretrained(path)
+            tok = _tokenizer(tokenizer or loaded.tokenizer_path)
+            eos = loaded.eos_token_ids or ([tok.eos_token_id] if tok and tok.eos_token_id is not None else [])
+            return Source(loaded.model, loaded.name, eos, tok, notes=loaded.notes)
+        return _load_config_source(path, tokenizer, [*predict_overrides, *overrides], mode)
+    except bad as exc:
+        raise UsageError(str(exc).strip().splitlines()[0]) from None
+
+
+def _load_config_source(path: str, tokenizer: str | None, overrides: list[str], mode: str | None) -> Source:
+    import mf_config
+    import mf_models
+    from mf_models.inference import load_weights
+
+    if tokenizer:
+        overrides = [*overrides, f"tokenizer.path={json.dumps(tokenizer)}",
+                     f"tokenizer.type={'hf' if os.path.isdir(tokenizer) else 'sentencepiece'}"]
+    cfg = mf_config.load_config(path, overrides=overrides)
+    if cfg.run_mode != "predict":
+        raise UsageError(f"run_mode: mf generate needs a 'predict' config, got {cfg.run_mode!r} "
+                         "(set run_mode: predict, or give the checkpoint directory itself)")
+    load_path = cfg.checkpoint.load_path
+    if not load_path:
+        raise UsageError("checkpoint.load_path: run_mode predict needs the weights to generate with")
+    kind = "hf" if os.path.isdir(cfg.tokenizer.path) else "sentencepiece"
+    if cfg.tokenizer.path and os.path.exists(cfg.tokenizer.path) and kind != cfg.tokenizer.type:
+        raise UsageError(f"tokenizer.type: {cfg.tokenizer.type!r}, but {cfg.tokenizer.path} is a "
+                         f"{'directory (hf)' if kind == 'hf' else 'file (sentencepiece)'}")
+    set_mode(mode if mode is not None else cfg.context.mode, cfg.context.device_target)
+    section = {"model_type": cfg.model.model_type, **cfg.model.extra}
+    if cfg.model.architectures:
+        section["architectures"] = cfg.model.architectures
+    model = mf_models.build_model(section, init=False)
+    load_weights(model, load_path)
+    tok = _tokenizer(cfg.tokenizer.path)
+    eos = model.args.eos_token_ids or ([tok.eos_token_id] if tok and tok.eos_token_id is not None else [])
+    name = os.path.splitext(os.path.basename(path))[0]
+    return Source(model, name, eos, tok, inference=cfg.inference, seed=cfg.training.seed)
+
+
+# ---- mf generate ------------------------------------------------------------------------------
+def _ids_arg(text: str) -> tuple[str, list[int]]:
+    try:
+        ids = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas or spaces, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("no token ids")
+    return ("ids", ids)
+
+
+def add_parser(subparsers, name: str, help_text: str) -> None:
+    p = subparsers.add_parser(name, help=help_text, description=help_text)
+    p.add_argument("source", metavar="CONFIG|CHECKPOINT|HF_DIR", help="predict YAML, mf checkpoint or HF directory")
+    p.add_argument("--prompt", dest="inputs", action="append", type=lambda t: ("text", t), default=[],
+                   metavar="TEXT", help="a prompt (repeatable)")
+    p.add_argument("--prompt-ids", dest="inputs", action="append", type=_ids_arg, metavar="IDS",
+                   help="a prompt as token ids, e.g. 1,2,3 (repeatable)")
+    p.add_argument("--input", metavar="FILE", help="JSON Lines of {\"prompt\": ...} or {\"prompt_ids\": [...]}")
+    p.add_argument("--output", metavar="FILE", help="write JSON Lines here instead of printing")
+    p.add_argument("--max-new-tokens", type=int, metavar="N")
+    p.add_argument("--do-sample", action="store_true", default=None, help="sample (default: greedy)")
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int, help="sampling seed (prompt i uses seed + i)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    p.add_argument("--stop-token-id", dest="stop_ids", action="append", type=int, metavar="ID",
+                   help="stop token id (repeatable; added to the EOS ids)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's EOS ids")
+    p.add_argument("--tokenizer", metavar="PATH", help="sentencepiece .model or HF tokenizer directory")
+    p.add_argument("--batch-size", type=int, metavar="N", help="engine slots: prompts generated at once")
+    p.add_argument("--mode", choices=("graph", "pynative"), help="MindSpore mode (default graph; a CONFIG's context.mode)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a CONFIG key (repeatable)")
+    p.set_defaults(run=run)
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not UTF-8 text") from None
+    items = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError:
+            raise UsageError(f"{path}:{number}: not a JSON object") from None
+        if not isinstance(item, dict) or set(item) - {"prompt", "prompt_ids", "id"} or \
+                ("prompt" in item) == ("prompt_ids" in item):
+            raise UsageError(f"{path}:{number}: expected {{\"prompt\": text}} or {{\"prompt_ids\": [ids]}} "
+                             "(plus an optional \"id\")")
+        if "prompt" in item and not (isinstance(item["prompt"], str) and item["prompt"]):
+            raise UsageError(f"{path}:{number}: prompt must be a non-empty string")
+        ids = item.get("prompt_ids")
+        if "prompt_ids" in item and not (isinstance(ids, list) and ids and
+                                         all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+            raise UsageError(f"{path}:{number}: prompt_ids must be a non-empty list of integers")
+        items.append(item)
+    if not items:
+        raise UsageError(f"{path}: no prompts")
+    return items
+
+
+def _config_overrides(args) -> list[str]:
+    """CLI flags as `inference.*` overrides of a CONFIG (validated by mf-config like the file)."""
+    out = []
+    texts = [v for kind, v in args.inputs if kind == "text"]
+    if any(kind == "ids" for kind, _ in args.inputs):
+        raise UsageError("--prompt-ids: with a CONFIG give text prompts, or token ids through --input FILE.jsonl")
+    if texts:
+        out += [f"inference.prompts={json.dumps(texts)}", "inference.input_file=null"]
+    if args.input:
+        out += [f"inference.input_file={json.dumps(args.input)}", "inference.prompts=null"]
+    for flag, key in (("max_new_tokens", "max_new_tokens"), ("do_sample", "do_sample"), ("temperature", "temperature"),
+                      ("top_k", "top_k"), ("top_p", "top_p"), ("batch_size", "batch_size")):
+        value = getattr(args, flag)
+        if value is not None:
+            out.append(f"inference.{key}={json.dumps(value)}")
+    if args.stop_ids:
+        out.append(f"inference.stop_token_ids={json.dumps(args.stop_ids)}")
+    if args.output:
+        out.append(f"inference.output_file={json.dumps(args.output)}")
+    if args.seed is not None:
+        out.append(f"training.seed={args.seed}")
+    return out
+
+
+def _prompts(args, source: Source) -> list[dict]:
+    if source.inference is not None:
+        inf = source.inference
+        return _read_jsonl(inf.input_file) if inf.input_file else [{"prompt": p} for p in inf.prompts or []]
+    items = [{"prompt": v} if kind == "text" else {"prompt_ids": v} for kind, v in args.inputs]
+    if args.input:
+        if items:
+            raise UsageError("give --prompt/--prompt-ids or --input, not both")
+        items = _read_jsonl(args.input)
+    if not items:
+        raise UsageError("no prompts: give --prompt, --prompt-ids or --input")
+    return items
+
+
+def _sampling_settings(args, source: Source) -> dict[str, Any]:
+    inf = source.inference
+    if inf is not None:  # CLI flags already went into the config as overrides
+        return {"max_new_tokens": inf.max_new_tokens, "do_sample": inf.do_sample, "temperature": inf.temperature,
+                "top_k": inf.top_k, "top_p": inf.top_p, "stop_token_ids": tuple(inf.stop_token_ids or ()),
+                "slots": inf.batch_size, "seed": source.seed, "output": inf.output_file}
+    return {"max_new_tokens": args.max_new_tokens, "do_sample": bool(args.do_sample),
+            "temperature": 1.0 if args.temperature is None else args.temperature,
+            "top_k": 0 if args.top_k is None else args.top_k, "top_p": 1.0 if args.top_p is None else args.top_p,
+            "stop_token_ids": tuple(args.stop_ids or ()), "slots": args.batch_size or 8, "seed": args.seed,
+            "output": args.output}
+
+
+def _check_output(path: str | None) -> None:
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise UsageError(f"{path}: is a directory; give a file name for the output")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"{path}: the directory {parent} does not exist")
+
+
+def _write_jsonl(path: str, rows: list[dict]) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _logging() -> None:
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+    for name in ("mf_models", "mf_ckpt"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.WARNING)
+        if not logger.handlers:
+            logger.addHandler(handler)
+        logger.propagate = False
+
+
+def run(args) -> int:
+    os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ log is chatty; the user can still ask for it
+    _logging()
+    is_config = os.path.isfile(args.source)
+    if not is_config and args.overrides:
+        raise UsageError("--set applies to a YAML config, not to a checkpoint directory")
+    source = load_source(args.source, tokenizer=args.tokenizer, overrides=args.overrides, mode=args.mode,
+                         predict_overrides=_config_overrides(args) if is_config else [])
+    for note in source.notes:
+        print(f"mf generate: note: {note}", file=sys.stderr)
+    items = _prompts(args, source)
+    settings = _sampling_settings(args, source)
+    _check_output(settings["output"])
+    prompt_ids = []
+    for item in items:
+        if "prompt_ids" in item:
+            prompt_ids.append(item["prompt_ids"])
+        elif source.tokenizer is None:
+            raise UsageError(f"{args.source}: no tokenizer found for text prompts; give --tokenizer or token ids")
+        else:
+            prompt_ids.append(source.tokenizer.encode(item["prompt"]))
+    return _generate(args, source, items, prompt_ids, settings)
+
+
+def _generate(args, source: Source, items: list[dict], prompt_ids: list[list[int]], settings: dict) -> int:
+    from mf_models.inference import InferenceEngine, RequestError, SamplingParams, TextStream
+
+    limit = source.model.args.max_position_embeddings
+    longest = max(len(p) for p in prompt_ids)
+    new = settings["max_new_tokens"] or max(1, min(128, limit - longest))
+    seed = settings["seed"]
+    try:
+        params = [SamplingParams(max_new_tokens=new, do_sample=settings["do_sample"],
+                                 temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"],
+                                 seed=None if seed is None else seed + i, stop_token_ids=settings["stop_token_ids"],
+                                 ignore_eos=args.ignore_eos) for i in range(len(prompt_ids))]
+        if longest + new > limit:
+            raise RequestError(f"the longest prompt ({longest} tokens) + max_new_tokens {new} exceeds the model's "
+                               f"max_position_embeddings {limit}")
+        engine = InferenceEngine(source.model, max_slots=min(settings["slots"], len(prompt_ids)),
+                                 max_len=longest + new, eos_token_ids=source.eos_token_ids)
+    except ValueError as exc:  # SamplingParams / RequestError / engine settings: one line
+        raise UsageError(str(exc)) from None
+    if args.stop and source.tokenizer is None:
+        raise UsageError("--stop: stop strings need a tokenizer; give --tokenizer or use --stop-token-id")
+    texts: dict[int, TextStream] = {}
+    if source.tokenizer is not None:
+        texts = {i: TextStream(source.tokenizer.decode, args.stop, ids) for i, ids in enumerate(prompt_ids)}
+    index_of: dict[int, int] = {}
+
+    def on_update(request, new_ids: list[int]) -> None:
+        stream = texts.get(index_of.get(request.id, -1))
+        if stream is not None:
+            stream.push(new_ids)
+            if stream.stopped and not request.finished:
+                request.cancel("stop")
+
+    started = time.perf_counter()
+    try:
+        requests = [engine.make_request(ids, p, on_update) for ids, p in zip(prompt_ids, params)]
+        for i, request in enumerate(requests):
+            index_of[request.id] = i
+            engine.scheduler.submit(request)
+        while not all(r.finished for r in requests):
+            engine.step()
+    except RequestError as exc:
+        raise UsageError(str(exc)) from None
+    except Exception as exc:  # a failure while generating: exit 1
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"mf generate: generation failed: {message}", file=sys.stderr)
+        return 1
+    elapsed = time.perf_counter() - started
+    rows = []
+    for i, (item, request) in enumerate(zip(items, requests)):
+        row = {"id": item["id"]} if "id" in item else {}
+        row.update({"prompt": item.get("prompt"), "prompt_ids": request.prompt_ids,
+                    "completion": texts[i].text if i in texts else None, "completion_ids": request.output_ids,
+                    "prompt_tokens": len(request.prompt_ids), "completion_tokens": request.completion_tokens,
+                    "finish_reason": request.finish_reason})
+        rows.append(row)
+    if settings["output"]:
+        _write_jsonl(settings["output"], rows)
+    else:
+        for row in rows:
+            if row["completion"] is not None:
+                print(f"{row['prompt'] or ''}{row['completion']}\n")
+            else:
+                print(" ".join(map(str, row["completion_ids"])))
+    stats = engine.stats
+    generated = sum(r.completion_tokens for r in requests)
+    print(f"mf generate: {len(rows)} prompt(s), {sum(len(p) for p in prompt_ids)} prompt tokens, {generated} "
+          f"generated tokens in {elapsed:.2f} s: {generated / elapsed:.1f} tokens/s (prefill {stats.prefill_seconds:.2f} s, "
+          f"{stats.decode_steps} decode steps {stats.decode_seconds:.2f} s, {stats.graphs_built} graphs)"
+          + (f"; wrote {settings['output']}" if settings["output"] else ""), file=sys.stderr)
+    return 0
