@@ -19,6 +19,8 @@ from mf_cli.errors import UsageError
 COMMANDS: dict[str, str] = {
     "config": "validate or show a training YAML",
     "train": "train a model as a YAML describes (mf train CONFIG [--set KEY=VALUE ...])",
+    "generate": "generate text from a predict YAML, an mf checkpoint or an HF directory",
+    "serve": "serve a model over HTTP with an OpenAI-compatible API (continuous batching)",
 }
 
 # Sub-commands that hand their whole argument list to another package's own CLI.
