@@ -18,25 +18,26 @@ import numpy as np
 import pytest
 
 
-def start_server(*args: str, timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
-    """`mf serve ... --port 0` in its own process; returns it and its URL once it listens."""
+def start_server(log, *args: str, timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
+    """`mf serve ... --port 0` in its own process; returns it and its URL once it listens. Its
+    stderr goes to the file `log` (a pipe nobody reads could fill up and block it)."""
     proc = subprocess.Popen([sys.executable, "-m", "mf_cli.main", "serve", *args, "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "GLOG_v": "3"})
+                            stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "GLOG_v": "3"})
     found: list[str] = []
 
     def read() -> None:
         for line in proc.stdout:
-            if line.startswith("mf serve: listening on "):
+            if line.startswith("mf serve: listening on ") and not found:
                 found.append(line.split()[-1])
-                return
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     reader.join(timeout)
     if not found:
         proc.kill()
-        raise AssertionError(f"server did not start: {proc.communicate()[1][-2000:]}")
+        proc.wait()
+        log.seek(0)
+        raise AssertionError(f"server did not start: {log.read()[-2000:]}")
     return proc, found[0]
 
 
@@ -52,12 +53,14 @@ def call(url: str, path: str, body: dict | None = None, method: str | None = Non
 
 
 @pytest.fixture(scope="module")
-def server(hf_fixtures):
-    proc, url = start_server(str(hf_fixtures / "llama"), "--mode", "pynative", "--max-slots", "3", "--max-len", "64")
-    yield proc, url
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+def server(hf_fixtures, tmp_path_factory):
+    with open(tmp_path_factory.mktemp("log") / "serve.log", "w+") as log:
+        proc, url = start_server(log, str(hf_fixtures / "llama"), "--mode", "pynative", "--max-slots", "3",
+                                 "--max-len", "64")
+        yield proc, url
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_completions_over_http_equal_transformers(server, hf_fixtures):
