@@ -102,6 +102,7 @@ def test_bad_yaml_exits_2_with_one_line_and_writes_nothing(tmp_path, corpus):
     out = mf("train", write_yaml(tmp_path / "b2.yaml", corpus, tmp_path / "out", optimizer={"type": "SGD"}))
     assert out.returncode == 2 and out.stderr == (
         "mf train: error: optimizer.type: unknown optimizer 'SGD'; available: AdamW\n")
+    assert not (tmp_path / "out").exists()
 
 
 def test_demo_yaml_builds_its_corpus_trains_and_samples(tmp_path):

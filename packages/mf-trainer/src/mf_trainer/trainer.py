@@ -78,8 +78,7 @@ class Trainer:
         if self.global_batch != cfg.training.global_batch_size:
             log.info("training.global_batch_size %d is not a multiple of dp x local_batch_size; using %d "
                      "(floor division, as specified)", cfg.training.global_batch_size, self.global_batch)
-        self.output_dir = cfg.output_dir
-        os.makedirs(self.output_dir, exist_ok=True)
+        self.output_dir = cfg.output_dir  # created by train(): a refused config writes nothing
         runtime.setup_context(self.device, cfg.context.mode, cfg.context.device_id, cfg.training.deterministic)
         runtime.seed_everything(cfg.training.seed)
 
@@ -214,6 +213,7 @@ class Trainer:
         cfg, state = self.config, self.state
         result = TrainResult(step=state.step)
         self.last_checkpoint = None
+        os.makedirs(self.output_dir, exist_ok=True)
         tokens_per_step = self.global_batch * self.seq_length
         self.callbacks.on_train_begin(self)
         batches = iter(self.loader)
