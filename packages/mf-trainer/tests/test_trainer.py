@@ -35,6 +35,9 @@ class RecordHooks(Callback):
         self.calls.append(("end", trainer.state.step))
 
 
+ONE_GRAPH = {"local_batch_size": 2, "global_batch_size": 2}
+
+
 def _trainer(raw, callbacks=()):
     return Trainer(mf_config.load_config(raw), callbacks=list(callbacks))
 
@@ -63,7 +66,9 @@ def tokenizer_model(tmp_path_factory):
 def full_run(tmp_path_factory, tiny_corpus, tokenizer_model, tiny_config):
     """6 uninterrupted steps, with every optional feature that does not change the numbers."""
     out = tmp_path_factory.mktemp("full")
-    raw = tiny_config(out, tiny_corpus,
+    # accumulation 1 here (one compiled graph per run, three runs); the accumulating path is resumed
+    # in tests-integration and checked against one big batch in test_step
+    raw = tiny_config(out, tiny_corpus, training=ONE_GRAPH,
                       checkpoint={"save_interleaved_steps": 2, "save_max": 2},
                       recompute={"mode": "select", "select_module": {"attention": ["0"]}},
                       profiler={"enable_profiling": True, "start_step": 2, "end_step": 2},
@@ -85,7 +90,7 @@ def test_loss_falls_and_metrics_are_written(full_run):
     assert [r["loss"] for r in rows] == pytest.approx(result.losses, rel=0, abs=0)
     for key in ("lr", "grad_norm", "step_time_s", "tokens_per_s", "mfu", "rss_bytes", "consumed_samples"):
         assert all(key in r for r in rows), key
-    assert rows[-1]["consumed_samples"] == 6 * 4
+    assert rows[-1]["consumed_samples"] == 6 * 2
     # CosineWithWarmUpLR, warmup 2 of 6 steps: 0, lr/2, lr, then the cosine at progress 1/4
     assert [r["lr"] for r in rows[:3]] == [0.0, 1.5e-3, 3e-3]
     assert rows[3]["lr"] == pytest.approx(1e-4 + (3e-3 - 1e-4) * 0.5 * (1 + np.cos(np.pi / 4)), rel=1e-12)
@@ -118,7 +123,7 @@ def test_profiler_and_end_of_training_sample(full_run):
 
 def test_interrupted_and_resumed_run_matches_bit_for_bit(full_run, tmp_path, tiny_corpus, tiny_config):
     full_trainer, full_result, _, _ = full_run
-    raw = tiny_config(tmp_path, tiny_corpus, checkpoint={"save_interleaved_steps": 2, "save_max": 2},
+    raw = tiny_config(tmp_path, tiny_corpus, training=ONE_GRAPH, checkpoint={"save_interleaved_steps": 2, "save_max": 2},
                       recompute={"mode": "select", "select_module": {"attention": ["0"]}})
     first = _trainer(raw, [StopAtStep(3)]).train()
     assert first.step == 3 and first.checkpoint.endswith("iteration_00000003")

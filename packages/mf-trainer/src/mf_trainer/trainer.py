@@ -199,9 +199,7 @@ class Trainer:
         except (RuntimeError, TypeError, ValueError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             log.warning("GRAPH_MODE compile/run of the training step failed (%s); falling back to PyNative", reason)
-            import mindspore as ms
-
-            ms.set_context(mode=ms.PYNATIVE_MODE)
+            runtime.use_pynative()
             self.mode = 1
             mf_models.load_state(self.model, weights)
             self.optimizer.load_state_dict(moments)
