@@ -32,10 +32,8 @@ CASES = {
     "fsdp2_graph": (dict(dp_shard=2), "default", True, "graph"),
     "tp2": (dict(tp=2), "default", False, "pynative"),
     "tp2_graph": (dict(tp=2), "default", False, "graph"),
-    "ddp2": (dict(dp_replicate=2, dp_shard=1), "default", True, "pynative"),
     "hsdp2x2": (dict(dp_replicate=2, dp_shard=2), "never", False, "pynative"),
     "fsdp2_tp2": (dict(dp_shard=2, tp=2), "always", False, "pynative"),
-    "fsdp2_tp2_graph": (dict(dp_shard=2, tp=2), "default", True, "graph"),
 }
 
 _REFERENCE: dict = {}
@@ -166,6 +164,9 @@ def main(names):
         if name == "fsdp2_tp2":
             run_check(f"layout_tiles[{name}]", check_layout_tiles, model, mesh)
             run_check(f"reload[{name}]", check_reload, name, full)
+            # Two parallel axes: on CPU this layout must run eagerly (backend.graph_mode_blocker).
+            reason = mp.graph_mode_blocker(mesh.dims)
+            emit(f"graph_mode_blocked[{name}]", reason is not None and "PyNative" in reason, str(reason))
     emit("done", True)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 
 import mf_parallel as mp
 from mf_parallel.backend import backend_name, forced_emulation, is_native, native_reduce_op
@@ -91,6 +91,14 @@ def test_native_decisions(monkeypatch):
     monkeypatch.setenv("MF_PARALLEL_EMULATE", "allgather")
     with pytest.raises(mp.ParallelConfigError, match=r"MF_PARALLEL_EMULATE: unknown collective kind\(s\) \['allgather'\]"):
         forced_emulation()
+
+
+def test_graph_mode_blocker_names_the_layouts_that_must_run_eagerly():
+    assert mp.graph_mode_blocker(mp.ParallelDims(2, tp=2), "mccl") is None
+    assert mp.graph_mode_blocker(mp.ParallelDims(4, dp_shard=4), "mccl") is None
+    reason = mp.graph_mode_blocker(mp.ParallelDims(4, dp_shard=2, tp=2), "mccl")
+    assert "uses dp_shard x tp" in reason and reason.endswith("run this layout in PyNative mode")
+    assert mp.graph_mode_blocker(mp.ParallelDims(4, dp_replicate=2, dp_shard=2), "hccl") is None
 
 
 def test_backend_names():

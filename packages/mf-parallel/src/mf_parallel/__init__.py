@@ -12,6 +12,7 @@ __all__ = [
     "__version__", "AXES", "GROUP_NAMES", "ParallelDims", "ParallelConfigError",
     # mesh and backend
     "DeviceMesh", "Group", "init_mesh", "make_group", "init_distributed", "CAPABILITIES", "Support", "capability_table",
+    "graph_mode_blocker",
     # collectives
     "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "SendRecv",
     "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv", "barrier",
@@ -32,6 +33,7 @@ __all__ = [
 _LAZY = {
     "DeviceMesh": "mesh", "Group": "mesh", "init_mesh": "mesh", "make_group": "mesh",
     "init_distributed": "backend", "CAPABILITIES": "backend", "Support": "backend", "capability_table": "backend",
+    "graph_mode_blocker": "backend",
     **{name: "collectives" for name in ("AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast",
                                         "SendRecv", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                                         "broadcast", "send_recv", "barrier")},

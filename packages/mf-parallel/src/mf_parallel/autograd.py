@@ -19,9 +19,10 @@ checked in PyNative and GRAPH_MODE on CPU ranks (tests-integration/dist).
 
 from __future__ import annotations
 
+import mindspore as ms
 from mindspore import nn
 
-from mf_parallel.collectives import AllGather, AllReduce, ReduceScatter, _narrow
+from mf_parallel.collectives import AllGather, AllReduce, ReduceScatter, _take_slot
 from mf_parallel.mesh import Group
 
 
@@ -101,15 +102,14 @@ class SplitToGroup(nn.Cell):
     def __init__(self, group: Group, axis: int) -> None:
         super().__init__()
         self.n = group.size
-        self.r = group.rank
+        self.rank = ms.Tensor(group.rank, ms.int32)
         self.axis = axis
         self.gather = AllGather(group, axis)
 
     def construct(self, x):
         if self.n == 1:
             return x
-        chunk = x.shape[self.axis] // self.n
-        return _narrow(x, self.axis, self.r * chunk, chunk)
+        return _take_slot(x, self.axis % x.ndim, self.n, self.rank)
 
     def backward(self, x, dout):
         return self.gather(dout)
@@ -124,7 +124,7 @@ class GatherSplit(nn.Cell):
     def __init__(self, group: Group, axis: int) -> None:
         super().__init__()
         self.n = group.size
-        self.r = group.rank
+        self.rank = ms.Tensor(group.rank, ms.int32)
         self.axis = axis
         self.gather = AllGather(group, axis)
 
@@ -134,8 +134,7 @@ class GatherSplit(nn.Cell):
     def backward(self, x, dout):
         if self.n == 1:
             return dout
-        chunk = dout.shape[self.axis] // self.n
-        return _narrow(dout, self.axis, self.r * chunk, chunk)
+        return _take_slot(dout, self.axis % dout.ndim, self.n, self.rank)
 
     def bprop(self, x, out, dout):
         return (self.backward(x, dout),)

@@ -106,6 +106,30 @@ def capability_table() -> str:
     return "\n".join(lines)
 
 
+def graph_mode_blocker(dims, backend: str | None = None) -> str | None:
+    """Why a compiled (GRAPH_MODE) training step is unsafe for the layout `dims`, or None.
+
+    Collectives are blocking: every rank must issue them in the same order. PyNative runs them in
+    program order. A compiled step orders independent operations itself; on CPU (MCCL, 2.10.0) two
+    ranks of an FSDP2 x TP2 step were seen issuing two tp all-reduces in opposite orders (MCCL's ring
+    all-reduce then fails: "Memcpy error ... dest size is 32, src size is 512"), even with the
+    collectives' rank-specific values passed as data and side-effect ops ordering them. With a single
+    parallel axis every collective is on the world group and the ranks' graphs matched (FSDP2, TP2
+    and DDP2 compiled steps pass the parity tests). HCCL/NCCL are not covered by this (not measured).
+    """
+    from mf_parallel.dims import AXES
+
+    backend = backend or backend_name()
+    if backend != "mccl":
+        return None
+    active = [axis for axis in AXES if getattr(dims, axis) > 1]
+    if len(active) <= 1:
+        return None
+    return (f"GRAPH_MODE on device_target CPU supports one parallel axis per layout; {dims.describe()} uses "
+            f"{' x '.join(active)}, whose collectives a compiled step may issue in different orders on different "
+            f"ranks: run this layout in PyNative mode")
+
+
 # ----------------------------------------------------------------------------- the world
 _STATE: dict[str, int] = {}
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
 from mf_parallel.backend import CAPABILITIES, REDUCE_OPS, is_native, native_reduce_op
@@ -46,9 +47,9 @@ def _note_emulation(kind: str, group: Group) -> None:
                  "support: %s)", kind, group.backend, group.label, group.size, where)
 
 
-# Data movement is written with primitives and validator-free functions: ops.narrow and ops.pad run
-# Python argument validators that fail to compile inside a GRAPH_MODE bprop on 2.10.0 ("The func
-# graph is empty ... check_value_type").
+# Data movement is written with primitives: functional wrappers such as ops.narrow, ops.pad and
+# ops.zeros_like run Python-side checks that fail to compile inside a GRAPH_MODE bprop on 2.10.0
+# ("The func graph is empty ... check_value_type" / "... zeros_like").
 def _narrow(x, axis: int, start: int, length: int):
     """x's slice [start, start + length) along `axis`."""
     begin = (0,) * axis + (start,) + (0,) * (x.ndim - axis - 1)
@@ -56,15 +57,22 @@ def _narrow(x, axis: int, start: int, length: int):
     return ops.Slice()(x, begin, size)
 
 
+def _take_slot(x, axis: int, n: int, rank):
+    """Slot `rank` of `x` cut evenly into `n` along `axis`. `rank` is a 0-d int32 Tensor - data, not
+    a constant - so every rank compiles the same graph (see `_Collective.slot_mask`)."""
+    chunk = x.shape[axis] // n
+    return ops.Gather()(x.reshape(x.shape[:axis] + (n, chunk) + x.shape[axis + 1:]), rank, axis)
+
+
 def _pad_axis(x, axis: int, before: int, after: int):
     """Zero-pad `x` along `axis` with `before` / `after` slices."""
     parts = ()
     if before > 0:
-        parts = parts + (ops.zeros(x.shape[:axis] + (before,) + x.shape[axis + 1:], x.dtype),)
+        parts = parts + (ops.Zeros()(x.shape[:axis] + (before,) + x.shape[axis + 1:], x.dtype),)
     parts = parts + (x,)
     if after > 0:
-        parts = parts + (ops.zeros(x.shape[:axis] + (after,) + x.shape[axis + 1:], x.dtype),)
-    return ops.cat(parts, axis)
+        parts = parts + (ops.Zeros()(x.shape[:axis] + (after,) + x.shape[axis + 1:], x.dtype),)
+    return ops.Concat(axis)(parts)
 
 
 def _check_sizes(sizes, n: int, what: str):
@@ -97,6 +105,11 @@ class _Collective(nn.Cell):
         if group.size > 1:
             self.count_op = make_count_op()
             self.sum_prim = ops.AllReduce("sum", group.name)
+            # Which slot is this rank's, as data rather than as rank-dependent padding: ranks then
+            # compile graphs of the same structure, which a compiled step needs to issue its
+            # collectives in the same order on every rank (see backend.graph_mode_blocker).
+            self.slot_mask = ms.Tensor(np.arange(group.size) == group.rank)
+            self.rank_t = ms.Tensor(group.rank, ms.int32)
             if not self.native:
                 _note_emulation(self.kind, group)
 
@@ -116,7 +129,10 @@ class _Collective(nn.Cell):
     def _slots(self, x, payload):
         """[group size, *x.shape]: every rank's x, as an all-reduce of zeros with this rank's slot filled."""
         enc = encode(x) if self.transport else x
-        buf = _pad_axis(enc.reshape((1,) + enc.shape), 0, self.r, self.n - 1 - self.r)
+        shape = (self.n,) + enc.shape
+        spread = ops.BroadcastTo(shape)(enc.reshape((1,) + enc.shape))
+        mask = ops.BroadcastTo(shape)(self.slot_mask.reshape((self.n,) + (1,) * enc.ndim))
+        buf = ops.Select()(mask, spread, ops.ZerosLike()(spread))  # a select: exact, inf/nan stay put
         out = self._count(self.sum_prim(buf), payload, buf.itemsize * buf.size)
         return decode(out, x.dtype) if self.transport else out
 
@@ -148,7 +164,7 @@ class AllReduce(_Collective):
             return slots.max(axis=0)
         if self.op == "min":
             return slots.min(axis=0)
-        return ops.prod(slots, 0)
+        return ops.ReduceProd()(slots, 0)
 
 
 class AllGather(_Collective):
@@ -180,16 +196,16 @@ class AllGather(_Collective):
         out = self._gather0(padded, x.itemsize * x.size)     # [n * rows, ...]: slots along dim 0
         if self.even and axis == 0:
             return out
-        slots = ops.split(out, padded.shape[0], 0)
+        slots = ops.Split(0, self.n)(out)
         if self.even:
-            return ops.cat(slots, axis)
+            return ops.Concat(axis)(slots)
         return self._trim_cat(slots, axis)
 
     def _trim_cat(self, slots, axis):
         pieces = ()
         for i in range(self.n):
             pieces = pieces + (_narrow(slots[i], axis, 0, self.sizes[i]),)
-        return ops.cat(pieces, axis)
+        return ops.Concat(axis)(pieces)
 
 
     def _gather0(self, x, payload):
@@ -213,6 +229,8 @@ class ReduceScatter(_Collective):
         self.sizes = sizes or ()
         self.offset = sum(sizes[: group.rank]) if sizes else 0
         self.own = sizes[group.rank] if sizes else 0
+        # Uneven slices differ in shape per rank anyway; their indices still travel as data.
+        self.own_index = ms.Tensor(np.arange(self.offset, self.offset + self.own, dtype=np.int32))
         self.max_size = max(sizes) if sizes else 0
         if group.size > 1 and self.native:
             self.prim = ops.ReduceScatter("sum", group.name)
@@ -225,9 +243,8 @@ class ReduceScatter(_Collective):
         if not self.native:
             total = self._sum(x, nbytes)
             if self.uneven:
-                return _narrow(total, axis, self.offset, self.own)
-            chunk = x.shape[axis] // self.n
-            return _narrow(total, axis, self.r * chunk, chunk)
+                return ops.Gather()(total, self.own_index, axis)
+            return _take_slot(total, axis, self.n, self.rank_t)
         if self.even and axis == 0:
             return self._count(self.prim(x), nbytes, nbytes)
         return self._native_any(x, axis, nbytes)
@@ -235,16 +252,16 @@ class ReduceScatter(_Collective):
     def _native_any(self, x, axis, nbytes):
         """The primitive splits dim 0 evenly: move the (padded) slices along `axis` there first."""
         if self.uneven:
-            chunks = ops.split(x, self.sizes, axis)
+            chunks = ops.SplitV(self.sizes, axis, self.n)(x)
         else:
-            chunks = ops.split(x, x.shape[axis] // self.n, axis)
+            chunks = ops.Split(axis, self.n)(x)
         stacked = ()
         for i in range(self.n):
             chunk = chunks[i]
             if not self.even:
                 chunk = _pad_axis(chunk, axis, 0, self.max_size - self.sizes[i])
             stacked = stacked + (chunk,)
-        buf = ops.cat(stacked, 0)
+        buf = ops.Concat(0)(stacked)
         mine = self._count(self.prim(buf), nbytes, buf.itemsize * buf.size)
         if self.even:
             return mine
@@ -270,12 +287,12 @@ class AllToAll(_Collective):
         nbytes = x.itemsize * x.size
         if self.native:
             return self._count(self.prim(x), nbytes, nbytes)
-        chunks = ops.split(x, x.shape[self.split_axis] // self.n, self.split_axis)
-        full = self._slots(ops.stack(chunks, 0), nbytes)              # [src, dst, *chunk]
+        chunks = ops.Split(self.split_axis, self.n)(x)
+        full = self._slots(ops.Stack(0)(chunks), nbytes)              # [src, dst, *chunk]
         pieces = ()
         for src in range(self.n):
             pieces = pieces + (full[src][self.r],)
-        return ops.cat(pieces, self.concat_axis)
+        return ops.Concat(self.concat_axis)(pieces)
 
 
 class Broadcast(_Collective):
@@ -290,6 +307,7 @@ class Broadcast(_Collective):
         self.src = src
         if group.size > 1 and self.native:
             self.prim = ops.Broadcast(src, group.name)
+        self.is_src = ms.Tensor(group.rank == src)    # data, not a branch: same graph on every rank
 
     def construct(self, x):
         if self.n == 1:
@@ -297,7 +315,7 @@ class Broadcast(_Collective):
         nbytes = x.itemsize * x.size
         if self.native:
             return self._count(self.prim((x,))[0], nbytes, nbytes)
-        contribution = x if self.r == self.src else ops.zeros_like(x)
+        contribution = ops.Select()(ops.BroadcastTo(x.shape)(self.is_src), x, ops.ZerosLike()(x))
         return self._sum(contribution, nbytes)
 
 
@@ -330,7 +348,7 @@ class SendRecv(_Collective):
         if self.is_src:
             payload = x
         else:
-            payload = ops.zeros(self.shape, self.dtype)
+            payload = ops.Zeros()(self.shape, self.dtype)
         nbytes = payload.itemsize * payload.size
         if self.native:
             if self.is_src:

@@ -20,8 +20,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from mf_parallel.autograd import _narrow
-from mf_parallel.collectives import AllGather, AllReduce, ReduceScatter, _pad_axis
+from mf_parallel.collectives import AllGather, AllReduce, ReduceScatter, _narrow, _pad_axis
 from mf_parallel.errors import ParallelConfigError
 from mf_parallel.leaf import ensure_plan, install, plan_of
 from mf_parallel.mesh import DeviceMesh, Group
@@ -143,7 +142,7 @@ class ShardGather(nn.Cell):
         if self.pad > 0:
             grad = _pad_axis(grad, 0, 0, self.pad)
         if self.cast:
-            grad = ops.cast(grad, self.reduce_dtype)
+            grad = ops.Cast()(grad, self.reduce_dtype)
         if self.replicated:
             grad = self.replicas(self.shard_reduce(grad))
         else:
@@ -151,7 +150,7 @@ class ShardGather(nn.Cell):
         if self.divide_by > 1:
             grad = grad / self.divide_by
         if self.cast:
-            grad = ops.cast(grad, shard.dtype)
+            grad = ops.Cast()(grad, shard.dtype)
         return grad
 
     def bprop(self, shard, out, dout):

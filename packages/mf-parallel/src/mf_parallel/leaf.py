@@ -80,7 +80,7 @@ def dense_forward(cell, weight, bias, x):
 
 def embedding_forward(cell, table, ids):
     """mindspore.nn.Embedding: row lookup (ops.gather has a CPU kernel; mint's embedding does not)."""
-    return ops.gather(table, ids, 0)
+    return ops.Gather()(table, ids, 0)
 
 
 register_param_forward(mint.nn.Linear, ("weight", "bias"), linear_forward)

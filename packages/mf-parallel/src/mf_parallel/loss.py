@@ -33,7 +33,8 @@ class VocabParallelCrossEntropy(nn.Cell):
 
     def __init__(self, tp_group: Group) -> None:
         super().__init__()
-        self.r = tp_group.rank
+        # The rank enters the graph as data (see tensor_parallel.vocab_parallel_embedding_forward).
+        self.rank = ms.Tensor(tp_group.rank, ms.int32)
         self.max_reduce = AllReduce(tp_group, "max")
         self.sum_reduce = ReduceFromGroup(tp_group)
         self.pick_reduce = ReduceFromGroup(tp_group)
@@ -44,7 +45,7 @@ class VocabParallelCrossEntropy(nn.Cell):
         shift = ops.stop_gradient(self.max_reduce(ops.stop_gradient(logits.max(axis=-1, keepdims=True))))
         shifted = logits - shift
         sum_exp = self.sum_reduce(ops.exp(shifted).sum(-1))
-        local = labels - self.r * vocab
+        local = labels - self.rank * vocab
         inside = ops.logical_and(local >= 0, local < vocab)
         safe = ops.where(inside, local, ops.zeros_like(local))
         picked = ops.gather_elements(shifted, -1, safe.expand_dims(-1)).squeeze(-1)

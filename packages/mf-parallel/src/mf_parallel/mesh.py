@@ -51,11 +51,12 @@ def _backend_group_name(ranks: tuple[int, ...]) -> str:
     return "mf_" + hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:20]
 
 
-def make_group(label: str, ranks: list[int] | tuple[int, ...]) -> Group:
+def make_group(label: str, ranks: list[int] | tuple[int, ...], name: str | None = None) -> Group:
     """The group `ranks` (this rank must be a member), creating the backend group on first use.
 
     Group creation is collective among the members: every member must call this for the same
-    `ranks` in the same order relative to its other group creations.
+    `ranks` in the same order relative to its other group creations. `name` (default: derived from
+    the ranks) must be the same on every member.
     """
     my_rank, world = init_distributed()
     ranks = tuple(int(r) for r in ranks)
@@ -69,11 +70,13 @@ def make_group(label: str, ranks: list[int] | tuple[int, ...]) -> Group:
     elif ranks == tuple(range(world)):
         name = world_group_name()
     else:
-        name = _CREATED.get(ranks)
-        if name is None:
+        existing = _CREATED.get(ranks)
+        if existing is not None:
+            name = existing
+        else:
             from mindspore.communication import create_group
 
-            name = _backend_group_name(ranks)
+            name = name or _backend_group_name(ranks)
             create_group(name, list(ranks))
             _CREATED[ranks] = name
             log.debug("created group %s = %s", name, list(ranks))
@@ -94,8 +97,12 @@ class DeviceMesh:
         self.rank = rank
         self.world_size = world
         self.coords = dims.coords(rank)
-        # Deterministic creation order on every rank: GROUP_NAMES order.
-        self._groups = {name: make_group(name, dims.group_ranks(name, rank)) for name in GROUP_NAMES}
+        # Deterministic creation order on every rank: GROUP_NAMES order. Backend names say the role,
+        # not the ranks, so that every rank's compiled graph carries the same group names: a compiled
+        # step's collective order can otherwise differ between ranks (seen under FSDP x TP).
+        layout = f"p{dims.pp}r{dims.dp_replicate}s{dims.dp_shard}c{dims.cp}t{dims.tp}e{dims.ep}"
+        self._groups = {name: make_group(name, dims.group_ranks(name, rank), f"mf_{name}_{layout}")
+                        for name in GROUP_NAMES}
         self._groups["world"] = make_group("world", list(range(world)))
 
     def __getitem__(self, name: str) -> Group:

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import mindspore as ms
 import numpy as np
 from mindspore import ops
-
 from mindspore.ops.primitive import constexpr
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
@@ -144,10 +145,11 @@ class RowwiseParallel(ParallelStyle):
 
 def vocab_parallel_embedding_forward(cell, table, ids):
     """Rows of this rank's vocabulary slice; ids outside it give zero rows (summed across tp)."""
-    local = ids - cell.mf_vocab_start
-    inside = ops.logical_and(local >= 0, local < table.shape[0])
-    rows = ops.gather(table, ops.where(inside, local, ops.zeros_like(local)), 0)
-    return rows * ops.expand_dims(inside.astype(rows.dtype), -1)
+    local = ids - cell.mf_vocab_offset
+    # Primitives throughout: under FSDP reshard-after-forward this runs inside a GRAPH_MODE bprop.
+    inside = ops.LogicalAnd()(local >= 0, local < table.shape[0])
+    rows = ops.Gather()(table, ops.Select()(inside, local, ops.ZerosLike()(local)), 0)
+    return rows * ops.ExpandDims()(ops.Cast()(inside, rows.dtype), -1)
 
 
 class VocabParallelEmbedding(ParallelStyle):
@@ -167,6 +169,9 @@ class VocabParallelEmbedding(ParallelStyle):
         name = plan.names[0]
         _reslice(cell, name, 0, group, f"VocabParallelEmbedding({path})")
         cell.mf_vocab_start = group.rank * getattr(cell, name).shape[0]
+        # The offset enters the graph as data: a rank-dependent constant (0 on rank 0 folds away)
+        # would give ranks differently shaped graphs, which issue their collectives in different orders.
+        cell.mf_vocab_offset = Tensor(cell.mf_vocab_start, ms.int32)
         plan.fn = vocab_parallel_embedding_forward
         plan.output_transform = (ReduceScatterToGroup(group, self.seq_axis) if self.output_layout == "shard_seq"
                                  else ReduceFromGroup(group))

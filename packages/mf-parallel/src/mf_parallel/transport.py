@@ -29,20 +29,20 @@ def encode(x):
     if x.dtype == ms.float32 or x.dtype == ms.float16:
         return x
     if x.dtype == ms.bfloat16 or x.dtype in _SMALL:
-        return ops.cast(x, ms.float32)
+        return ops.Cast()(x, ms.float32)
     digits = 4 if x.dtype == ms.int64 else 2
-    value = ops.cast(x, ms.int64)
+    value = ops.Cast()(x, ms.int64)
     base = ms.Tensor(65536, ms.int64)
     mask = ms.Tensor(65535, ms.int64)
     channels = ()
     for i in range(digits):
         if i == digits - 1:
-            channels = channels + (ops.cast(value, ms.float32),)     # the top digit keeps the sign
+            channels = channels + (ops.Cast()(value, ms.float32),)     # the top digit keeps the sign
         else:
             # bitwise_and, not floor_mod: the CPU FloorMod kernel rounds int64 through float64.
-            channels = channels + (ops.cast(ops.bitwise_and(value, mask), ms.float32),)
-            value = ops.floor_divide(value, base)
-    return ops.stack(channels, -1)
+            channels = channels + (ops.Cast()(ops.BitwiseAnd()(value, mask), ms.float32),)
+            value = ops.FloorDiv()(value, base)
+    return ops.Stack(-1)(channels)
 
 
 def decode(y, dtype):
@@ -52,9 +52,9 @@ def decode(y, dtype):
     if dtype == ms.bool_:
         return y != 0
     if dtype == ms.bfloat16 or dtype in _SMALL:
-        return ops.cast(y, dtype)
-    digits = ops.cast(y, ms.int64)
+        return ops.Cast()(y, dtype)
+    digits = ops.Cast()(y, ms.int64)
     total = digits[..., 0]
     for i in range(1, y.shape[-1]):
         total = total + digits[..., i] * ms.Tensor(2 ** (16 * i), ms.int64)
-    return ops.cast(total, dtype)
+    return ops.Cast()(total, dtype)
