@@ -144,6 +144,20 @@ def test_load_pretrained_reads_an_mf_checkpoint_without_yaml(tmp_path, tiny):
     assert loaded.tokenizer_path == str(tmp_path / "tok.model") and loaded.eos_token_ids == []
     engine = InferenceEngine(loaded.model, max_slots=1, max_len=16)
     assert engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4))[0].output_ids == reference(tiny, PROMPTS[0], 4)
+    # a relative tokenizer.path (as a training YAML says it) is found from the training directory
+    # too: the checkpoint directory ends with the recorded save_path
+    (tmp_path / "run" / "data").mkdir(parents=True)
+    (tmp_path / "run" / "data" / "spm.model").write_bytes(b"placeholder")
+    relative = {"tokenizer": {"path": "data/spm.model"}, "output_dir": "out", "checkpoint": {"save_path": ""}}
+    mf_ckpt.save(str(tmp_path / "run" / "out" / "checkpoint"), 2, mf_models.model_state(tiny),
+                 common={"hf_config": section, "train_config": relative})
+    found = load_pretrained(tmp_path / "run" / "out" / "checkpoint" / "iteration_00000002")
+    assert found.tokenizer_path == str(tmp_path / "run" / "data" / "spm.model") and found.name == "checkpoint"
+    relative["tokenizer"]["path"] = "data/missing.model"
+    mf_ckpt.save(str(tmp_path / "run" / "out" / "checkpoint"), 3, mf_models.model_state(tiny),
+                 common={"hf_config": section, "train_config": relative})
+    missing = load_pretrained(tmp_path / "run" / "out" / "checkpoint")
+    assert missing.tokenizer_path is None and "data/missing.model does not exist" in missing.notes[0]
     mf_ckpt.save(str(tmp_path / "bare"), 1, mf_models.model_state(tiny), common={"step": 1})
     with pytest.raises(mf_ckpt.CheckpointError, match="does not record its model"):
         load_pretrained(tmp_path / "bare")

@@ -61,12 +61,34 @@ def _find_tokenizer(path: Path, common: dict, notes: list[str]) -> str | None:
         if (directory / "tokenizer.model").is_file():
             return str(directory / "tokenizer.model")
     train = common.get("train_config")
-    recorded = train.get("tokenizer", {}).get("path") if isinstance(train, dict) and isinstance(train.get("tokenizer"), dict) else None
-    if recorded:
-        if os.path.exists(recorded):
-            return str(recorded)
-        notes.append(f"the training config's tokenizer.path {recorded} does not exist here")
+    if not isinstance(train, dict) or not isinstance(train.get("tokenizer"), dict):
+        return None
+    recorded = train["tokenizer"].get("path")
+    if not recorded or not isinstance(recorded, str):
+        return None
+    for candidate in (Path(recorded), _from_training_directory(path, train, recorded)):
+        if candidate is not None and candidate.exists():
+            return str(candidate)
+    notes.append(f"the training config's tokenizer.path {recorded} does not exist here")
     return None
+
+
+def _from_training_directory(path: Path, train: dict, recorded: str) -> Path | None:
+    """A relative tokenizer.path resolved against the directory training ran in: the checkpoint
+    directory ends with the recorded (relative) save_path, so what precedes it is that directory."""
+    if os.path.isabs(recorded):
+        return None
+    checkpoint = train.get("checkpoint") if isinstance(train.get("checkpoint"), dict) else {}
+    save_path = checkpoint.get("save_path") or os.path.join(str(train.get("output_dir") or ""), "checkpoint")
+    if not isinstance(save_path, str) or os.path.isabs(save_path):
+        return None
+    root = path.resolve()
+    if root.name.startswith("iteration_"):
+        root = root.parent
+    tail = Path(os.path.normpath(save_path)).parts
+    if not tail or root.parts[-len(tail):] != tail:
+        return None
+    return Path(*root.parts[:-len(tail)]) / recorded
 
 
 def read_checkpoint_info(path: str | os.PathLike) -> tuple[str, int | None, dict[str, Any]]:
