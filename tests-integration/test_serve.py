@@ -1,5 +1,5 @@
-"""`mf serve` as a real server process (default GRAPH_MODE) on a tiny llama with a sentencepiece
-tokenizer trained here, saved as mf-trainer saves checkpoints: text completions and chat (mf-data's
+"""`mf serve` as a real server process (default GRAPH_MODE) from a predict YAML: a tiny llama
+checkpoint and a sentencepiece tokenizer trained here. Text completions and chat (mf-data's
 built-in chat template) equal to the model's greedy continuation, server-sent-event streams equal
 to the whole answers, concurrent requests all answered and equal to their one-at-a-time answers,
 the official `openai` client, and OpenAI-shaped errors (400, 404, 413)."""
@@ -38,15 +38,18 @@ def tiny(tmp_path_factory):
     mf_data.train_sentencepiece([str(corpus)], spm, VOCAB)
     section = mf_models.tiny_model_section("llama", vocab_size=VOCAB, max_position_embeddings=128, initializer_range=0.5)
     model = mf_models.build_model(section, seed=5)
-    mf_ckpt.save(str(root / "tiny-llama"), 1, mf_models.model_state(model),
-                 common={"step": 1, "hf_config": section, "train_config": {"tokenizer": {"path": spm}}})
-    return {"ckpt": str(root / "tiny-llama"), "tok": mf_data.SentencePieceTokenizer(spm), "model": model}
+    mf_ckpt.save(str(root / "ckpt"), 1, mf_models.model_state(model), common={"step": 1})
+    # served from a predict YAML (a checkpoint directory or HF directory is what mf-cli's tests serve)
+    config = {"run_mode": "predict", "model": section, "checkpoint": {"load_path": str(root / "ckpt")},
+              "tokenizer": {"path": spm}, "inference": {"prompts": ["unused by mf serve"]}}
+    (root / "tiny-llama.yaml").write_text(json.dumps(config))  # JSON is YAML
+    return {"config": str(root / "tiny-llama.yaml"), "tok": mf_data.SentencePieceTokenizer(spm), "model": model}
 
 
 @pytest.fixture(scope="module")
 def url(tiny, tmp_path_factory):
     log = open(tmp_path_factory.mktemp("log") / "serve.log", "w+")  # a file: a full pipe would block the server
-    proc = subprocess.Popen([sys.executable, "-m", "mf_cli.main", "serve", tiny["ckpt"], "--port", "0", "--max-slots",
+    proc = subprocess.Popen([sys.executable, "-m", "mf_cli.main", "serve", tiny["config"], "--port", "0", "--max-slots",
                              "4", "--max-len", "64", "--max-tokens", "24", "--max-request-bytes", "4000"],
                             stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "GLOG_v": "3"})
     found: list[str] = []

@@ -24,15 +24,17 @@ def start_server(log, *args: str, timeout: float = 120.0) -> tuple[subprocess.Po
     proc = subprocess.Popen([sys.executable, "-m", "mf_cli.main", "serve", *args, "--port", "0"],
                             stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "GLOG_v": "3"})
     found: list[str] = []
+    ready = threading.Event()
 
-    def read() -> None:
+    def read() -> None:  # keeps reading to the end, so stdout never fills up
         for line in proc.stdout:
             if line.startswith("mf serve: listening on ") and not found:
                 found.append(line.split()[-1])
+                ready.set()
+        ready.set()  # the process ended without listening
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(timeout)
+    threading.Thread(target=read, daemon=True).start()
+    ready.wait(timeout)
     if not found:
         proc.kill()
         proc.wait()
