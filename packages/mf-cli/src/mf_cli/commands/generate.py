@@ -316,6 +316,13 @@ def run(args) -> int:
         print(f"mf generate: note: {note}", file=sys.stderr)
     items = _prompts(args, source)
     settings = _sampling_settings(args, source)
+    unused = [f"--{flag.replace('_', '-')}" for flag in ("temperature", "top_k", "top_p", "seed")
+              if getattr(args, flag) is not None]
+    if unused and not settings["do_sample"]:
+        raise UsageError(f"{', '.join(unused)}: greedy decoding would ignore this; add --do-sample"
+                         + (" (or set inference.do_sample: true)" if source.inference is not None else ""))
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UsageError(f"--batch-size: must be at least 1, got {args.batch_size}")
     _check_output(settings["output"])
     prompt_ids = []
     for item in items:
@@ -333,7 +340,7 @@ def _generate(args, source: Source, items: list[dict], prompt_ids: list[list[int
 
     limit = source.model.args.max_position_embeddings
     longest = max(len(p) for p in prompt_ids)
-    new = settings["max_new_tokens"] or max(1, min(128, limit - longest))
+    new = settings["max_new_tokens"] if settings["max_new_tokens"] is not None else max(1, min(128, limit - longest))
     seed = settings["seed"]
     try:
         params = [SamplingParams(max_new_tokens=new, do_sample=settings["do_sample"],
