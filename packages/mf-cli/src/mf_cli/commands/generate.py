@@ -95,6 +95,12 @@ def set_mode(mode: str | int | None, device_target: str | None = None) -> None:
     ms.set_context(**context)
 
 
+def is_graph_mode() -> bool:
+    import mindspore as ms
+
+    return ms.get_context("mode") == ms.GRAPH_MODE
+
+
 def _tokenizer(path: str | None) -> TokenizerAdapter | None:
     return TokenizerAdapter(path) if path else None
 
@@ -401,8 +407,10 @@ def _generate(args, source: Source, items: list[dict], prompt_ids: list[list[int
                 print(" ".join(map(str, row["completion_ids"])))
     stats = engine.stats
     generated = sum(r.completion_tokens for r in requests)
+    compiled = f" without the first calls of its {stats.graphs_built} graphs ({stats.first_call_seconds:.2f} s" + \
+        (", where they compile)" if is_graph_mode() else ")")
     print(f"mf generate: {len(rows)} prompt(s), {sum(len(p) for p in prompt_ids)} prompt tokens, {generated} "
-          f"generated tokens in {elapsed:.2f} s: {generated / elapsed:.1f} tokens/s (prefill {stats.prefill_seconds:.2f} s, "
-          f"{stats.decode_steps} decode steps {stats.decode_seconds:.2f} s, {stats.graphs_built} graphs)"
+          f"generated tokens in {elapsed:.2f} s; {stats.tokens_per_second:.1f} tokens/s{compiled}: prefill "
+          f"{stats.prefill_seconds:.2f} s, {stats.decode_steps} decode steps {stats.decode_seconds:.2f} s"
           + (f"; wrote {settings['output']}" if settings["output"] else ""), file=sys.stderr)
     return 0

@@ -45,10 +45,13 @@ class EngineStats:
     generated_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    first_call_seconds: float = 0.0   # first calls of new step Cells (in GRAPH_MODE: their compiles)
     graphs_built: int = 0
 
     @property
     def tokens_per_second(self) -> float:
+        """Generated tokens per second of prefill and decode, the first call of every step Cell
+        (where GRAPH_MODE compiles it) left out."""
         busy = self.prefill_seconds + self.decode_seconds
         return self.generated_tokens / busy if busy > 0 else 0.0
 
@@ -206,12 +209,13 @@ class InferenceEngine:
         self.settings.set(slot, request.params)
         if sample:
             self.settings.uniform[slot] = request.rng.random()
+        built = self.stats.graphs_built
         step = self._prefill_step(bucket, sample)
         token = step(Tensor(ids), Tensor([slot], ms.int32), Tensor([length - 1], ms.int32),
                      *self.settings.tensors([slot])).asnumpy()[0]
         self.stats.prefill_calls += 1
         self.stats.prompt_tokens += length
-        self.stats.prefill_seconds += time.perf_counter() - started
+        self._time("prefill_seconds", started, built)
         self.positions[slot] = length
         self._accept(request, int(token))
 
@@ -223,13 +227,21 @@ class InferenceEngine:
             if request.params.do_sample:
                 sample = True
                 self.settings.uniform[request.slot] = request.rng.random()
+        built = self.stats.graphs_built
         step = self._decode_step(view, sample)
         out = step(Tensor(self.tokens), Tensor(self.positions), *self.settings.tensors()).asnumpy()
         self.stats.decode_steps += 1
-        self.stats.decode_seconds += time.perf_counter() - started
+        self._time("decode_seconds", started, built)
         for request in active:
             self.positions[request.slot] += 1
             self._accept(request, int(out[request.slot]))
+
+    def _time(self, field: str, started: float, graphs_before: int) -> None:
+        elapsed = time.perf_counter() - started
+        if self.stats.graphs_built > graphs_before:  # a new step Cell: its first call compiles it
+            self.stats.first_call_seconds += elapsed
+        else:
+            setattr(self.stats, field, getattr(self.stats, field) + elapsed)
 
     def _accept(self, request: Request, token: int) -> None:
         self.stats.generated_tokens += 1
