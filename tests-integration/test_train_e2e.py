@@ -44,7 +44,7 @@ def write_yaml(path: Path, corpus: str, out: Path, **changes) -> str:
     cfg = {
         "output_dir": str(out),
         "checkpoint": {"save_interleaved_steps": 2, "save_max": 2, "async_save": True},
-        "training": {"steps": 8, "local_batch_size": 2, "global_batch_size": 4, "seed": 3},
+        "training": {"steps": 6, "local_batch_size": 2, "global_batch_size": 4, "seed": 3},
         "lr_scheduler": {"type": "WarmUpStableDecayLR", "learning_rate": 3e-3, "warmup_steps": 2,
                          "decay_start_steps": 4, "lr_end": 1e-4},
         "train_dataset": {"dataloader": {
@@ -53,7 +53,7 @@ def write_yaml(path: Path, corpus: str, out: Path, **changes) -> str:
             "config": {"seq_length": 32, "split": "1,0,0", "eod": 1, "pad": 0, "create_attention_mask": False,
                        "data_path": ["1", corpus]}}, "num_parallel_workers": 2},
         "model": {"model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-                  "num_hidden_layers": 2, "num_attention_heads": 2, "head_dim": 16, "max_position_embeddings": 64},
+                  "num_hidden_layers": 1, "num_attention_heads": 2, "head_dim": 16, "max_position_embeddings": 64},
         "monitor": {"log_interval": 4, "peak_flops_per_device": 1e11},
     }
     cfg.update(changes)
@@ -71,11 +71,11 @@ def test_killed_and_resumed_run_matches_the_uninterrupted_one(tmp_path, corpus):
     full = tmp_path / "full"
     done = mf("train", write_yaml(tmp_path / "full.yaml", corpus, full))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "mf train: done at step 8" in done.stdout
-    assert (full / "checkpoint" / "latest_checkpointed_iteration.txt").read_text().strip() == "8"
+    assert "mf train: done at step 6" in done.stdout
+    assert (full / "checkpoint" / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
     assert list((full / "tensorboard").glob("events.out.tfevents.*"))
     reference = losses(full)
-    assert len(reference) == 8 and reference[-1] < reference[0]
+    assert len(reference) == 6 and reference[-1] < reference[0]
 
     # The same run, SIGKILLed at the end of step 5 (after checkpoint 4 was started asynchronously).
     part = tmp_path / "part"

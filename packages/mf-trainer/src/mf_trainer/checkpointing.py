@@ -98,6 +98,11 @@ class CheckpointSaver:
         self._pending = None  # (step, SaveResult) of an async save not yet committed
         self.last_saved_step: int | None = None
 
+    @property
+    def pending(self) -> bool:
+        """An async save has been started and not committed yet."""
+        return self._pending is not None
+
     def should_save(self, step: int) -> bool:
         return self.options.should_save(step)
 

@@ -136,6 +136,9 @@ class Trainer:
         common = restored.common
         self.optimizer.load_state_dict({**opt_state, "step": common["optimizer_step"]})
         self.state.step = self.state.start_step = int(common["step"])
+        if self.state.step > self.state.total_steps:
+            raise TrainerConfigError(f"training.steps: {self.state.total_steps} is below the step of the checkpoint "
+                                     f"being resumed ({self.state.step}); raise it to train further")
         self.state.consumed_samples = int(common["consumed_samples"])
         self.state.skipped_steps = int(common.get("skipped_steps", 0))
         self.state.nonfinite_in_row = int(common.get("nonfinite_in_row", 0))
@@ -249,7 +252,7 @@ class Trainer:
         finally:
             batches.close()
             # Commit or stop an async save even when training failed, so no writer thread leaks.
-            if self.checkpointer.saver is not None and self.checkpointer._pending is not None:
+            if self.checkpointer.pending:
                 try:
                     self._announce(self.checkpointer.finalize())
                 except TrainingError as exc:
