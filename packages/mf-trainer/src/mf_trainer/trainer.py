@@ -79,13 +79,15 @@ class Trainer:
             log.info("training.global_batch_size %d is not a multiple of dp x local_batch_size; using %d "
                      "(floor division, as specified)", cfg.training.global_batch_size, self.global_batch)
         self.output_dir = cfg.output_dir  # created by train(): a refused config writes nothing
+        # Pure-Python parts first: a bad schedule or callback fails before any model is built.
+        self.scheduler = build_scheduler(cfg.lr_scheduler.type, cfg.lr_scheduler.learning_rate,
+                                         cfg.lr_scheduler.extra, total_steps=cfg.training.steps)
+        user_callbacks = [*build_callbacks(cfg.callbacks), *callbacks]
         runtime.setup_context(self.device, cfg.context.mode, cfg.context.device_id, cfg.training.deterministic)
         runtime.seed_everything(cfg.training.seed)
 
         self.model = self._build_model()
         self.optimizer = build_adamw([(p.name, p) for p in self.model.trainable_params()], cfg.optimizer)
-        self.scheduler = build_scheduler(cfg.lr_scheduler.type, cfg.lr_scheduler.learning_rate,
-                                         cfg.lr_scheduler.extra, total_steps=cfg.training.steps)
         self.state = TrainState(total_steps=cfg.training.steps)
         if cfg.checkpoint.load_path:
             self._restore()
@@ -107,7 +109,7 @@ class Trainer:
         built_in: list[Callback] = [MetricsLogger(self.output_dir, cfg.monitor.log_interval, cfg.monitor.tensorboard)]
         if cfg.profiler.enable_profiling:
             built_in.append(ProfilerCallback(cfg.profiler, self.output_dir, self.device))
-        self.callbacks = CallbackList([*built_in, *build_callbacks(cfg.callbacks), *callbacks])
+        self.callbacks = CallbackList([*built_in, *user_callbacks])
 
     # ---- construction helpers ------------------------------------------------------------------
     def _build_model(self):
