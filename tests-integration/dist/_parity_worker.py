@@ -2,18 +2,21 @@
 gradient norms and final (gathered) weights of one process training on the same global batch.
 
 Usage: _parity_worker.py CASE [CASE ...]; the cases of one world size share one launch. The
-reference runs in this same process but touches nothing of mf-parallel: the plain model, MindSpore's
-own sparse cross entropy, an independently written global-norm clip, full batches.
+reference runs on rank 0 only, in this same process, and touches nothing of mf-parallel: the plain
+model, MindSpore's own sparse cross entropy, an independently written global-norm clip, full
+batches. The parallel losses are global and the gathered weights are the same on every rank, so
+rank 0 alone compares and reports.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
-from _results import emit, run_check
+from _results import emit
 from _tiny_model import ParallelLoss, ReferenceClip, ReferenceLoss, TinyArgs, TrainStep, batches, build, parallelize
 from mindspore import Tensor
 
@@ -44,6 +47,7 @@ def reference(steps: int = STEPS, start: dict | None = None):
     key = (steps, None if start is None else id(start))
     if key in _REFERENCE:
         return _REFERENCE[key]
+    previous = ms.get_context("mode")
     ms.set_context(mode=ms.GRAPH_MODE)   # compiled once: the cheapest way through 8 steps
     model = build(ARGS, SEED)
     if start is not None:
@@ -58,6 +62,7 @@ def reference(steps: int = STEPS, start: dict | None = None):
         losses.append(float(loss.asnumpy()))
         norms.append(float(norm.asnumpy()))
     weights = {name: p.asnumpy().copy() for name, p in model.parameters_and_names()}
+    ms.set_context(mode=previous)        # the other ranks keep running the parallel steps eagerly
     _REFERENCE[key] = (losses, norms, weights)
     return _REFERENCE[key]
 
@@ -99,7 +104,6 @@ def _weights_match(full: dict, ref: dict) -> tuple[bool, str]:
 
 def run_case(name: str):
     kwargs, policy, divide, mode = CASES[name]
-    ref_losses, ref_norms, ref_weights = reference()
     dims = mp.ParallelDims(mesh_world(), **kwargs)
     mesh = mp.init_mesh(dims)
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
@@ -109,6 +113,9 @@ def run_case(name: str):
     seconds = time.monotonic() - start
     ms.set_context(mode=ms.PYNATIVE_MODE)
     full = mp.gather_full_state(model, mesh)
+    if mesh.rank != 0:
+        return model, mesh, full
+    ref_losses, ref_norms, ref_weights = reference()
     w_ok, w_detail = _weights_match(full, ref_weights)
     loss_err, norm_err = _rel(losses, ref_losses), _rel(norms, ref_norms)
     clipped = sum(n > MAX_NORM for n in ref_norms)
@@ -139,13 +146,59 @@ def check_reload(name: str, full: dict):
     """Load full weights into a freshly parallelized model (reshard 1 -> layout) and train on:
     same losses as the one-process run continuing from the same weights."""
     kwargs, policy, divide, mode = CASES[name]
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     mesh = mp.init_mesh(mp.ParallelDims(mesh_world(), **kwargs))
     model = parallelize(build(ARGS, SEED + 1), ARGS, mesh, policy, divide)    # different init, then load
     mp.load_full_state(model, mesh, full)
     losses, _, _ = train_parallel(model, mesh, divide, batches(ARGS, STEPS + 2, GLOBAL_BATCH)[STEPS:])
+    if mesh.rank != 0:
+        return None
     ref_losses, _, _ = reference(2, start=full)
     err = _rel(losses, ref_losses)
     return err <= RTOL, f"continued losses {losses} vs {ref_losses}: rel err {err:.2e}"
+
+
+def check_ckpt_roundtrip(model, mesh, full: dict):
+    """mf-ckpt's sharded save through `Communicator` under FSDP2 x TP2 (each rank writes its real
+    blocks, replicas once); one process loads the whole tensors; a fresh parallel model loads its
+    blocks back (balanced: pieces read once and shared through all_gather_object)."""
+    import mf_ckpt
+
+    comm = mp.Communicator()
+    path = str(Path.cwd() / "ckpt")         # the launch's working directory, shared by the ranks
+    layouts = mp.param_layouts(model, mesh)
+    state = {name: mf_ckpt.ShardedTensor(layouts[name].to_block(p.asnumpy()), layouts[name].global_shape,
+                                         layouts[name].offset, layouts[name].replica_id)
+             for name, p in model.parameters_and_names()}
+    mf_ckpt.save(mf_ckpt.SaveOptions(save_path=path, remove_redundancy=True), STEPS, state, comm=comm)
+    single_ok = True
+    if mesh.rank == 0:
+        whole = {name: np.zeros(lay.global_shape, np.float32) for name, lay in layouts.items()}
+        mf_ckpt.load(path, whole, comm=mf_ckpt.SingleProcess())
+        single_ok = all(np.array_equal(whole[name], full[name]) for name in full)
+    comm.barrier()
+    kwargs, policy, divide, _ = CASES["fsdp2_tp2"]
+    fresh = parallelize(build(ARGS, SEED + 2), ARGS, mesh, policy, divide)
+    lays = mp.param_layouts(fresh, mesh)
+    targets = {name: mf_ckpt.ShardedTensor(np.zeros(lay.shape, np.float32), lay.global_shape, lay.offset,
+                                           lay.replica_id) for name, lay in lays.items()}
+    mf_ckpt.load(mf_ckpt.LoadOptions(load_path=path, load_balanced=True), targets, comm=comm)
+    mp.load_sharded_state(fresh, mesh, lambda name, offset, shape: targets[name].data)
+    back = mp.gather_full_state(fresh, mesh)
+    back_ok = all(np.array_equal(back[name], full[name]) for name in full)
+    return single_ok and back_ok, f"one-process load exact: {single_ok}; reloaded into FSDP2 x TP2 exact: {back_ok}"
+
+
+def _on_rank0(name: str, fn, *args) -> None:
+    """Run a collective check on every rank; rank 0 reports it."""
+    try:
+        result = fn(*args)
+    except Exception as exc:  # reported, then the next check runs
+        import traceback
+
+        result = (False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-2000:]}")
+    if mp.init_distributed()[0] == 0:
+        emit(name, *result)
 
 
 def mesh_world() -> int:
@@ -162,11 +215,13 @@ def main(names):
             emit(f"parity[{name}]", False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}")
             continue
         if name == "fsdp2_tp2":
-            run_check(f"layout_tiles[{name}]", check_layout_tiles, model, mesh)
-            run_check(f"reload[{name}]", check_reload, name, full)
+            _on_rank0(f"layout_tiles[{name}]", check_layout_tiles, model, mesh)
+            _on_rank0(f"reload[{name}]", check_reload, name, full)
+            _on_rank0(f"ckpt_roundtrip[{name}]", check_ckpt_roundtrip, model, mesh, full)
             # Two parallel axes: on CPU this layout must run eagerly (backend.graph_mode_blocker).
             reason = mp.graph_mode_blocker(mesh.dims)
-            emit(f"graph_mode_blocked[{name}]", reason is not None and "PyNative" in reason, str(reason))
+            if mesh.rank == 0:
+                emit(f"graph_mode_blocked[{name}]", reason is not None and "PyNative" in reason, str(reason))
     emit("done", True)
 
 

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,16 +69,22 @@ class DistRun:
 
 
 @pytest.fixture(scope="session")
-def dist_run(tmp_path_factory):
-    """`dist_run(script, n, *args)` -> DistRun, launched once per distinct call in the session."""
+def dist_run():
+    """`dist_run(script, n, *args)` -> DistRun, launched once per distinct call in the session.
+
+    Logs go to a private temporary directory, not pytest's tmp_path_factory: pytest keeps only the
+    newest three base directories per user, and other pytest runs on a shared machine would delete
+    a launch's directory while its ranks still write there.
+    """
     from mf_parallel import launch
 
     cache: dict[tuple, DistRun] = {}
+    root = Path(tempfile.mkdtemp(prefix="mf-dist-"))
 
     def run(script: Path, n: int, *args: str, env: dict | None = None) -> DistRun:
         key = (str(script), n, args, tuple(sorted((env or {}).items())))
         if key not in cache:
-            log_dir = tmp_path_factory.mktemp(Path(script).stem)
+            log_dir = Path(tempfile.mkdtemp(prefix=Path(script).stem + "-", dir=root))
             console = io.StringIO()
             start = time.monotonic()
             rc = launch(n, [str(script), *args], log_dir, console=console, env={**os.environ, **(env or {})},
@@ -87,4 +94,5 @@ def dist_run(tmp_path_factory):
             cache[key] = DistRun(rc, console.getvalue(), logs, time.monotonic() - start)
         return cache[key]
 
-    return run
+    yield run
+    shutil.rmtree(root, ignore_errors=True)

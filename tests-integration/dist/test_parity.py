@@ -35,10 +35,9 @@ def _records(runs, name):
 
 @pytest.mark.parametrize("case", [c for names in CASES.values() for c in names])
 def test_parity(runs, case):
-    records = _records(runs, f"parity[{case}]")
-    bad = [f"rank {r['rank']}: {r['detail']}" for r in records if not r["ok"]]
-    assert not bad, "\n".join(bad)
-    assert len(records) == (2 if case in CASES[2] else 4)
+    records = _records(runs, f"parity[{case}]")       # compared and reported by rank 0
+    assert len(records) == 1 and records[0]["rank"] == 0
+    assert records[0]["ok"], records[0]["detail"]
 
 
 def test_graph_and_pynative_move_the_same_bytes(runs):
@@ -55,8 +54,8 @@ def test_emulation_is_visible_in_the_counter(runs):
     assert issued == 2 * payload           # two-rank sub-groups: a slot buffer of two payloads
 
 
-@pytest.mark.parametrize("name", ["layout_tiles[fsdp2_tp2]", "reload[fsdp2_tp2]", "graph_mode_blocked[fsdp2_tp2]"])
+@pytest.mark.parametrize("name", ["layout_tiles[fsdp2_tp2]", "reload[fsdp2_tp2]", "ckpt_roundtrip[fsdp2_tp2]",
+                                  "graph_mode_blocked[fsdp2_tp2]"])
 def test_sharded_state(runs, name):
     records = _records(runs, name)
-    bad = [f"rank {r['rank']}: {r['detail']}" for r in records if not r["ok"]]
-    assert not bad and len(records) == 4, "\n".join(bad)
+    assert len(records) == 1 and records[0]["ok"], records[0]["detail"]
