@@ -37,7 +37,8 @@ MODEL_KEYS: dict[str, frozenset[str]] = {
         "moe_intermediate_size", "n_shared_experts", "n_routed_experts", "routed_scaling_factor", "kv_lora_rank",
         "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "qk_head_dim", "n_group",
         "topk_group", "num_experts_per_tok", "first_k_dense_replace", "norm_topk_prob", "rope_interleave",
-        "attention_bias", "num_nextn_predict_layers", "output_router_logits"},
+        "attention_bias", "num_nextn_predict_layers", "output_router_logits", "topk_method", "scoring_func",
+        "moe_layer_freq"},
 }
 
 # model_config names of the older format -> the Hugging Face names mf's models use.
