@@ -283,10 +283,16 @@ class _RecomputeBase(nn.Cell):
         n = self._core.n
         return self.run(*self._full(flat[:n]), *flat[n:])
 
-    def full_flat(self, flat):
-        """Shards gathered again (the reshard-after-forward cost), inputs unchanged."""
+    def full_flat(self, flat, dout):
+        """Shards gathered again (the reshard-after-forward cost), inputs unchanged. The shards are
+        made to depend on the incoming gradient: the gather then belongs to the backward, and a
+        compiler cannot merge it with the forward's identical gather (seen for an embedding table
+        in GRAPH_MODE), which would silently keep the full parameter alive."""
         n = self._core.n
-        return self._full(flat[:n]) + flat[n:]
+        shards = ()
+        for i in range(n):
+            shards = shards + (ops.depend(flat[i], dout),)
+        return self._full(shards) + flat[n:]
 
     def finish(self, flat, grads):
         """Parameter gradients through each pipeline's adjoint; input gradients as they are."""
@@ -307,7 +313,7 @@ class _Recompute2(_RecomputeBase):
         return self.recompute_forward((a, b))
 
     def bprop(self, a, b, out, dout):
-        f = self.full_flat((a, b))
+        f = self.full_flat((a, b), dout)
         return self.finish((a, b), self.grad_all(self.fixed_run)(f[0], f[1], dout))
 
 
@@ -319,7 +325,7 @@ class _Recompute3(_RecomputeBase):
         return self.recompute_forward((a, b, c))
 
     def bprop(self, a, b, c, out, dout):
-        f = self.full_flat((a, b, c))
+        f = self.full_flat((a, b, c), dout)
         return self.finish((a, b, c), self.grad_all(self.fixed_run)(f[0], f[1], f[2], dout))
 
 
@@ -331,7 +337,7 @@ class _Recompute4(_RecomputeBase):
         return self.recompute_forward((a, b, c, d))
 
     def bprop(self, a, b, c, d, out, dout):
-        f = self.full_flat((a, b, c, d))
+        f = self.full_flat((a, b, c, d), dout)
         return self.finish((a, b, c, d), self.grad_all(self.fixed_run)(f[0], f[1], f[2], f[3], dout))
 
 

@@ -1,0 +1,202 @@
+"""mf-parallel: communication volume per step against the analytic count, and step time on 2 CPU
+ranks against one process.
+
+    python benchmarks/parallel_bench.py          # launches itself on 2 ranks with mf_parallel.launch
+
+For each strategy the counter's bytes per collective kind in one training step (forward, backward,
+global-norm clip) must equal the count derived here from the architecture alone (shapes, batch,
+the strategy's rules); a mismatch exits non-zero. Step times are medians of compiled (GRAPH_MODE)
+steps measured in the same run as the one-process reference; the machine is shared, so they are
+noisy, and on CPU every "parallel" rank competes for the same two cores: the ratio shows the cost
+of the communication and the emulation, not a speed-up.
+
+Output lines: `name: ours X, reference Y, ratio Z`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests-integration" / "dist"))   # the tiny llama of the parity proof
+
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
+from _tiny_model import (  # noqa: E402
+    ParallelLoss,
+    ReferenceClip,
+    ReferenceLoss,
+    TinyArgs,
+    TrainStep,
+    batches,
+    build,
+    parallelize,
+)
+from mindspore import Tensor  # noqa: E402
+
+import mf_parallel as mp  # noqa: E402
+
+ARGS = TinyArgs(vocab=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, hidden=384, seq=64)
+GLOBAL_BATCH = 8
+WARMUP, TIMED = 2, 6
+F32 = 4
+# name -> (ParallelDims keywords, reshard policy)
+STRATEGIES = {
+    "fsdp2_always": (dict(dp_shard=2), "always"),
+    "fsdp2_never": (dict(dp_shard=2), "never"),
+    "tp2": (dict(tp=2), "default"),
+}
+
+
+# ----------------------------------------------------------------------------- analytic counts
+def _param_shapes(a: TinyArgs) -> dict[str, tuple[int, ...]]:
+    hd = a.dim // a.n_heads
+    shapes = {"tok_embeddings.embedding_table": (a.vocab, a.dim), "norm.weight": (a.dim,),
+              "output.weight": (a.vocab, a.dim)}
+    for i in range(a.n_layers):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "attention_norm.weight": (a.dim,), p + "ffn_norm.weight": (a.dim,),
+            p + "attention.wq.weight": (a.n_heads * hd, a.dim), p + "attention.wq.bias": (a.n_heads * hd,),
+            p + "attention.wk.weight": (a.n_kv_heads * hd, a.dim), p + "attention.wv.weight": (a.n_kv_heads * hd, a.dim),
+            p + "attention.wo.weight": (a.dim, a.n_heads * hd), p + "attention.wo.bias": (a.dim,),
+            p + "feed_forward.w1.weight": (a.hidden, a.dim), p + "feed_forward.w2.weight": (a.dim, a.hidden),
+            p + "feed_forward.w3.weight": (a.hidden, a.dim),
+        })
+    return shapes
+
+
+def _add(table, key, calls, payload, issued):
+    entry = table.setdefault(key, {"calls": 0, "payload_bytes": 0, "issued_bytes": 0})
+    entry["calls"] += calls
+    entry["payload_bytes"] += payload
+    entry["issued_bytes"] += issued
+
+
+def analytic_fsdp(a: TinyArgs, n: int, policy: str) -> dict:
+    """ZeRO-3 on one n-rank world group: gather every shard before use (again in backward when the
+    unit reshards), reduce-scatter every padded fp32 gradient; plus the clip's scalar all-reduce.
+    MCCL: all_gather native on the world group, reduce_scatter emulated as all_reduce + slice."""
+    table: dict = {}
+    for name, shape in _param_shapes(a).items():
+        rest = math.prod(shape[1:])
+        chunk = math.ceil(shape[0] / n)
+        shard, padded = chunk * rest * F32, n * chunk * rest * F32
+        layer = name.split(".")[1] if name.startswith("layers.") else None
+        last = layer is None or int(layer) == a.n_layers - 1
+        reshard = mp.reshard_after_forward_for(policy, last=last)
+        _add(table, "all_gather/native", 1 + reshard, shard * (1 + reshard), shard * (1 + reshard))
+        _add(table, "reduce_scatter/emulated", 1, padded, padded)
+    _add(table, "all_reduce/native", 1, F32, F32)
+    return table
+
+
+def analytic_tp(a: TinyArgs, tp: int, batch: int) -> dict:
+    """Megatron TP with sequence parallelism on a tp-rank world group. Per block: all-gather the
+    sequence before attention and before the MLP, reduce-scatter after wo and w2 (each reversed in
+    backward); embedding reduce-scatter and output all-gather likewise; gradients of replicated
+    norm weights and of wo's bias all-reduced; vocab-parallel loss: max (emulated on MCCL: slots of
+    tp payloads), sum of exponentials and picked logit all-reduced; the clip's scalar."""
+    table: dict = {}
+    full = batch * a.seq * a.dim * F32
+    shard = full // tp
+    gathers = 2 * a.n_layers + 1            # attention and MLP inputs, output projection input
+    scatters = 2 * a.n_layers + 1           # wo and w2 outputs, embedding output
+    _add(table, "all_gather/native", gathers + scatters, (gathers + scatters) * shard, (gathers + scatters) * shard)
+    _add(table, "reduce_scatter/emulated", gathers + scatters, (gathers + scatters) * full, (gathers + scatters) * full)
+    synced = 3 * a.n_layers + 1             # attention_norm, ffn_norm, wo.bias per block; final norm
+    tokens = batch * a.seq * F32
+    _add(table, "all_reduce/native", synced + 2 + 1, synced * a.dim * F32 + 2 * tokens + F32,
+         synced * a.dim * F32 + 2 * tokens + F32)
+    _add(table, "all_reduce/emulated", 1, tokens, tp * tokens)
+    return table
+
+
+# ----------------------------------------------------------------------------- timing
+def _time_steps(step, data) -> float:
+    times = []
+    for i, (ids, labels, mask, denom) in enumerate(data[: WARMUP + TIMED]):
+        start = time.perf_counter()
+        loss, _ = step(ids, labels, mask, denom)
+        loss.asnumpy()
+        if i >= WARMUP:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _data(rows: slice):
+    out = []
+    for ids, labels, mask in batches(ARGS, WARMUP + TIMED, GLOBAL_BATCH):
+        out.append((Tensor(ids[rows]), Tensor(labels[rows]), Tensor(mask[rows]), Tensor(np.float32(mask.sum()))))
+    return out
+
+
+def reference_step_time() -> float:
+    ms.set_context(mode=ms.GRAPH_MODE)
+    model = build(ARGS, 0)
+    return _time_steps(TrainStep(ReferenceLoss(model), ReferenceClip(1.0)), _data(slice(None)))
+
+
+def worker() -> None:
+    ms.set_context(mode=ms.GRAPH_MODE)
+    world = mp.init_distributed()[1]
+    for name, (kwargs, policy) in STRATEGIES.items():
+        dims = mp.ParallelDims(world, **kwargs)
+        mesh = mp.init_mesh(dims)
+        model = parallelize(build(ARGS, 0), ARGS, mesh, policy)
+        step = TrainStep(ParallelLoss(model, mesh["tp"]),
+                         mp.GlobalNormClip(model, model.trainable_params(), mesh, 1.0))
+        rows = GLOBAL_BATCH // dims.dp
+        r = dims.dp_rank(mesh.rank)
+        data = _data(slice(r * rows, (r + 1) * rows))
+        seconds = _time_steps(step, data)
+        mp.comm_stats().reset()
+        loss, _ = step(*data[0])
+        loss.asnumpy()
+        print("BENCH " + json.dumps({"name": name, "seconds": seconds, "comm": mp.comm_stats().snapshot(),
+                                     "dp": dims.dp, "tp": dims.tp}), flush=True)
+
+
+def main() -> int:
+    ref_seconds = reference_step_time()
+    with tempfile.TemporaryDirectory() as tmp:
+        quiet = open(os.devnull, "w")
+        rc = mp.launch(2, [__file__], Path(tmp) / "logs", env={**os.environ, "MF_BENCH_WORKER": "1"},
+                       console=quiet, cwd=tmp)
+        log = (Path(tmp) / "logs" / "worker_0.log").read_text(errors="replace")
+    if rc != 0:
+        print(log[-3000:])
+        return rc
+    results = [json.loads(line.split("BENCH ", 1)[1]) for line in log.splitlines() if "BENCH " in line]
+    mismatches = 0
+    for res in results:
+        name = res["name"]
+        kwargs, policy = STRATEGIES[name]
+        want = (analytic_fsdp(ARGS, 2, policy) if "dp_shard" in kwargs
+                else analytic_tp(ARGS, 2, GLOBAL_BATCH // res["dp"]))
+        got = res["comm"]
+        for key in sorted(set(want) | set(got)):
+            for field in ("payload_bytes", "issued_bytes", "calls"):
+                ours, ref = got.get(key, {}).get(field, 0), want.get(key, {}).get(field, 0)
+                ratio = ours / ref if ref else float("nan")
+                mismatches += ours != ref
+                print(f"{name} {key} {field}/step: ours {ours}, reference {ref} (analytic), ratio {ratio:.3f}")
+        print(f"{name} step time (2 ranks, GRAPH_MODE): ours {res['seconds'] * 1e3:.1f} ms, reference "
+              f"{ref_seconds * 1e3:.1f} ms (1 process, same global batch), ratio {res['seconds'] / ref_seconds:.2f}")
+    print(f"(step times measured on a shared 2-core machine under load: noisy; {len(results)} strategies, "
+          f"{mismatches} byte-count mismatches)")
+    return 1 if mismatches or len(results) != len(STRATEGIES) else 0
+
+
+if __name__ == "__main__":
+    if os.environ.get("MF_BENCH_WORKER"):
+        worker()
+    else:
+        sys.exit(main())
