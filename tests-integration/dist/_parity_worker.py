@@ -36,7 +36,7 @@ CASES = {
     "tp2": (dict(tp=2), "default", False, "pynative"),
     "tp2_graph": (dict(tp=2), "default", False, "graph"),
     "hsdp2x2": (dict(dp_replicate=2, dp_shard=2), "never", False, "pynative"),
-    "fsdp2_tp2": (dict(dp_shard=2, tp=2), "always", False, "pynative"),
+    "fsdp2_tp2": (dict(dp_shard=2, tp=2), "default", False, "pynative"),
 }
 
 _REFERENCE: dict = {}
@@ -222,7 +222,8 @@ def main(names):
             reason = mp.graph_mode_blocker(mesh.dims)
             if mesh.rank == 0:
                 emit(f"graph_mode_blocked[{name}]", reason is not None and "PyNative" in reason, str(reason))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
     emit("done", True)
-
-
-main(sys.argv[1:])

@@ -5,14 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _cases import WORLD4_CASES
 
-WORKER = Path(__file__).with_name("_collectives_worker.py")
+WORKER = Path(__file__).with_name("_world4_worker.py")     # shared with the 4-rank parity cases
 WORLD = 4
 
 
 @pytest.fixture(scope="module")
 def run(dist_run):
-    result = dist_run(WORKER, WORLD)
+    result = dist_run(WORKER, WORLD, *WORLD4_CASES)
     if result.rc != 0 or len(result.by_name("done")) != WORLD:
         pytest.fail(result.failure_report())
     return result

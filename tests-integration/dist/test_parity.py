@@ -9,16 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _cases import WORLD2_CASES, WORLD4_CASES
 
-WORKER = Path(__file__).with_name("_parity_worker.py")
-CASES = {2: ["fsdp2", "tp2", "fsdp2_graph", "tp2_graph"], 4: ["hsdp2x2", "fsdp2_tp2"]}
+CASES = {2: list(WORLD2_CASES), 4: list(WORLD4_CASES)}
+# The 4-rank cases share their launch with the collectives checks.
+WORKERS = {2: Path(__file__).with_name("_parity_worker.py"), 4: Path(__file__).with_name("_world4_worker.py")}
 
 
 @pytest.fixture(scope="module")
 def runs(dist_run):
     out = {}
     for world, names in CASES.items():
-        result = dist_run(WORKER, world, *names)
+        result = dist_run(WORKERS[world], world, *names)
         if result.rc != 0 or len(result.by_name("done")) != world:
             pytest.fail(result.failure_report())
         out[world] = result

@@ -190,6 +190,10 @@ def test_state_roundtrip_on_one_rank(mesh):
         np.testing.assert_array_equal(value, state[name])
     layouts = mp.param_layouts(net, mesh)
     assert layouts["up.weight"].global_shape == (6, 8) and layouts["up.weight"].replica_id == 0
+    blocks = mp.local_blocks(net, mesh)
+    assert set(blocks) == set(state) and all(np.array_equal(blocks[k], state[k]) for k in state)
+    assert mp.shard_metadata(net, mesh)["up.weight"] == {"global_shape": [6, 8], "offset": [0, 0], "shape": [6, 8],
+                                                        "replica_id": 0, "sharded_axes": ["pp"]}
     bad = dict(state, **{"up.weight": np.zeros((3, 8), np.float32)})
     with pytest.raises(mp.ParallelConfigError, match=r"up.weight has shape \[3, 8\], the model expects \[6, 8\]"):
         mp.load_full_state(other, mesh, bad)

@@ -109,7 +109,6 @@ class LeafPlan:
     deferred: tuple[str, ...] = ()                  # added to the output after output_transform (row-parallel bias)
     grad_sync: dict[str, nn.Cell] = field(default_factory=dict)    # name -> Cell factory result (CopyToGroup)
     tp_shards: dict[str, TPShard] = field(default_factory=dict)
-    tp_replicated_sync: tuple[str, ...] = ()        # params replicated over tp whose grads are all-reduced there
     fsdp: Any = None                                # fsdp.FSDPParams
 
 

@@ -129,8 +129,3 @@ def init_mesh(dims: ParallelDims) -> DeviceMesh:
         log.info("parallel layout: %s", dims.describe())
     return mesh
 
-
-def single_rank_group(label: str = "self") -> Group:
-    """A group of just this rank: collectives on it are the identity (useful for world size 1)."""
-    rank, _ = init_distributed()
-    return Group(label=label, ranks=(rank,), rank=0, name="", backend="mccl", is_world=False)

@@ -83,7 +83,6 @@ def _sync_replicated(leaf: nn.Cell, names, group: Group) -> None:
     for name in names:
         if name in plan.names and name not in plan.grad_sync:
             plan.grad_sync[name] = CopyToGroup(group)
-            plan.tp_replicated_sync = plan.tp_replicated_sync + (name,)
 
 
 class ParallelStyle:
