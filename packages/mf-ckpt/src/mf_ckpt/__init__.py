@@ -1,4 +1,4 @@
-"""Sharded safetensors checkpoints: save, reshard-on-load, inspect, merge and Hugging Face conversion.
+"""Sharded safetensors checkpoints: save, reshard-on-load, inspect, merge, Hugging Face conversion, LoRA merging.
 
 Depends on numpy and safetensors only (tqdm for progress bars); never on MindSpore.
 """
@@ -8,11 +8,19 @@ from .dtypes import BF16, bf16_from_float32, to_float32
 from .errors import CheckpointError
 from .hf import hf_to_mf, load_hf_state, mf_to_hf, save_hf, supported_model_types
 from .loader import LoadResult, load
+from .lora import (
+    load_lora_adapter,
+    load_lora_merged_state,
+    make_lora_adapter_meta,
+    merge_lora,
+    read_adapter_meta,
+)
+from .lora_tools import merge_lora_checkpoint
 from .options import LoadOptions, SaveOptions
 from .saver import Saver, SaveResult, save
 from .sharding import ShardedTensor, replicated, shard_array, split_evenly, split_padded, split_sizes
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "BF16",
@@ -33,7 +41,13 @@ __all__ = [
     "hf_to_mf",
     "load",
     "load_hf_state",
+    "load_lora_adapter",
+    "load_lora_merged_state",
+    "make_lora_adapter_meta",
+    "merge_lora",
+    "merge_lora_checkpoint",
     "mf_to_hf",
+    "read_adapter_meta",
     "replicated",
     "run_threaded",
     "save",

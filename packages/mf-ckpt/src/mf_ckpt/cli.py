@@ -1,4 +1,4 @@
-"""`mf-ckpt` (also `mf ckpt`): inspect, verify, merge and convert checkpoints.
+"""`mf-ckpt` (also `mf ckpt`): inspect, verify, merge, convert checkpoints and merge LoRA adapters.
 
 Bad input never shows a traceback: one line on stderr and exit status 2; outputs are written to a
 temp directory renamed into place, and a non-empty destination is refused without --force.
@@ -17,6 +17,7 @@ from . import __version__
 from .errors import CheckpointError
 from .hf.convert import supported_model_types
 from .inspection import describe, verify
+from .lora_tools import merge_lora_checkpoint
 from .tools import convert_hf_to_mf, convert_mf_to_hf, merge
 from .units import format_size, parse_size
 
@@ -71,6 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace a non-empty DST")
     p.add_argument("src")
     p.add_argument("dst")
+
+    p = sub.add_parser("merge-lora", help="merge a LoRA adapter checkpoint into its base weights")
+    p.add_argument("base", help="the base weights: mf checkpoint, merged directory or Hugging Face directory")
+    p.add_argument("adapter", help="an adapter-only mf checkpoint (written by a LoRA fine-tune)")
+    p.add_argument("out", help="where the merged weights go")
+    p.add_argument("--to", dest="dst_format", choices=["mf", "hf"], default="mf",
+                   help="mf checkpoint (default) or Hugging Face directory")
+    p.add_argument("--hf-config", help="--to hf: config.json (or its directory) when neither checkpoint carries one")
+    p.add_argument("--max-shard-size", type=_size, help="--to hf: shard size limit, e.g. 2GB")
+    p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
     return parser
 
 
@@ -135,6 +146,14 @@ def _run(args: argparse.Namespace) -> int:
         else:
             raise _UsageError(f"mf-ckpt convert: --from {args.src_format} --to {args.dst_format} is not a conversion")
         print(f"converted {args.src} ({args.src_format}) -> {args.dst} ({args.dst_format})")
+        return 0
+    if args.command == "merge-lora":
+        if args.dst_format == "mf" and (args.hf_config or args.max_shard_size):
+            raise _UsageError("mf-ckpt merge-lora: --hf-config and --max-shard-size apply to --to hf only")
+        summary = merge_lora_checkpoint(args.base, args.adapter, args.out, to=args.dst_format, hf_config=args.hf_config,
+                                        max_shard_size=args.max_shard_size, overwrite=args.force, progress=progress)
+        print(f"merged {summary['modules']} LoRA module(s) (rank {summary['rank']}, alpha {summary['alpha']:g}) of "
+              f"{args.adapter} into {summary['base']} -> {args.out} ({args.dst_format}, {format_size(summary['bytes'])})")
         return 0
     raise AssertionError(args.command)
 

@@ -61,14 +61,17 @@ def merge(src, out, *, iteration: int | None = None, max_shard_size: int | str |
 
 
 def write_single_rank_checkpoint(out: Path, layout: CheckpointLayout, pool: ReaderPool, iteration: int,
-                                 common: dict[str, Any], bar: Progress, prefix: str = "checkpoint") -> None:
-    """An mf save directory (marker + one iteration, world size 1) holding `layout`'s model."""
+                                 common: dict[str, Any], bar: Progress, prefix: str = "checkpoint",
+                                 entries: list[Entry] | None = None) -> None:
+    """An mf save directory (marker + one iteration, world size 1) holding `layout`'s model, or
+    `entries` (same names, dtypes and shapes, e.g. computed from it) instead of its stored values."""
     desc = {"model": [LocalEntry(name, m.dtype, m.shape, (0,) * len(m.shape), m.shape, 0)
                       for name, m in layout.parts["model"].items()]}
     global_layout = build([desc], prefix, remove_redundancy=False)
     it_dir = out / iteration_name(iteration)
     it_dir.mkdir()
-    write_file(it_dir / shard_file(prefix, "model", 0, 1), _entries(layout, pool, "model"), {"format": "mf-ckpt"},
+    entries = entries if entries is not None else _entries(layout, pool, "model")
+    write_file(it_dir / shard_file(prefix, "model", 0, 1), entries, {"format": "mf-ckpt"},
                on_bytes=bar.update)
     (it_dir / METADATA).write_bytes(global_layout.metadata_bytes)
     (it_dir / COMMON).write_text(json.dumps(common_info(iteration, 1, jsonable.encode(common)), indent=2,
