@@ -4,13 +4,14 @@
     logits = model(input_ids)                       # [B, S, V] float32
     model = mf_models.load_hf("path/to/hf_dir")     # config.json + safetensors via mf-ckpt
     out = mf_models.generate(model, prompt, max_new_tokens=20)
+    adapted = mf_models.apply_lora(model, ".*w[qv]", rank=8, alpha=16.0)   # LoRA adapters (mf_models.lora)
     engine = mf_models.InferenceEngine(model, max_slots=8)   # continuous batching (mf_models.inference)
     done = engine.generate([[1, 5, 9], [1, 7]], mf_models.SamplingParams(max_new_tokens=32))
 
 The OpenAI-compatible HTTP server is `mf_models.serving` (extra `serve`: starlette, uvicorn).
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from .common.args import BaseArgs
 from .common.attention import KVCache
@@ -20,6 +21,8 @@ from .errors import ModelConfigError, ModelStateError
 from .generation import generate
 from .inference import InferenceEngine, SamplingParams, load_pretrained
 from .llama import LlamaArgs, LlamaForCausalLM
+from .lora import LoraLinear, adapter_state, apply_lora, linear_modules, load_adapter_state, lora_modules
+from .lora import describe_modules as describe_lora_modules
 from .presets import tiny_model_section
 from .qwen3 import Qwen3Args, Qwen3ForCausalLM
 from .registry import ModelSpec, available_models, build_args, build_model, register_model, resolve_spec
@@ -31,4 +34,6 @@ __all__ = [
     "LlamaArgs", "LlamaForCausalLM", "Qwen3Args", "Qwen3ForCausalLM", "DeepseekV3Args", "DeepseekV3ForCausalLM",
     "available_models", "build_args", "build_model", "generate", "init_weights", "load_hf", "load_state",
     "load_pretrained", "model_state", "register_model", "resolve_spec", "SamplingParams", "tiny_model_section",
+    "LoraLinear", "adapter_state", "apply_lora", "describe_lora_modules", "linear_modules", "load_adapter_state",
+    "lora_modules",
 ]

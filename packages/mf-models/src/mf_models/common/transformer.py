@@ -121,9 +121,15 @@ def init_weights(model: nn.Cell, seed: int = 0) -> None:
     """HF-style init from numpy (device independent): normal(0, initializer_range) for matmul
     weights, embeddings and routers, ones for norms, zeros for biases and the expert-score bias."""
     std = model.args.initializer_range
-    for _, cell in model.cells_and_names():
+    for cell_name, cell in model.cells_and_names():
         own = cell.parameters_dict(recurse=False) if hasattr(cell, "parameters_dict") else {}
+        # LoRA adapters (mf_models.lora) initialise themselves: A random, B zero.
+        adapters = cell.adapter_parameters() if hasattr(cell, "adapter_parameters") else ()
+        if adapters:
+            cell.reset_adapter(seed, cell_name)
         for name, param in own.items():
+            if any(param is a for a in adapters):
+                continue
             shape = tuple(param.shape)
             if isinstance(cell, RMSNorm):
                 value = np.ones(shape, np.float32)

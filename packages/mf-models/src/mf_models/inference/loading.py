@@ -1,9 +1,10 @@
 """A model ready to generate from a checkpoint directory, with what the directory says about it.
 
 `load_pretrained(path)` takes anything mf-ckpt loads: a Hugging Face directory (config.json +
-safetensors), an mf save directory (its latest committed iteration) or one iteration directory, or
-a merged directory. The architecture comes from the checkpoint itself (`config.json`, or the
-`hf_config` mf-trainer stores in common.json), so no YAML is needed. Also reported: the EOS ids
+safetensors), an mf save directory (its latest committed iteration) or one iteration directory, a
+merged directory, or a LoRA adapter checkpoint (merged on load into the base it records). The
+architecture comes from the checkpoint itself (`config.json`, or the `hf_config` mf-trainer stores
+in common.json), so no YAML is needed. Also reported: the EOS ids
 (HF's generation_config.json first, then config.json) and a tokenizer the directory points to
 (`tokenizer.json` / `tokenizer.model` beside the weights, or the training YAML's `tokenizer.path`
 that mf-trainer stores in common.json, when that file still exists).
@@ -98,7 +99,15 @@ def read_checkpoint_info(path: str | os.PathLike) -> tuple[str, int | None, dict
 
 
 def load_weights(model: CausalLM, path: str | os.PathLike) -> None:
-    """Fill `model` from any checkpoint mf-ckpt loads (strict: every parameter, right shapes)."""
+    """Fill `model` from any checkpoint mf-ckpt loads (strict: every parameter, right shapes).
+
+    A LoRA adapter checkpoint (marked by mf-ckpt) is merged on load into the base weights it
+    records (`W + alpha / r * B @ A`), so the model is a plain one with the fine-tuned weights."""
+    _, _, common = read_checkpoint_info(path)
+    if mf_ckpt.read_adapter_meta(common, os.fspath(path)) is not None:
+        _, state = mf_ckpt.load_lora_merged_state(os.fspath(path))
+        load_state(model, state)
+        return
     state = {name: np.zeros(param.shape, np.float32) for name, param in model.parameters_and_names()}
     mf_ckpt.load(os.fspath(path), state)
     load_state(model, state)
@@ -117,6 +126,10 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> Pretrained:
     model = build_model({**hf_config, **overrides}, init=False)
     load_weights(model, path)
     notes: list[str] = []
+    adapter = mf_ckpt.read_adapter_meta(common, os.fspath(path))
+    if adapter is not None:
+        notes.append(f"LoRA adapter (rank {adapter['rank']}, {len(adapter.get('modules') or [])} modules) merged "
+                     f"into its base {adapter.get('base')}")
     generation = common.get("hf_generation_config") if isinstance(common.get("hf_generation_config"), dict) else {}
     eos = _eos_ids(generation.get("eos_token_id"), hf_config.get("eos_token_id"))
     return Pretrained(model, os.fspath(path), kind, iteration, hf_config, eos, _find_tokenizer(path, common, notes), notes)
