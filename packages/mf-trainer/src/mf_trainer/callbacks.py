@@ -9,6 +9,7 @@ Hooks (all optional; the Trainer calls them in list order, built-ins first):
     on_train_begin(trainer)
     on_step_begin(trainer, step)           step = 1-based index of the step about to run
     on_step_end(trainer, metrics)          metrics = the dict written to metrics.jsonl
+    on_evaluate(trainer, metrics)          after an evaluation (eval_dataset): step, eval_loss, eval_ppl, ...
     on_save(trainer, step, path)           after a checkpoint of `step` is committed at `path`
     on_train_end(trainer)
 A hook may set `trainer.should_stop = True` to end training after the current step (a final
@@ -38,6 +39,9 @@ class Callback:
         pass
 
     def on_step_end(self, trainer, metrics: dict) -> None:
+        pass
+
+    def on_evaluate(self, trainer, metrics: dict) -> None:
         pass
 
     def on_save(self, trainer, step: int, path: str) -> None:
@@ -147,6 +151,10 @@ class CallbackList:
     def on_step_end(self, trainer, metrics):
         for cb in self.callbacks:
             cb.on_step_end(trainer, metrics)
+
+    def on_evaluate(self, trainer, metrics):
+        for cb in self.callbacks:
+            cb.on_evaluate(trainer, metrics)
 
     def on_save(self, trainer, step, path):
         for cb in self.callbacks:

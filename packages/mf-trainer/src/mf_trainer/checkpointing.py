@@ -15,6 +15,9 @@ Loading (`load_path`), by what the directory holds:
   mf checkpoint saved with no_save_optim, and no_load_optim false -> refused (it cannot resume
                                          exactly; say no_load_optim: true for a weights-only start)
   Hugging Face directory / merged safetensors -> weights only (a fine-tuning start)
+  LoRA adapter checkpoint              -> refused in run_mode train (continue it with run_mode
+                                         finetune, or merge it first); `run_mode: finetune` loads
+                                         through finetune.py and resumes its own save_path here
 """
 
 from __future__ import annotations
@@ -54,36 +57,53 @@ class Restored:
     common: dict
 
 
-def load_checkpoint(ckpt_cfg, model_state: dict, optimizer_state: dict) -> Restored:
-    """Fill `model_state` (and `optimizer_state` on a resume) in place from `checkpoint.load_path`."""
+def load_checkpoint(ckpt_cfg, model_state: dict, optimizer_state: dict, *, path: str | None = None,
+                    resume: bool = False) -> Restored:
+    """Fill `model_state` (and `optimizer_state` on a resume) in place from `checkpoint.load_path`
+    (or `path`). `resume=True` (a fine-tune continuing its own checkpoint) must restore the
+    optimizer whatever `no_load_optim` says."""
     opts = load_options(ckpt_cfg)
+    key = "checkpoint.load_path" if path is None else "checkpoint.save_path"
+    if path is not None:
+        opts = mf_ckpt.LoadOptions(load_path=path, load_balanced=opts.load_balanced, no_load_optim=False,
+                                   load_worker_number=opts.load_worker_number)
     weights_only = mf_ckpt.LoadOptions(load_path=opts.load_path, load_balanced=opts.load_balanced,
                                        no_load_optim=True, load_worker_number=opts.load_worker_number)
     try:
+        if not resume:  # an adapter checkpoint's tensors would only be reported as missing weights
+            probe = mf_ckpt.load(weights_only, {}, None, strict=False)
+            if mf_ckpt.read_adapter_meta(probe.common, opts.load_path) is not None:
+                raise TrainerConfigError(
+                    f"{key}: {opts.load_path} is a LoRA adapter checkpoint: continue it with run_mode finetune and "
+                    "its lora section (the fine-tune resumes from its own save_path), or merge it into its base "
+                    "(mf ckpt merge-lora BASE ADAPTER OUT) for a weights-only start")
         result = mf_ckpt.load(weights_only, model_state, None, strict=True)
     except mf_ckpt.CheckpointError as exc:
-        raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
+        raise TrainerConfigError(f"{key}: {exc}") from None
     common = dict(result.common)
-    if result.kind != "mf":
+    if result.kind != "mf" and not resume:
         log.info("loaded model weights from %s (%s directory): weights-only start at step 0", opts.load_path,
                  result.kind)
         return Restored(False, result.kind, None, common)
-    if opts.no_load_optim:
+    if opts.no_load_optim and not resume:
         log.info("loaded model weights of iteration %s from %s (no_load_optim: starting at step 0)",
                  result.iteration, opts.load_path)
         return Restored(False, result.kind, result.iteration, common)
     if "step" not in common:
-        raise TrainerConfigError(f"checkpoint.load_path: {opts.load_path} was not written by mf-trainer (no step in "
+        raise TrainerConfigError(f"{key}: {opts.load_path} was not written by mf-trainer (no step in "
                                  "common.json); set checkpoint.no_load_optim: true for a weights-only start")
     try:
         # The same iteration as the weights, even if another one were committed meanwhile.
         opt_result = mf_ckpt.load(opts, {}, optimizer_state, iteration=result.iteration, strict=True)
     except mf_ckpt.CheckpointError as exc:
+        if resume:
+            raise TrainerConfigError(f"{key}: cannot restore the optimizer state of this run's checkpoint ({exc}); "
+                                     "one saved with no_save_optim cannot be resumed: remove it to start over") from None
         raise TrainerConfigError(
-            f"checkpoint.load_path: cannot restore the optimizer state ({exc}); a checkpoint saved with "
+            f"{key}: cannot restore the optimizer state ({exc}); a checkpoint saved with "
             "no_save_optim cannot resume exactly: set checkpoint.no_load_optim: true for a weights-only start") from None
     if not opt_result.optimizer_loaded:
-        raise TrainerConfigError(f"checkpoint.load_path: {opts.load_path} holds no optimizer state")
+        raise TrainerConfigError(f"{key}: {opts.load_path} holds no optimizer state")
     log.info("resuming from %s at step %d (consumed_samples %d)", opts.load_path, common["step"],
              common.get("consumed_samples", 0))
     return Restored(True, result.kind, result.iteration, common)

@@ -113,9 +113,11 @@ def check_eod(extra: dict, tokenizer_path: str) -> None:
                                  f"{tokenizer_path} ({actual})")
 
 
-def build_loader(cfg, *, micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1, consumed_samples: int = 0):
-    """The mf-data loader for this run (see the module docstring for the mapping)."""
-    section = cfg.train_dataset
+def build_loader(cfg, *, micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1, consumed_samples: int = 0,
+                 section=None, where: str = "train_dataset", phase: str = "train"):
+    """The mf-data loader for this run (see the module docstring for the mapping): of
+    `train_dataset`, or of `section` (named `where` in errors, e.g. `eval_dataset`), split `phase`."""
+    section = cfg.train_dataset if section is None else section
     dl = section.dataloader
     extra = dict(dl.extra)
     if "demo_corpus" in extra:
@@ -130,12 +132,14 @@ def build_loader(cfg, *, micro_batch_size: int, dp_rank: int = 0, dp_size: int =
         numa_enable=section.numa_enable, dp_rank=dp_rank, dp_size=dp_size, micro_batch_size=micro_batch_size,
         consumed_samples=consumed_samples,
     )
+    if phase != "train":
+        kwargs["phase"] = phase
     clash = sorted(set(extra) & set(kwargs))
     if clash:
-        raise TrainerConfigError(f"train_dataset.dataloader.{clash[0]}: set by the Trainer; remove it")
+        raise TrainerConfigError(f"{where}.dataloader.{clash[0]}: set by the Trainer; remove it")
     try:
         return loader_cls(**kwargs, **extra)
     except TypeError as exc:
-        raise TrainerConfigError(f"train_dataset.dataloader: {exc}") from None
+        raise TrainerConfigError(f"{where}.dataloader: {exc}") from None
     except mf_data.MFDataError as exc:
-        raise TrainerConfigError(f"train_dataset.dataloader: {exc}") from None
+        raise TrainerConfigError(f"{where}.dataloader: {exc}") from None

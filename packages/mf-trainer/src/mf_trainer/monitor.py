@@ -6,6 +6,12 @@ Every step appends one JSON object to `<output_dir>/metrics.jsonl` (`step`, `los
 loss, LR, grad norm, throughput, MFU, memory and the ETA. With `monitor.tensorboard` the scalars
 go to `<output_dir>/tensorboard` through tensorboardX.
 
+Evaluations during training (`eval_dataset`) append their own records to the same file: `step`
+(the training step just finished), `eval_loss`, `eval_ppl`, `eval_accuracy`, `eval_tokens`,
+`eval_batches`, `eval_time_s`; TensorBoard gets `eval/loss`, `eval/ppl`, `eval/accuracy`; the
+console one line. A record is a training step when it has `loss`, an evaluation when it has
+`eval_loss`.
+
 On resume from step k the lines of steps > k (written by the interrupted run after its last
 checkpoint) are dropped, so the file always describes one consistent history.
 """
@@ -23,6 +29,7 @@ from mf_trainer.callbacks import BUILT_IN_ALWAYS_ON, Callback
 log = logging.getLogger("mf_trainer")
 
 SCALARS = ("loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "mfu", "rss_bytes")
+EVAL_SCALARS = ("loss", "ppl", "accuracy")
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -100,6 +107,16 @@ class MetricsLogger(Callback):
         if step % self.log_interval == 0 or step == total or step == trainer.state.start_step + 1:
             log.info(self.line(metrics, total))
 
+    def on_evaluate(self, trainer, metrics):
+        self._file.write(json.dumps({k: _json_safe(v) for k, v in metrics.items()}) + "\n")
+        self._file.flush()
+        if self._writer is not None:
+            for key in EVAL_SCALARS:
+                value = metrics.get(f"eval_{key}")
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._writer.add_scalar(f"eval/{key}", value, metrics["step"])
+        log.info(eval_line(metrics))
+
     def line(self, m: dict, total: int) -> str:
         step = m["step"]
         avg = sum(self._times) / len(self._times) if self._times else m["step_time_s"]
@@ -126,6 +143,13 @@ class MetricsLogger(Callback):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def eval_line(m: dict) -> str:
+    """`eval at step 20: loss 3.2100 | ppl 24.78 | accuracy 31.20% | 4096 tokens in 8 batches | 0.41 s`."""
+    head = f"eval at step {m['step']}" if m.get("step") is not None else "eval"
+    return (f"{head}: loss {m['eval_loss']:.4f} | ppl {m['eval_ppl']:.4g} | accuracy {100.0 * m['eval_accuracy']:.2f}% | "
+            f"{m['eval_tokens']} tokens in {m['eval_batches']} batches | {m['eval_time_s']:.2f} s")
 
 
 BUILT_IN_ALWAYS_ON["MetricsLogger"] = "configure it with monitor.log_interval and monitor.tensorboard"

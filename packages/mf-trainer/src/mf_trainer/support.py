@@ -10,7 +10,8 @@ Honoured elsewhere (not checked here): the checkpoint section (mf-ckpt), train_d
 rejects what it cannot do), model (mf-models), optimizer, lr_scheduler, callbacks, recompute
 (`Cell.recompute()` on the named layers/modules, graph and PyNative), profiler (mindspore.Profiler
 over [start_step, end_step]), monitor.log_interval / tensorboard / peak_flops_per_device, the
-train_state monitors (see `monitor_columns`), inference + tokenizer (a sample at the end).
+train_state monitors (see `monitor_columns`), inference + tokenizer (a sample at the end),
+run_mode finetune + lora (finetune.py), eval_dataset (evaluation.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from mf_trainer.errors import TrainerConfigError
+from mf_trainer.finetune import check_config as check_finetune
 
 # parallelism fields that only act with a given feature on; (field, what turns it on)
 _PARALLEL_DEPENDENT = {
@@ -113,13 +115,14 @@ def check_profiler(cfg, device: str) -> None:
             _refuse("profiler.profile_cpu", "false leaves nothing to profile on device_target CPU")
 
 
+# The command that runs each non-training mode.
+OTHER_MODES = {"eval": "mf eval CONFIG", "predict": "mf generate CONFIG"}
+
+
 def check_extensions(cfg) -> None:
     if cfg.run_mode not in ("train", "finetune"):
-        _refuse("run_mode", f"{cfg.run_mode!r} is not a training mode; `mf train` runs train or finetune")
-    if cfg.eval_dataset is not None:
-        _refuse("eval_dataset", "periodic evaluation during training is not implemented yet")
-    if cfg.lora is not None:
-        _refuse("lora", "LoRA adapters are not implemented yet")
+        _refuse("run_mode", f"{cfg.run_mode!r} is not a training mode: run it with `{OTHER_MODES[cfg.run_mode]}`")
+    check_finetune(cfg)  # lora needs finetune; finetune needs load_path; no LoRA on sharded layers
     inf = cfg.inference
     if not (inf.prompts or inf.input_file):
         changed = [f.name for f in dataclasses.fields(inf) if _changed(inf, f.name)]

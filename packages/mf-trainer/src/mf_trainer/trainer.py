@@ -26,6 +26,8 @@ from mf_trainer.callbacks import Callback, CallbackList, build_callbacks
 from mf_trainer.checkpointing import CheckpointSaver, load_checkpoint
 from mf_trainer.data import build_loader
 from mf_trainer.errors import TrainerConfigError, TrainingError
+from mf_trainer.evaluation import build_evaluator
+from mf_trainer.finetune import Finetune
 from mf_trainer.loss import MaskedLMLoss
 from mf_trainer.lr_schedulers import build_scheduler
 from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device
@@ -86,14 +88,20 @@ class Trainer:
         runtime.setup_context(self.device, cfg.context.mode, cfg.context.device_id, cfg.training.deterministic)
         runtime.seed_everything(cfg.training.seed)
 
+        # run_mode finetune: start weights, LoRA, and resuming its own save_path (finetune.py).
+        self.finetune = Finetune(cfg, cfg.training.seed) if cfg.run_mode == "finetune" else None
         self.model = self._build_model()
         self.optimizer = build_adamw([(p.name, p) for p in self.model.trainable_params()], cfg.optimizer)
         self.state = TrainState(total_steps=cfg.training.steps)
-        if cfg.checkpoint.load_path:
+        if self.finetune is not None:
+            if self.finetune.resume_path:
+                self._restore(self.finetune.resume_path)
+        elif cfg.checkpoint.load_path:
             self._restore()
         self.loader = build_loader(cfg, micro_batch_size=cfg.training.local_batch_size,
                                    consumed_samples=self.state.consumed_samples)
         self._check_data()
+        self.evaluator = build_evaluator(cfg, self.model, cfg.training.local_batch_size)
         self.mode = cfg.context.mode
         self.runner = StepRunner(MaskedLMLoss(self.model), self.optimizer, cfg.training.max_norm, self.accumulation)
 
@@ -120,19 +128,29 @@ class Trainer:
             model = mf_models.build_model(section, seed=self.config.training.seed)
         except mf_models.ModelConfigError as exc:
             raise TrainerConfigError(str(exc)) from None
+        if self.finetune is not None:
+            self.finetune.prepare_model(model)
         marked = apply_recompute(model, self.config.recompute)
         if marked:
             log.info("recompute: %s", ", ".join(marked))
         return model
 
-    def _restore(self) -> None:
-        model_state = {k: np.array(v) for k, v in mf_models.model_state(self.model).items()}
+    def _model_state(self) -> dict:
+        """What checkpoints hold: every weight, or the adapters of a LoRA fine-tune."""
+        return self.finetune.model_state(self.model) if self.finetune else mf_models.model_state(self.model)
+
+    def _restore(self, path: str | None = None) -> None:
+        """From checkpoint.load_path, or (fine-tune resume) from this run's own `path`."""
+        model_state = {k: np.array(v) for k, v in self._model_state().items()}
         opt_state = {k: v for k, v in self.optimizer.state_dict().items() if k != "step"}
-        restored = load_checkpoint(self.config.checkpoint, model_state, opt_state)
+        restored = load_checkpoint(self.config.checkpoint, model_state, opt_state, path=path, resume=path is not None)
         try:
-            mf_models.load_state(self.model, model_state)
+            if self.finetune is not None:
+                self.finetune.load_model_state(self.model, model_state)
+            else:
+                mf_models.load_state(self.model, model_state)
         except mf_models.ModelStateError as exc:
-            raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
+            raise TrainerConfigError(f"checkpoint.{'save_path' if path else 'load_path'}: {exc}") from None
         if not restored.resume:
             return
         common = restored.common
@@ -176,13 +194,13 @@ class Trainer:
             "optimizer_step": self.optimizer.step, "skipped_steps": self.state.skipped_steps,
             "nonfinite_in_row": self.state.nonfinite_in_row, "rng": runtime.rng_state(),
             "lr_schedule": self.scheduler.describe(), "hf_config": hf_config, "train_config": config_to_dict(cfg),
+            **(self.finetune.common() if self.finetune is not None else {}),
         }
 
     def save_checkpoint(self) -> None:
         opt = None if self.config.checkpoint.no_save_optim else {
             k: v for k, v in self.optimizer.state_dict().items() if k != "step"}
-        committed = self.checkpointer.save(self.state.step, mf_models.model_state(self.model), opt,
-                                           self.checkpoint_common())
+        committed = self.checkpointer.save(self.state.step, self._model_state(), opt, self.checkpoint_common())
         self._announce(committed)
 
     def _announce(self, committed) -> None:
@@ -243,6 +261,9 @@ class Trainer:
                         raise TrainingError(
                             f"{state.nonfinite_in_row} non-finite steps in a row (training.max_consecutive_nonfinite"
                             f" = {cfg.training.max_consecutive_nonfinite}); stopping at step {step}")
+                # Before the save of this step: a run resumed from it must not need this evaluation again.
+                if self.evaluator is not None and self.evaluator.due(step, state.total_steps, self.should_stop):
+                    self.callbacks.on_evaluate(self, self.evaluator.run(step).metrics(step))
                 if self.checkpointer.should_save(step):
                     self.save_checkpoint()
                 else:

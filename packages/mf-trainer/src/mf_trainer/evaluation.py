@@ -1,0 +1,235 @@
+"""Evaluation: mean loss, perplexity and token accuracy of a model on held-out data.
+
+Metrics, over every loss-mask token of the evaluated batches (the same token weighting as the
+training loss, so `eval_loss` and `loss` are comparable):
+
+    eval_loss     = sum(mask * (logsumexp(z) - z[label])) / sum(mask)
+    eval_ppl      = exp(eval_loss)
+    eval_accuracy = sum(mask * (argmax(z) == label)) / sum(mask)
+
+Which data (`eval_data`):
+  * `eval_dataset` present: a dataset of its own, in the train_dataset format. Its
+    `dataloader.sizes` names the split to evaluate by giving exactly one split a non-zero size
+    (`[N, 0, 0]` with split "1,0,0": all of that data; `[0, N, 0]` with split "969,30,1": the
+    held-out 3% of a corpus).
+  * otherwise: the valid split of `train_dataset` (Megatron's split string, e.g. "969,30,1", and
+    `sizes[1]` samples of it).
+
+How much: the first `eval_dataset.eval_iters` batches of `training.local_batch_size` samples
+(default 10; the same batches at every evaluation, so successive numbers compare the model, not
+the data), or fewer when the split is smaller (the log says so); `mf eval --all` takes the whole
+split. Without `eval_dataset` (the valid split), `eval_iters` takes its default.
+
+The forward is one Cell: compiled in GRAPH_MODE when training is (a second graph beside the
+training step's), op by op in PyNative. The model is switched to inference mode for it (LoRA
+dropout off) and back. Evaluation draws no random numbers and has its own loader, so it changes
+neither the training data order nor any RNG: a run with periodic evaluation trains exactly as one
+without.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+from mf_trainer.data import build_loader
+from mf_trainer.errors import TrainerConfigError
+from mf_trainer.loss import token_cross_entropy
+from mf_trainer.step import _model_inputs, _targets
+
+log = logging.getLogger("mf_trainer")
+
+_SPLITS = ("train", "valid", "test")
+
+
+class EvalForward(nn.Cell):
+    """(labels, loss_mask, *model_inputs) -> (sum of masked loss, tokens, correct tokens)."""
+
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, labels, loss_mask, *model_inputs):
+        logits = self.model(*model_inputs)
+        vocab = logits.shape[-1]
+        flat = logits.reshape(-1, vocab).astype(ms.float32)
+        targets = labels.reshape(-1)
+        mask = loss_mask.reshape(-1)
+        per_token = token_cross_entropy(flat, targets)
+        correct = ops.equal(ops.argmax(flat, -1).astype(ms.int32), targets).astype(ms.float32)
+        return (per_token * mask).sum(), mask.sum(), (correct * mask).sum()
+
+
+@dataclass
+class EvalResult:
+    loss: float
+    ppl: float
+    accuracy: float
+    tokens: int
+    batches: int
+    samples: int
+    seconds: float
+    data: str  # which data: "eval_dataset (train split)", "train_dataset (valid split)"
+
+    def metrics(self, step: int | None = None) -> dict:
+        m = {"eval_loss": self.loss, "eval_ppl": self.ppl, "eval_accuracy": self.accuracy,
+             "eval_tokens": self.tokens, "eval_batches": self.batches, "eval_time_s": self.seconds}
+        return m if step is None else {"step": step, **m}
+
+
+def eval_data(cfg) -> tuple[object, str, str]:
+    """(dataset section, its YAML name, split phase) this config evaluates on."""
+    if cfg.eval_dataset is not None:
+        sizes = cfg.eval_dataset.dataloader.extra.get("sizes")
+        chosen = [i for i, n in enumerate(sizes or ()) if n != 0]
+        if not isinstance(sizes, list) or len(chosen) != 1:
+            raise TrainerConfigError(
+                f"eval_dataset.dataloader.sizes: name the split to evaluate by giving exactly one split a non-zero size "
+                f"(e.g. [1000, 0, 0] with split '1,0,0', or [0, 300, 0] for the valid split), got {sizes!r}")
+        return cfg.eval_dataset, "eval_dataset", _SPLITS[chosen[0]]
+    sizes = cfg.train_dataset.dataloader.extra.get("sizes")
+    if not isinstance(sizes, list) or len(sizes) != 3 or not sizes[1]:
+        raise TrainerConfigError(
+            f"train_dataset.dataloader.sizes: evaluating the valid split needs sizes[1] > 0 (and a split string giving "
+            f"it documents, e.g. '969,30,1'), got {sizes!r}; or give an eval_dataset section")
+    return cfg.train_dataset, "train_dataset", "valid"
+
+
+class Evaluator:
+    """Evaluates `model` on this config's evaluation data (see the module docstring).
+
+    `iters`: batches per evaluation (None = the whole split). `interval`: evaluate every that many
+    training steps (None = only at the end of training)."""
+
+    def __init__(self, cfg, model, *, micro_batch_size: int, iters: int | None, interval: int | None = None):
+        section, where, phase = eval_data(cfg)
+        self.where = f"{where} ({phase} split)"
+        self.loader = build_loader(cfg, micro_batch_size=micro_batch_size, section=section, where=where, phase=phase)
+        columns = self.loader.columns
+        if "actual_seq_len" in columns:
+            raise TrainerConfigError(f"{where}.dataloader.config.create_compressed_eod_mask: the compressed EOD mask "
+                                     "needs a variable-length attention kernel that mf-models does not have")
+        missing = [c for c in ("input_ids", "labels", "loss_mask") if c not in columns]
+        if missing:
+            raise TrainerConfigError(f"{where}.dataloader.column_names: evaluation needs {missing[0]!r}")
+        available = len(self.loader)
+        self.batches = available if iters is None else min(int(iters), available)
+        if iters is not None and available < iters:
+            log.info("evaluation: %s has %d batches of %d samples, fewer than eval_iters %d: evaluating all of them",
+                     self.where, available, micro_batch_size, iters)
+        self.model = model
+        self.interval = interval
+        self.forward = EvalForward(model)
+        self.last_step: int | None = None
+
+    def due(self, step: int, total_steps: int, stopping: bool) -> bool:
+        """Every `interval` steps, and after the last step (planned or stopped by a callback)."""
+        every = self.interval is not None and step % self.interval == 0
+        return every or step >= total_steps or stopping
+
+    def run(self, step: int | None = None) -> EvalResult:
+        t0 = time.perf_counter()
+        was_training = self.model.training
+        self.model.set_train(False)
+        self.loader.load_state_dict({"consumed_samples": 0})
+        batches = iter(self.loader)
+        loss_sum = tokens = correct = 0.0
+        samples = 0
+        try:
+            for _ in range(self.batches):
+                mb = next(batches)
+                part = self.forward(*_targets(mb), *_model_inputs(mb))
+                loss_sum += float(part[0].asnumpy())
+                tokens += float(part[1].asnumpy())
+                correct += float(part[2].asnumpy())
+                samples += len(mb["input_ids"])
+        finally:
+            batches.close()
+            self.model.set_train(was_training)
+        self.last_step = step
+        loss = loss_sum / tokens if tokens else float("nan")
+        ppl = math.exp(loss) if loss < 700 else float("inf")
+        return EvalResult(loss=loss, ppl=ppl, accuracy=correct / tokens if tokens else float("nan"),
+                          tokens=int(tokens), batches=self.batches, samples=samples,
+                          seconds=time.perf_counter() - t0, data=self.where)
+
+
+def build_evaluator(cfg, model, micro_batch_size: int) -> Evaluator | None:
+    """The Trainer's evaluator: with an eval_dataset section, every eval_interval steps and at the end."""
+    if cfg.eval_dataset is None:
+        return None
+    ev = cfg.eval_dataset
+    return Evaluator(cfg, model, micro_batch_size=micro_batch_size, iters=ev.eval_iters, interval=ev.eval_interval)
+
+
+def load_weights(model, ckpt_cfg) -> str:
+    """Weights of `checkpoint.load_path` into `model`: an mf checkpoint (weights only), an HF
+    directory, or a LoRA adapter checkpoint merged into the base it records. Returns what it was."""
+    import mf_ckpt
+    import mf_models
+    from mf_trainer.checkpointing import load_options
+
+    path = ckpt_cfg.load_path
+    try:
+        info = mf_ckpt.load(path, {}, strict=False)
+        adapter = mf_ckpt.read_adapter_meta(info.common, path)
+        if adapter is not None:
+            _, state = mf_ckpt.load_lora_merged_state(path)
+            what = f"LoRA adapter {path} (rank {adapter['rank']}) merged into its base {adapter.get('base')}"
+        else:
+            state = {n: np.zeros(p.shape, np.float32) for n, p in model.parameters_and_names()}
+            opts = load_options(ckpt_cfg)
+            opts = mf_ckpt.LoadOptions(load_path=opts.load_path, load_balanced=opts.load_balanced, no_load_optim=True,
+                                       load_worker_number=opts.load_worker_number)
+            mf_ckpt.load(opts, state, None, strict=True)
+            what = f"{info.kind} checkpoint {path}" + (f" (iteration {info.iteration})" if info.iteration is not None else "")
+        mf_models.load_state(model, state)
+    except (mf_ckpt.CheckpointError, mf_models.ModelStateError) as exc:
+        raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
+    return what
+
+
+def evaluate(cfg, *, whole_split: bool = False) -> EvalResult:
+    """`mf eval`: the model of `cfg.model` with the weights of `checkpoint.load_path`, evaluated on
+    `eval_data(cfg)`; graph or PyNative as `context.mode` says. Bad input: TrainerConfigError."""
+    import mf_models
+    from mf_trainer import runtime
+    from mf_trainer.support import check_context, check_parallelism
+
+    device = runtime.resolve_device(cfg.context.device_target)
+    check_context(cfg, device)
+    check_parallelism(cfg, device, runtime.world_size_from_env())
+    if cfg.run_mode == "eval" and cfg.lora is not None:
+        raise TrainerConfigError("lora: run_mode eval evaluates the weights in checkpoint.load_path; a LoRA adapter "
+                                 "checkpoint carries its own settings (remove the lora section)")
+    if not cfg.checkpoint.load_path:
+        raise TrainerConfigError("checkpoint.load_path: evaluation needs weights (an mf checkpoint, a LoRA adapter "
+                                 "checkpoint or a Hugging Face directory)")
+    runtime.setup_context(device, cfg.context.mode, cfg.context.device_id, cfg.training.deterministic)
+    runtime.seed_everything(cfg.training.seed)
+    section = {"model_type": cfg.model.model_type, "architectures": cfg.model.architectures, **cfg.model.extra}
+    try:
+        model = mf_models.build_model({k: v for k, v in section.items() if v is not None}, init=False)
+    except mf_models.ModelConfigError as exc:
+        raise TrainerConfigError(str(exc)) from None
+    iters = None if whole_split else (cfg.eval_dataset.eval_iters if cfg.eval_dataset is not None else _default_iters())
+    evaluator = Evaluator(cfg, model, micro_batch_size=cfg.training.local_batch_size, iters=iters)
+    what = load_weights(model, cfg.checkpoint)
+    log.info("evaluating %s on %s: %d batches of %d samples, %s mode", what, evaluator.where, evaluator.batches,
+             cfg.training.local_batch_size, "GRAPH" if cfg.context.mode == 0 else "PyNative")
+    return evaluator.run()
+
+
+def _default_iters() -> int:
+    """mf-config's default of eval_dataset.eval_iters (the valid split has no section to set it in)."""
+    import dataclasses
+
+    import mf_config
+
+    return next(f.default for f in dataclasses.fields(mf_config.EvalDatasetConfig) if f.name == "eval_iters")

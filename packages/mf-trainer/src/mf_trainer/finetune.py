@@ -1,0 +1,196 @@
+"""`run_mode: finetune`: full fine-tuning, or LoRA with a `lora` section, from pretrained weights.
+
+Start (no checkpoint of this run in `checkpoint.save_path` yet):
+  * the weights of `checkpoint.load_path` (required): an HF directory, an mf checkpoint (the
+    marker's iteration; weights only, whatever optimizer state it holds) or a merged directory
+    (a LoRA adapter checkpoint too for full fine-tuning: merged into its base on load);
+  * a fresh optimizer, step 0, consumed_samples 0, the LR schedule from its start;
+  * with `lora`: adapters on the Linear modules `target_modules` matches (re.fullmatch over the
+    module names, minus the layers of `exclude_layers`), every other weight frozen; only the
+    adapters reach the optimizer, and checkpoints hold only the adapters (and their moments),
+    marked as a LoRA adapter of `load_path` (mf-ckpt's `adapter` marking in common.json), so
+    `mf ckpt merge-lora`, `mf generate`, `mf serve` and `mf eval` know their base.
+
+Resume (a preempted fine-tune restarted with the same YAML): when `checkpoint.save_path` holds a
+committed checkpoint written by a fine-tune of the same base (`load_path`, compared as an
+absolute path) with the same `lora` settings (or none in both), the run continues from it with
+its full state (weights or adapters, optimizer moments and step, LR position, RNG,
+consumed_samples, counters), exactly as `run_mode: train` resumes. A LoRA run reloads its frozen
+base from `load_path` at the iteration recorded at the start. A committed checkpoint there of
+anything else (pre-training, another base, other LoRA settings) is refused: resuming it would mix
+two runs, and saving beside it could rotate it away. `save_path` may not be `load_path`.
+
+With `lora_dropout` > 0 the masks come from MindSpore's dropout kernels, whose random state lives
+inside the compiled graph (no RNG snapshot reaches it) and, on CPU, whose concurrent kernels draw in
+varying order: such runs are not bit-reproducible and a resumed run draws fresh masks (said in the
+log). With `lora_dropout: 0` (the default) LoRA training is deterministic and resumes bit for bit.
+
+`checkpoint.no_load_optim` has nothing to switch here: `load_path` is always read weights-only,
+and resuming this run's own checkpoint always restores the optimizer (anything else would not
+continue the run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import numpy as np
+
+import mf_ckpt
+import mf_models
+from mf_trainer.errors import TrainerConfigError
+
+log = logging.getLogger("mf_trainer")
+
+MARKER = "latest_checkpointed_iteration.txt"
+
+
+def check_config(cfg) -> None:
+    """Refusals for lora / run_mode combinations (called with the other support checks)."""
+    if cfg.lora is not None and cfg.run_mode != "finetune":
+        raise TrainerConfigError(f"lora: LoRA adapts pretrained weights; it needs run_mode: finetune (with "
+                                 f"checkpoint.load_path), got run_mode {cfg.run_mode!r}")
+    par = cfg.parallelism
+    if cfg.lora is not None and (par.tensor_parallel > 1 or par.expert_parallel > 1 or par.context_parallel > 1
+                                 or par.pipeline_parallel > 1):
+        raise TrainerConfigError("lora: adapters on sharded (tensor/expert/context/pipeline-parallel) layers are not "
+                                 "implemented; LoRA runs with data parallelism only")
+    if cfg.run_mode == "finetune" and not cfg.checkpoint.load_path:
+        raise TrainerConfigError("checkpoint.load_path: run_mode finetune starts from pretrained weights (an HF "
+                                 "directory or an mf checkpoint); set it, or use run_mode train to start from scratch")
+
+
+def _lora_settings(lora) -> dict | None:
+    return None if lora is None else {k: v for k, v in dataclasses.asdict(lora).items()}
+
+
+def _describe(common: dict) -> str:
+    mine = common.get("finetune")
+    if isinstance(mine, dict):
+        lora = mine.get("lora")
+        return f"a fine-tune of {mine.get('base')}" + (f" with LoRA {lora}" if lora else " (full)")
+    return "a run that is not a fine-tune (pre-training?)"
+
+
+class Finetune:
+    """The finetune plan of one run: base weights, LoRA adapters, resume from its own save_path."""
+
+    def __init__(self, cfg, seed: int):
+        self.cfg = cfg
+        self.seed = seed
+        ckpt = cfg.checkpoint
+        self.base = os.path.abspath(ckpt.load_path)
+        if os.path.realpath(ckpt.save_path) == os.path.realpath(ckpt.load_path):
+            raise TrainerConfigError(f"checkpoint.save_path: is checkpoint.load_path ({ckpt.load_path}); a fine-tune saves "
+                                     "beside its base, never into it (rotation could delete the base)")
+        try:
+            info = mf_ckpt.load(self.base, {}, strict=False)
+            self.base_adapter = mf_ckpt.read_adapter_meta(info.common, self.base)
+        except mf_ckpt.CheckpointError as exc:
+            raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
+        self.base_kind, self.base_iteration = info.kind, info.iteration
+        self.lora = cfg.lora
+        if self.lora is not None and self.base_adapter is not None:
+            raise TrainerConfigError(f"checkpoint.load_path: {ckpt.load_path} is a LoRA adapter checkpoint; new adapters "
+                                     "need plain base weights: merge it first (mf ckpt merge-lora BASE ADAPTER OUT)")
+        self.identity = {"base": self.base, "base_kind": self.base_kind, "base_iteration": self.base_iteration,
+                         "lora": _lora_settings(self.lora)}
+        self.resume_path = self._own_checkpoint(ckpt.save_path)
+        self.modules: list[str] = []
+        self.excluded_layers: list[int] = []
+
+    # ---- which checkpoint --------------------------------------------------------------------
+    def _own_checkpoint(self, save_path: str) -> str | None:
+        """save_path when it holds a committed checkpoint of this run; refuses one of another run."""
+        if not os.path.isfile(os.path.join(save_path, MARKER)):
+            return None
+        try:
+            info = mf_ckpt.load(save_path, {}, strict=False)
+        except mf_ckpt.CheckpointError as exc:
+            raise TrainerConfigError(f"checkpoint.save_path: holds an unreadable checkpoint ({exc})") from None
+        mine = info.common.get("finetune")
+        same = (isinstance(mine, dict) and mine.get("base") == self.base
+                and mine.get("lora") == self.identity["lora"] and "step" in info.common)
+        if not same:
+            raise TrainerConfigError(
+                f"checkpoint.save_path: {save_path} already holds checkpoint {info.iteration} of {_describe(info.common)}, "
+                f"not of this fine-tune of {self.base}" + (f" with LoRA {self.identity['lora']}" if self.lora else "")
+                + ": choose another save_path (or output_dir), or remove it to start over")
+        # A LoRA resume reloads the frozen base exactly as the run started from it.
+        self.identity["base_kind"], self.identity["base_iteration"] = mine.get("base_kind"), mine.get("base_iteration")
+        log.info("finetune: %s holds checkpoint %s of this run; resuming it", save_path, info.iteration)
+        return save_path
+
+    # ---- model -------------------------------------------------------------------------------
+    def prepare_model(self, model) -> None:
+        """Start weights from load_path, then LoRA adapters (before recompute marks sub-cells)."""
+        if self.resume_path is None or self.lora is not None:
+            self._load_base(model)
+        if self.lora is None:
+            return
+        import mf_config
+
+        lora = self.lora
+        self.excluded_layers = list(mf_config.parse_layer_spec(lora.exclude_layers or [], model.args.num_hidden_layers,
+                                                               "lora.exclude_layers"))
+        try:
+            self.modules = mf_models.apply_lora(model, lora.target_modules, lora.lora_rank, lora.lora_alpha,
+                                                lora.lora_dropout, self.excluded_layers, seed=self.seed)
+        except mf_models.ModelConfigError as exc:
+            raise TrainerConfigError(str(exc)) from None
+        model.set_train(True)  # LoRA dropout is active in training mode only
+        if lora.lora_dropout > 0:
+            log.warning("lora.lora_dropout %g: MindSpore's dropout keeps its random state inside its kernels, out of "
+                        "reach of the RNG snapshot; on CPU, concurrent dropout kernels also draw in varying order. "
+                        "This run is not bit-reproducible and a resume draws fresh masks (lora_dropout 0 is exact)",
+                        lora.lora_dropout)
+        trained = sum(p.size for p in model.trainable_params())
+        total = sum(p.size for _, p in model.parameters_and_names())
+        log.info("LoRA: rank %d, alpha %g, dropout %g on %d modules (%s); %d trainable parameters, %.2f%% of %d",
+                 lora.lora_rank, lora.lora_alpha, lora.lora_dropout, len(self.modules),
+                 ", ".join(mf_models.describe_lora_modules(self.modules)), trained, 100.0 * trained / total, total)
+
+    def _load_base(self, model) -> None:
+        from mf_trainer.checkpointing import load_options
+
+        where = self.base + (f" (iteration {self.identity['base_iteration']})"
+                             if self.identity["base_iteration"] is not None else "")
+        try:
+            if self.base_adapter is not None:
+                _, state = mf_ckpt.load_lora_merged_state(self.base)
+                where += f", a LoRA adapter merged into {self.base_adapter.get('base')}"
+            else:
+                state = {n: np.zeros(p.shape, np.float32) for n, p in model.parameters_and_names()}
+                opts = load_options(self.cfg.checkpoint)
+                opts = mf_ckpt.LoadOptions(load_path=self.base, load_balanced=opts.load_balanced, no_load_optim=True,
+                                           load_worker_number=opts.load_worker_number)
+                iteration = self.identity["base_iteration"] if self.identity["base_kind"] == "mf" else None
+                mf_ckpt.load(opts, state, None, iteration=iteration, strict=True)
+            mf_models.load_state(model, state)
+        except (mf_ckpt.CheckpointError, mf_models.ModelStateError) as exc:
+            raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
+        log.info("finetune: weights of %s (%s)", where, self.base_kind)
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def model_state(self, model) -> dict:
+        """What a checkpoint of this run holds: the adapters (LoRA) or every weight."""
+        return mf_models.adapter_state(model) if self.lora is not None else mf_models.model_state(model)
+
+    def load_model_state(self, model, state: dict) -> None:
+        if self.lora is not None:
+            mf_models.load_adapter_state(model, state)
+        else:
+            mf_models.load_state(model, state)
+
+    def common(self) -> dict:
+        """Added to common.json: the run's identity, and for LoRA mf-ckpt's adapter marking."""
+        out = {"finetune": dict(self.identity)}
+        if self.lora is not None:
+            out["adapter"] = mf_ckpt.make_lora_adapter_meta(
+                rank=self.lora.lora_rank, alpha=self.lora.lora_alpha, dropout=self.lora.lora_dropout,
+                target_modules=self.lora.target_modules, modules=self.modules,
+                exclude_layers=self.excluded_layers, base=self.base, base_kind=self.identity["base_kind"],
+                base_iteration=self.identity["base_iteration"])
+        return out
