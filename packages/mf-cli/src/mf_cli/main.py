@@ -18,7 +18,8 @@ from mf_cli.errors import UsageError
 # name -> one-line help. The module `mf_cli.commands.<name>` implements it.
 COMMANDS: dict[str, str] = {
     "config": "validate or show a training YAML",
-    "train": "train a model as a YAML describes (mf train CONFIG [--set KEY=VALUE ...])",
+    "train": "train or fine-tune a model as a YAML describes (mf train CONFIG [--set KEY=VALUE ...])",
+    "eval": "loss, perplexity and token accuracy of a checkpoint on held-out data (mf eval CONFIG)",
     "generate": "generate text from a predict YAML, an mf checkpoint or an HF directory",
     "serve": "serve a model over HTTP with an OpenAI-compatible API (continuous batching)",
 }
@@ -26,7 +27,7 @@ COMMANDS: dict[str, str] = {
 # Sub-commands that hand their whole argument list to another package's own CLI.
 DELEGATED: dict[str, str] = {
     "data": "datasets: preprocess, train-tokenizer, inspect, make-demo-corpus (the mf-data CLI)",
-    "ckpt": "checkpoints: inspect, verify, merge, convert (the mf-ckpt CLI)",
+    "ckpt": "checkpoints: inspect, verify, merge, convert, merge-lora (the mf-ckpt CLI)",
 }
 
 

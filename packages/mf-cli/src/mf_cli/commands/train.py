@@ -1,5 +1,8 @@
 """`mf train CONFIG [--set key=value ...]`: train as the YAML says.
 
+`run_mode: finetune` fine-tunes (fully, or LoRA with a `lora` section) from `checkpoint.load_path`;
+`run_mode: eval | predict` are not training: exit 2 with one line naming `mf eval` / `mf generate`.
+
 Exit status: 0 when training finished (or stopped by a callback), 2 for bad input found before
 the first step (the YAML, a field this run cannot honour, missing data files, a bad model
 section, an unreadable checkpoint), one line on stderr and no traceback; 1 when training fails
@@ -25,12 +28,32 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
     parser.set_defaults(run=run)
 
 
-def _logging() -> None:
-    handler = logging.StreamHandler(sys.stdout)
+class _CurrentStream(logging.StreamHandler):
+    """Writes to whatever sys.stdout / sys.stderr is when a record is emitted (a caller, or a test,
+    may have replaced them since the handler was installed)."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.stream_name = name
+
+    @property
+    def stream(self):
+        return getattr(sys, self.stream_name)
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler.__init__ assigns it; the property decides
+        pass
+
+
+def _logging(stream_name: str = "stdout") -> None:
+    """Progress lines of the mf loggers on stdout (`mf train`) or stderr (`mf eval`, whose stdout is the result)."""
+    handler = _CurrentStream(stream_name)
     handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
     for name in ("mf_trainer", "mf_data", "mf_models", "mf_ckpt"):
         logger = logging.getLogger(name)
         logger.setLevel(logging.INFO)
+        for old in [h for h in logger.handlers if isinstance(h, _CurrentStream)]:
+            logger.removeHandler(old)
         if not logger.handlers:
             logger.addHandler(handler)
         logger.propagate = False
@@ -56,6 +79,9 @@ def run(args) -> int:
         config = mf_config.load_config(args.config, overrides=args.overrides)
     except mf_config.ConfigError as exc:
         raise UsageError(str(exc)) from None
+    if config.run_mode in ("eval", "predict"):  # not training: name the command that runs it
+        command = "mf eval" if config.run_mode == "eval" else "mf generate"
+        raise UsageError(f"run_mode: {config.run_mode!r} is not a training mode: run `{command} {args.config}`")
     _logging()
     import mf_trainer
 
