@@ -135,6 +135,16 @@ def test_a_preempted_lora_finetune_resumes_its_own_checkpoint(lora_run, plain_ru
         Trainer(mf_config.load_config(raw))
 
 
+def test_lora_dropout_is_active_in_the_compiled_step(tmp_path, tiny_corpus, tiny_config, base, plain_run):
+    # B starts at zero, so step 1 is the same with or without dropout; so is step 2 as a rule
+    # (Adam's first update is lr * sign(g), and the masks rarely flip a sign); from step 3 on the
+    # masks show. Reproducibility is not asserted: MindSpore's CPU dropout is not reproducible.
+    raw = _lora_raw(tmp_path, tiny_corpus, tiny_config, base[0], lora={**LORA, "lora_dropout": 0.3})
+    raw["training"]["steps"] = 4
+    losses = Trainer(mf_config.load_config(raw)).train().losses
+    assert losses[0] == plain_run[0] and all(a != b for a, b in zip(losses[2:], plain_run[2:4])), (losses, plain_run)
+
+
 def test_full_finetune_starts_from_the_weights_with_a_fresh_optimizer(lora_run, tmp_path, tiny_corpus, tiny_config):
     # load_path: a LoRA adapter checkpoint, merged into its base on load (weights only, step 0).
     raw = tiny_config(tmp_path, tiny_corpus, training=STEPS, checkpoint={"load_path": str(lora_run["out"] / "checkpoint")})
