@@ -85,19 +85,23 @@ class Finetune:
         if os.path.realpath(ckpt.save_path) == os.path.realpath(ckpt.load_path):
             raise TrainerConfigError(f"checkpoint.save_path: is checkpoint.load_path ({ckpt.load_path}); a fine-tune saves "
                                      "beside its base, never into it (rotation could delete the base)")
-        try:
-            info = mf_ckpt.load(self.base, {}, strict=False)
-            self.base_adapter = mf_ckpt.read_adapter_meta(info.common, self.base)
-        except mf_ckpt.CheckpointError as exc:
-            raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
-        self.base_kind, self.base_iteration = info.kind, info.iteration
         self.lora = cfg.lora
-        if self.lora is not None and self.base_adapter is not None:
-            raise TrainerConfigError(f"checkpoint.load_path: {ckpt.load_path} is a LoRA adapter checkpoint; new adapters "
-                                     "need plain base weights: merge it first (mf ckpt merge-lora BASE ADAPTER OUT)")
-        self.identity = {"base": self.base, "base_kind": self.base_kind, "base_iteration": self.base_iteration,
-                         "lora": _lora_settings(self.lora)}
+        self.identity = {"base": self.base, "base_kind": None, "base_iteration": None, "lora": _lora_settings(self.lora)}
+        self.base_adapter = None
         self.resume_path = self._own_checkpoint(ckpt.save_path)
+        # The base is read unless a full fine-tune resumes (its own checkpoint holds every weight).
+        if self.resume_path is None or self.lora is not None:
+            try:
+                info = mf_ckpt.load(self.base, {}, strict=False)
+                self.base_adapter = mf_ckpt.read_adapter_meta(info.common, self.base)
+            except mf_ckpt.CheckpointError as exc:
+                raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
+            if self.lora is not None and self.base_adapter is not None:
+                raise TrainerConfigError(f"checkpoint.load_path: {ckpt.load_path} is a LoRA adapter checkpoint; new "
+                                         "adapters need plain base weights: merge it first (mf ckpt merge-lora BASE "
+                                         "ADAPTER OUT)")
+            if self.resume_path is None:
+                self.identity["base_kind"], self.identity["base_iteration"] = info.kind, info.iteration
         self.modules: list[str] = []
         self.excluded_layers: list[int] = []
 
@@ -171,7 +175,7 @@ class Finetune:
             mf_models.load_state(model, state)
         except (mf_ckpt.CheckpointError, mf_models.ModelStateError) as exc:
             raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
-        log.info("finetune: weights of %s (%s)", where, self.base_kind)
+        log.info("finetune: weights of %s (%s)", where, self.identity["base_kind"])
 
     # ---- checkpoints -------------------------------------------------------------------------
     def model_state(self, model) -> dict:
