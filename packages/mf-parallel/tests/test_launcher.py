@@ -32,12 +32,13 @@ def test_bad_arguments_are_one_line(tmp_path, kwargs, message):
         launch(args.pop("nprocs"), args.pop("argv"), args.pop("log_dir"), **args)
 
 
-def _run_entry(tmp_path: Path, body: str, rank: str = "3") -> tuple[subprocess.CompletedProcess, Path]:
+def _run_entry(tmp_path: Path, body: str, rank: str = "3", **env_extra) -> tuple[subprocess.CompletedProcess, Path]:
     script = tmp_path / "job.py"
     script.write_text(body)
     status = tmp_path / "status"
     status.mkdir(exist_ok=True)
-    env = {**os.environ, "MF_LAUNCH_STATUS_DIR": str(status), "RANK_ID": rank}
+    env = {k: v for k, v in os.environ.items() if k != "MS_ROLE"}
+    env.update({"MF_LAUNCH_STATUS_DIR": str(status), "RANK_ID": rank, **env_extra})
     proc = subprocess.run([sys.executable, str(_ENTRY), str(script), "a1"], env=env, capture_output=True, text=True,
                           timeout=60)
     return proc, status
@@ -59,11 +60,54 @@ def test_entry_reports_an_exception(tmp_path):
     assert not (status / "rank_1.done").exists()
 
 
+def test_entry_reports_sys_exit_0_as_success(tmp_path):
+    # A CLI's main() ends with sys.exit(code): code 0 is a normal end, not a rank that vanished.
+    proc, status = _run_entry(tmp_path, "import sys\nsys.exit(0)\n")
+    assert proc.returncode == 0
+    assert (status / "rank_3.done").exists() and not (status / "rank_3.failed").exists()
+
+
 def test_entry_reports_a_nonzero_exit(tmp_path):
     proc, status = _run_entry(tmp_path, "import sys\nsys.exit(3)\n")
     assert proc.returncode == 3
     message = (status / "rank_3.failed").read_text()
     assert message.startswith("exited with code 3") and _exit_code(message) == 3
+
+
+def test_entry_reports_the_scheduler_apart_from_rank_0(tmp_path):
+    # msrun runs the cluster's scheduler with the workers' command and RANK_ID=0.
+    proc, status = _run_entry(tmp_path, "raise RuntimeError('port 1234 in use')\n", rank="0", MS_ROLE="MS_SCHED")
+    assert proc.returncode == 1
+    assert sorted(p.name for p in status.iterdir()) == ["scheduler.failed", "scheduler.pid"]
+    assert _find_failure(status, {}) == ("scheduler", (status / "scheduler.failed").read_text())
+
+
+def test_of_ranks_gone_together_the_one_msrun_saw_die_first_is_named(tmp_path):
+    # Rank 1 was SIGKILLed; rank 0 died of it (msrun's kill, or a collective's abort) before the
+    # launcher's next poll. msrun logs the first worker it found dead.
+    status = tmp_path / "status"
+    status.mkdir()
+    dead = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
+    for rank, proc in enumerate(dead):
+        proc.wait()
+        (status / f"rank_{rank}.pid").write_text(str(proc.pid))
+    msrun_log = tmp_path / "msrun.log"
+    msrun_log.write_text(f"[ERROR] ME(1:2,MainProcess): [_api.py:365] Worker process {dead[1].pid} exit with "
+                         "exception. Error code: -9.\n")
+    assert _find_failure(status, {}, msrun_log) == (
+        "1", f"process {dead[1].pid} died without reporting an error (killed by SIGKILL, signal 9)")
+
+
+def test_free_port_avoids_the_ephemeral_range():
+    import socket
+
+    from mf_parallel.launcher import _ephemeral_range, free_port
+
+    low, high = _ephemeral_range()
+    port = free_port()
+    assert not low <= port <= high
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", port))
 
 
 def test_failure_detection(tmp_path):

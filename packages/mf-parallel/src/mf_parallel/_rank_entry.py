@@ -7,6 +7,9 @@ written here in $MF_LAUNCH_STATUS_DIR:
                    with a non-zero code
   rank_<r>.done    written when the script returns normally
 A rank that vanishes without writing .done or .failed was killed (signal, OOM killer).
+msrun also starts the cluster's scheduler with this same command (MS_ROLE=MS_SCHED, RANK_ID=0);
+it reports as `scheduler.*`, so it never overwrites rank 0's files, and a scheduler that fails
+(e.g. its port was taken) ends the job at once instead of after the workers' cluster time-out.
 This file imports nothing from mf_parallel: it must start fast and cannot fail on import.
 """
 
@@ -19,12 +22,15 @@ import traceback
 from pathlib import Path
 
 
-def _rank() -> str:
+def _reporter() -> str:
+    """The status-file stem of this process: `scheduler` or `rank_<r>`."""
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        return "scheduler"
     for key in ("RANK_ID", "MS_NODE_ID", "RANK"):
         value = os.environ.get(key)
         if value is not None and value.isdigit():
-            return value
-    return str(os.getpid())
+            return f"rank_{value}"
+    return f"rank_{os.getpid()}"
 
 
 def _write(path: Path, text: str) -> None:
@@ -39,9 +45,9 @@ def main() -> int:
         return 2
     status_dir = os.environ.get("MF_LAUNCH_STATUS_DIR")
     status = Path(status_dir) if status_dir else None
-    rank = _rank()
+    me = _reporter()
     if status is not None:
-        _write(status / f"rank_{rank}.pid", str(os.getpid()))
+        _write(status / f"{me}.pid", str(os.getpid()))
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     # As `python SCRIPT` would: the script's directory first on sys.path, not this package's.
@@ -51,18 +57,20 @@ def main() -> int:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if code and status is not None:
-            _write(status / f"rank_{rank}.failed", f"exited with code {code}: {exc.code}\n")
+        if status is not None:
+            # sys.exit(0) is a normal end (a CLI's main returns its code through it).
+            _write(status / f"{me}.{'failed' if code else 'done'}",
+                   f"exited with code {code}: {exc.code}\n" if code else "ok\n")
     except BaseException as exc:  # noqa: BLE001 - every failure must be reported to the launcher
         code = 1
         tb = traceback.format_exc()
         sys.stderr.write(tb)
         sys.stderr.flush()
         if status is not None:
-            _write(status / f"rank_{rank}.failed", f"{type(exc).__name__}: {exc}\n\n{tb}")
+            _write(status / f"{me}.failed", f"{type(exc).__name__}: {exc}\n\n{tb}")
     else:
         if status is not None:
-            _write(status / f"rank_{rank}.done", "ok\n")
+            _write(status / f"{me}.done", "ok\n")
     sys.stdout.flush()
     sys.stderr.flush()
     return code

@@ -102,6 +102,10 @@ class FSDPParams:
     divide_by: int
     shards: dict[str, FSDPShard] = field(default_factory=dict)
 
+    def passes_param(self, name: str) -> bool:
+        """Whether the gather of `name` returns its input unchanged (nothing to gather)."""
+        return self.shard_group.size == 1 or self.shards[name].replicated
+
     def make_gather(self, leaf: nn.Cell, name: str) -> nn.Cell:
         spec = self.shards[name]
         param = getattr(leaf, name)

@@ -15,6 +15,8 @@ node 0) is streamed to `console` as it is written.
 from __future__ import annotations
 
 import os
+import random
+import re
 import shutil
 import signal
 import socket
@@ -30,7 +32,34 @@ from mf_parallel.errors import ParallelConfigError
 _ENTRY = Path(__file__).with_name("_rank_entry.py")
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999          # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
+    """A free port for msrun's scheduler, chosen outside the kernel's ephemeral range when it can
+    be: a port the kernel hands out (bind to 0) can be taken as the source port of any outgoing
+    connection in the seconds before the scheduler binds it, and a scheduler that cannot bind
+    leaves every worker waiting for the cluster time-out."""
+    low, high = _ephemeral_range()
+    candidates = [p for p in range(20000, 30000) if not low <= p <= high]
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for port in rng.sample(candidates, min(64, len(candidates))):
+        if _bindable(port):
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -152,6 +181,10 @@ def launch(nprocs: int, argv: Sequence[str], log_dir: str | os.PathLike, *, node
     status.mkdir(parents=True, exist_ok=True)
     for stale in status.iterdir():     # leftovers of an earlier run in the same directory
         stale.unlink()
+    # An earlier run's rank logs too: the console follows worker_<rank>.log from its start, and
+    # would otherwise replay the old run's lines before msrun replaces the file.
+    for stale in logs.glob("worker_*.log"):
+        stale.unlink()
     run_env["MF_LAUNCH_STATUS_DIR"] = str(status.resolve())
     world = nprocs * nodes
     cmd = [msrun, f"--worker_num={world}", f"--local_worker_num={nprocs}", f"--master_addr={master_addr}",
@@ -166,14 +199,16 @@ def launch(nprocs: int, argv: Sequence[str], log_dir: str | os.PathLike, *, node
     try:
         while True:
             tail.pump()
-            failure = _find_failure(status, pids)
+            failure = _find_failure(status, pids, logs / "msrun.log")
             if failure is not None:
-                rank, message = failure
+                who, message = failure
                 _terminate(proc, list(pids.values()))
                 tail.flush()
-                console.write(f"\nmf launch: rank {rank} failed: {message.splitlines()[0] if message else ''}\n"
-                              f"--- last lines of {logs / f'worker_{rank}.log'} ---\n"
-                              f"{_tail_of(logs / f'worker_{rank}.log')}\n"
+                what, log = ((f"rank {who}", logs / f"worker_{who}.log") if who != "scheduler" else
+                             ("the cluster scheduler", logs / "scheduler.log"))
+                console.write(f"\nmf launch: {what} failed: {message.splitlines()[0] if message else ''}\n"
+                              f"--- last lines of {log} ---\n"
+                              f"{_tail_of(log)}\n"
                               f"mf launch: stopped all ranks; logs in {logs}\n")
                 console.flush()
                 return _exit_code(message)
@@ -204,8 +239,13 @@ def _finish(rc: int, status: Path, nprocs: int, logs: Path, console: TextIO) -> 
     return 0
 
 
-def _find_failure(status: Path, pids: dict[str, int]) -> tuple[str, str] | None:
-    """(rank, message) of the first failed or vanished rank, else None. Updates `pids`."""
+def _find_failure(status: Path, pids: dict[str, int], msrun_log: Path | None = None) -> tuple[str, str] | None:
+    """(rank, message) of the first failed or vanished rank, or ("scheduler", message) when the
+    cluster's scheduler reported an error, else None. Updates `pids`. Of several ranks that
+    vanished together, the one msrun saw die first (`msrun_log`) is named."""
+    scheduler = status / "scheduler.failed"
+    if scheduler.exists():
+        return "scheduler", scheduler.read_text(errors="replace")
     for path in sorted(status.glob("rank_*.failed")):
         rank = path.name[len("rank_"):-len(".failed")]
         return rank, path.read_text(errors="replace")
@@ -216,12 +256,53 @@ def _find_failure(status: Path, pids: dict[str, int]) -> tuple[str, str] | None:
                 pids[rank] = int(path.read_text())
             except ValueError:
                 continue
+    vanished = []
     for rank, pid in pids.items():
         if not _alive(pid) and not (status / f"rank_{rank}.done").exists():
             if (status / f"rank_{rank}.failed").exists():
                 return rank, (status / f"rank_{rank}.failed").read_text(errors="replace")
-            return rank, f"process {pid} died without reporting an error (killed by a signal or crashed in native code)"
+            vanished.append((rank, pid))
+    if not vanished:
+        return None
+    rank, pid = vanished[0]
+    verdict = _msrun_verdict(msrun_log, {pid for _, pid in vanished}) if msrun_log is not None else None
+    if len(vanished) > 1 and verdict is None and msrun_log is not None:
+        # Several ranks gone within one poll: one was killed or crashed, the others died of it (a
+        # peer's abort, or msrun's kill). msrun polls its children every second and logs the first
+        # one it finds dead; wait for that verdict rather than blame the lowest rank.
+        deadline = time.monotonic() + 2.5
+        while verdict is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            verdict = _msrun_verdict(msrun_log, {pid for _, pid in vanished})
+    how = "killed by a signal or crashed in native code"
+    if verdict is not None:
+        pid, code = verdict
+        rank = next(r for r, p in vanished if p == pid)
+        if code < 0:
+            how = f"killed by {_signal_name(-code)}, signal {-code}"
+    return rank, f"process {pid} died without reporting an error ({how})"
+
+
+_MSRUN_EXIT = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")
+
+
+def _msrun_verdict(msrun_log: Path, pids: set[int]) -> tuple[int, int] | None:
+    """(pid, exit code) of the first of `pids` that msrun reported dead, if it has yet."""
+    try:
+        text = msrun_log.read_text(errors="replace")
+    except OSError:
+        return None
+    for match in _MSRUN_EXIT.finditer(text):
+        if int(match.group(1)) in pids:
+            return int(match.group(1)), int(match.group(2))
     return None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "an unknown signal"
 
 
 def _exit_code(message: str) -> int:

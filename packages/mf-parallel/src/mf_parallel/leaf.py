@@ -208,6 +208,11 @@ class LeafCore(nn.Cell):
             gather = fsdp.make_gather(leaf, name) if fsdp is not None else None
             pipelines.append(_ParamPipeline(gather, plan.grad_sync.get(name)))
         self.pipes = nn.CellList(pipelines)
+        # Pipelines whose forward hands back the stored Parameter itself (a one-rank shard group,
+        # a 0-d parameter): the recomputing backward must differentiate a copy. In PyNative, a
+        # nested GradOperation taking the Parameter object resets the gradient already accumulated
+        # for it, so a Parameter shared by two leaves (tied embeddings) lost one leaf's gradient.
+        self.passes_param = tuple(fsdp is not None and fsdp.passes_param(name) for name in plan.names)
         self.recompute = fsdp is not None and fsdp.reshard_after_forward
         # The recomputing body sees deferred parameters as identity pipelines (their real gather
         # happens outside it): straight-line code, which a GRAPH_MODE bprop needs.
@@ -267,6 +272,7 @@ class _RecomputeBase(nn.Cell):
         super().__init__()
         object.__setattr__(self, "_core", core)
         self.grad_all = ops.GradOperation(get_all=True, sens_param=True)
+        self.copy = ops.Identity()
 
     def _full(self, params):
         ready = ()
@@ -291,7 +297,11 @@ class _RecomputeBase(nn.Cell):
         shards = ()
         for i in range(n):
             shards = shards + (ops.depend(flat[i], dout),)
-        return self._full(shards) + flat[n:]
+        full = self._full(shards)
+        fresh = ()
+        for i in range(n):
+            fresh = fresh + ((self.copy(full[i]) if self._core.passes_param[i] else full[i]),)
+        return fresh + flat[n:]
 
     def finish(self, flat, grads):
         """Parameter gradients through each pipeline's adjoint; input gradients as they are."""

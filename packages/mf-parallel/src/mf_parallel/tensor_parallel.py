@@ -24,6 +24,7 @@ used on sequence shards (norm weights, row-parallel bias) get their gradient all
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 
 import mindspore as ms
@@ -85,11 +86,12 @@ def _sync_replicated(leaf: nn.Cell, names, group: Group) -> None:
             plan.grad_sync[name] = CopyToGroup(group)
 
 
-class ParallelStyle:
+class ParallelStyle(ABC):
     """A transform of one sub-Cell for the tensor-parallel group."""
 
+    @abstractmethod
     def apply(self, cell: nn.Cell, group: Group, path: str) -> None:
-        raise NotImplementedError
+        """Shard `cell` (found at `path` in the model) over `group`, in place."""
 
 
 class ColwiseParallel(ParallelStyle):
