@@ -4,6 +4,7 @@
     logits = model(input_ids)                       # [B, S, V] float32
     model = mf_models.load_hf("path/to/hf_dir")     # config.json + safetensors via mf-ckpt
     out = mf_models.generate(model, prompt, max_new_tokens=20)
+    mf_models.parallelize_model(model, mf_parallel.init_mesh(dims), mf_models.ParallelOptions())  # TP/SP, FSDP
     adapted = mf_models.apply_lora(model, ".*w[qv]", rank=8, alpha=16.0)   # LoRA adapters (mf_models.lora)
     engine = mf_models.InferenceEngine(model, max_slots=8)   # continuous batching (mf_models.inference)
     done = engine.generate([[1, 5, 9], [1, 7]], mf_models.SamplingParams(max_new_tokens=32))
@@ -11,10 +12,11 @@
 The OpenAI-compatible HTTP server is `mf_models.serving` (extra `serve`: starlette, uvicorn).
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 from .common.args import BaseArgs
 from .common.attention import KVCache
+from .common.parallel import ParallelOptions
 from .common.transformer import CausalLM, init_weights
 from .deepseek_v3 import DeepseekV3Args, DeepseekV3ForCausalLM
 from .errors import ModelConfigError, ModelStateError
@@ -25,7 +27,15 @@ from .lora import LoraLinear, adapter_state, apply_lora, linear_modules, load_ad
 from .lora import describe_modules as describe_lora_modules
 from .presets import tiny_model_section
 from .qwen3 import Qwen3Args, Qwen3ForCausalLM
-from .registry import ModelSpec, available_models, build_args, build_model, register_model, resolve_spec
+from .registry import (
+    ModelSpec,
+    available_models,
+    build_args,
+    build_model,
+    parallelize_model,
+    register_model,
+    resolve_spec,
+)
 from .state import load_hf, load_state, model_state
 
 __all__ = [
@@ -36,4 +46,5 @@ __all__ = [
     "load_pretrained", "model_state", "register_model", "resolve_spec", "SamplingParams", "tiny_model_section",
     "LoraLinear", "adapter_state", "apply_lora", "describe_lora_modules", "linear_modules", "load_adapter_state",
     "lora_modules",
+    "ParallelOptions", "parallelize_model",
 ]

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .common.args import BaseArgs
 from .common.transformer import CausalLM, init_weights
 from .deepseek_v3 import DeepseekV3Args, DeepseekV3ForCausalLM
+from .deepseek_v3.parallelize import parallelize_deepseek_v3
 from .errors import ModelConfigError, did_you_mean
 from .llama import LlamaArgs, LlamaForCausalLM
+from .llama.parallelize import parallelize_llama
 from .qwen3 import Qwen3Args, Qwen3ForCausalLM
+from .qwen3.parallelize import parallelize_qwen3
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,9 @@ class ModelSpec:
     architecture: str
     args_cls: type[BaseArgs]
     model_cls: type[CausalLM]
+    # `parallelize(model, mesh, options) -> model`: the model's TP/recompute/FSDP plan (None: the
+    # model has none, and a layout with more than one rank is refused for it).
+    parallelize: Callable[..., Any] | None = None
 
 
 _BY_TYPE: dict[str, ModelSpec] = {}
@@ -33,9 +40,10 @@ def register_model(spec: ModelSpec) -> None:
         table[key] = spec
 
 
-for _spec in (ModelSpec("llama", "LlamaForCausalLM", LlamaArgs, LlamaForCausalLM),
-              ModelSpec("qwen3", "Qwen3ForCausalLM", Qwen3Args, Qwen3ForCausalLM),
-              ModelSpec("deepseek_v3", "DeepseekV3ForCausalLM", DeepseekV3Args, DeepseekV3ForCausalLM)):
+for _spec in (ModelSpec("llama", "LlamaForCausalLM", LlamaArgs, LlamaForCausalLM, parallelize_llama),
+              ModelSpec("qwen3", "Qwen3ForCausalLM", Qwen3Args, Qwen3ForCausalLM, parallelize_qwen3),
+              ModelSpec("deepseek_v3", "DeepseekV3ForCausalLM", DeepseekV3Args, DeepseekV3ForCausalLM,
+                        parallelize_deepseek_v3)):
     register_model(_spec)
 
 
@@ -96,3 +104,17 @@ def build_model(model_section: dict[str, Any], *, seed: int = 0, init: bool = Tr
     if init:
         init_weights(model, seed)
     return model
+
+
+def parallelize_model(model: CausalLM, mesh, options=None) -> CausalLM:
+    """Apply the model's own parallel plan (tensor + sequence parallelism, recompute, FSDP/HSDP in
+    that order) for `mesh` (`mf_parallel.init_mesh(dims)`); `options` is a
+    `mf_models.ParallelOptions`. In place, before the first call; returns `model`."""
+    spec = next((s for s in _BY_TYPE.values() if isinstance(model, s.model_cls)), None)
+    if spec is None:
+        raise ModelConfigError(f"parallelize_model: {type(model).__name__} is not a registered model")
+    if spec.parallelize is None:
+        if mesh.dims.world_size > 1:
+            raise ModelConfigError(f"parallelism: {spec.model_type} has no parallel plan; run it on one rank")
+        return model
+    return spec.parallelize(model, mesh, options)

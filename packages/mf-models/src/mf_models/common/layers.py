@@ -34,6 +34,12 @@ def resolve_compute_dtype(name: str) -> ms.Type:
 
 
 _matmul_nt = ops.MatMul(transpose_b=True)
+# Primitives in the parameter forwards below: mf-parallel may run them inside a GRAPH_MODE bprop
+# (FSDP reshard-after-forward), where functional wrappers such as ops.mean fail to compile.
+_gather = ops.Gather()
+_mean = ops.ReduceMean(keep_dims=True)
+_rsqrt = ops.Rsqrt()
+_cast = ops.Cast()
 
 
 def linear(x, weight, bias=None):
@@ -43,6 +49,31 @@ def linear(x, weight, bias=None):
     if bias is not None:
         y = y + bias
     return y.reshape(shape[:-1] + (-1,))
+
+
+# Parameter forwards: each leaf's output as a pure function of the parameters handed to it. The
+# Cells below call them with their own parameters; mf-parallel calls them with gathered or sliced
+# ones (registered in common/parallel.py), so the plain and the parallel model share one formula.
+def linear_forward(cell, weight, bias, x):
+    """`Linear`: x @ weight.T (+ bias) in the cell's compute dtype (bias None when absent)."""
+    if cell.cast_weight:
+        weight = _cast(weight, cell.compute_dtype)
+        if bias is not None:
+            bias = _cast(bias, cell.compute_dtype)
+    return linear(_cast(x, cell.compute_dtype), weight, bias)
+
+
+def embedding_forward(cell, weight, input_ids):
+    """`Embedding`: row lookup (ops.gather: mint's embedding has no CPU kernel)."""
+    return _gather(weight, input_ids, 0)
+
+
+def rms_norm_forward(cell, weight, x):
+    """`RMSNorm`: weight * x / sqrt(mean(x^2) + eps), statistics in float32, result in x's dtype."""
+    dtype = x.dtype
+    x32 = _cast(x, ms.float32)
+    normed = _cast(x32 * _rsqrt(_mean(x32 * x32, -1) + cell.eps), dtype)
+    return _cast(weight, dtype) * normed
 
 
 def resolve_params_dtype(name: str) -> ms.Type:
@@ -73,13 +104,7 @@ class Linear(nn.Cell):
         self.cast_weight = params_dtype != compute_dtype
 
     def construct(self, x):
-        weight = self.weight
-        bias = self.bias
-        if self.cast_weight:
-            weight = weight.astype(self.compute_dtype)
-            if bias is not None:
-                bias = bias.astype(self.compute_dtype)
-        return linear(x.astype(self.compute_dtype), weight, bias)
+        return linear_forward(self, self.weight, self.bias, x)
 
 
 class Embedding(nn.Cell):
@@ -93,7 +118,7 @@ class Embedding(nn.Cell):
         self.padding_idx = padding_idx
 
     def construct(self, input_ids):
-        return ops.gather(self.weight, input_ids, 0)
+        return embedding_forward(self, self.weight, input_ids)
 
 
 class RMSNorm(nn.Cell):
@@ -105,11 +130,7 @@ class RMSNorm(nn.Cell):
         self.eps = eps
 
     def construct(self, x):
-        dtype = x.dtype
-        x32 = x.astype(ms.float32)
-        variance = ops.mean(x32 * x32, -1, keep_dims=True)
-        normed = (x32 * ops.rsqrt(variance + self.eps)).astype(dtype)
-        return self.weight.astype(dtype) * normed
+        return rms_norm_forward(self, self.weight, x)
 
 
 class FeedForward(nn.Cell):

@@ -16,10 +16,44 @@ the EP plan, which can replace `moe.experts` with a dispatching version that tak
 from __future__ import annotations
 
 import mindspore as ms
-import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
 from .layers import FeedForward, Linear, _zeros
+
+
+def router_forward(cell, expert_bias, x):
+    """`TopKRouter`: routing weights [T, E] from hidden states [T, H] (the bias passed in)."""
+    scores = ops.sigmoid(cell.gate(x.astype(ms.float32)))
+    # Selection is not differentiated (HF: no_grad); gradients reach the gate through `scores`.
+    choice = ops.stop_gradient(scores) + expert_bias
+    if cell.n_group > 1:
+        tokens = choice.shape[0]
+        grouped = choice.reshape(tokens, cell.n_group, cell.num_experts // cell.n_group)
+        group_scores = ops.topk(grouped, 2)[0].sum(-1)
+        _, group_idx = ops.topk(group_scores, cell.topk_group)
+        group_mask = ops.one_hot(group_idx, cell.n_group, cell.one, cell.zero).sum(1)
+        expert_mask = ops.broadcast_to(ops.expand_dims(group_mask, -1), grouped.shape).reshape(tokens, -1)
+        # HF fills excluded experts with 0.0 (not -inf); a negative biased score can lose to them.
+        choice = choice * expert_mask
+    _, topk_idx = ops.topk(choice, cell.top_k)
+    weights = ops.gather_elements(scores, 1, topk_idx)
+    if cell.norm_topk_prob:
+        weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
+    weights = weights * cell.routed_scaling_factor
+    one_hot = ops.one_hot(topk_idx, cell.num_experts, cell.one, cell.zero)  # [T, k, E]
+    return (one_hot * ops.expand_dims(weights, -1)).sum(1)
+
+
+def experts_forward(cell, w1, w2, w3, x, routing_weights):
+    """`GroupedExperts`: x [T, H], routing_weights [T, E] -> [T, H] (the stacked weights passed in)."""
+    cdt = cell.compute_dtype
+    num_experts = w1.shape[0]
+    xe = ops.broadcast_to(ops.expand_dims(x.astype(cdt), 0), (num_experts,) + x.shape)  # [E, T, H]
+    gate = cell.bmm_nt(xe, w1.astype(cdt))
+    up = cell.bmm_nt(xe, w3.astype(cdt))
+    out = cell.bmm_nt(mint.nn.functional.silu(gate) * up, w2.astype(cdt))  # [E, T, H]
+    weights = ops.expand_dims(ops.transpose(routing_weights, (1, 0)), -1)  # [E, T, 1] float32
+    return (out.astype(ms.float32) * weights).sum(0).astype(cdt)
 
 
 class TopKRouter(nn.Cell):
@@ -42,25 +76,7 @@ class TopKRouter(nn.Cell):
         self.zero = Tensor(0.0, ms.float32)
 
     def construct(self, x):
-        scores = ops.sigmoid(self.gate(x.astype(ms.float32)))
-        # Selection is not differentiated (HF: no_grad); gradients reach the gate through `scores`.
-        choice = ops.stop_gradient(scores) + self.expert_bias
-        if self.n_group > 1:
-            tokens = choice.shape[0]
-            grouped = choice.reshape(tokens, self.n_group, self.num_experts // self.n_group)
-            group_scores = ops.topk(grouped, 2)[0].sum(-1)
-            _, group_idx = ops.topk(group_scores, self.topk_group)
-            group_mask = ops.one_hot(group_idx, self.n_group, self.one, self.zero).sum(1)
-            expert_mask = ops.broadcast_to(ops.expand_dims(group_mask, -1), grouped.shape).reshape(tokens, -1)
-            # HF fills excluded experts with 0.0 (not -inf); a negative biased score can lose to them.
-            choice = choice * expert_mask
-        _, topk_idx = ops.topk(choice, self.top_k)
-        weights = ops.gather_elements(scores, 1, topk_idx)
-        if self.norm_topk_prob:
-            weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
-        weights = weights * self.routed_scaling_factor
-        one_hot = ops.one_hot(topk_idx, self.num_experts, self.one, self.zero)  # [T, k, E]
-        return (one_hot * ops.expand_dims(weights, -1)).sum(1)
+        return router_forward(self, self.expert_bias, x)
 
 
 class GroupedExperts(nn.Cell):
@@ -74,21 +90,15 @@ class GroupedExperts(nn.Cell):
         self.w3 = Parameter(_zeros((num_experts, hidden_dim, dim), params_dtype), name="w3")
         self.compute_dtype = compute_dtype
         self.top_k = top_k
+        self.expert_params = 3 * hidden_dim * dim     # per expert; not read from the (maybe sharded) weights
         self.bmm_nt = ops.BatchMatMul(transpose_b=True)
 
     def active_params_per_token(self) -> int:
-        return int(np.prod(self.w1.shape) + np.prod(self.w2.shape) + np.prod(self.w3.shape)) // self.w1.shape[0] * self.top_k
+        return self.expert_params * self.top_k
 
     def construct(self, x, routing_weights):
         """x [T, H], routing_weights [T, E] -> [T, H]."""
-        cdt = self.compute_dtype
-        num_experts = self.w1.shape[0]
-        xe = ops.broadcast_to(ops.expand_dims(x.astype(cdt), 0), (num_experts,) + x.shape)  # [E, T, H]
-        gate = self.bmm_nt(xe, self.w1.astype(cdt))
-        up = self.bmm_nt(xe, self.w3.astype(cdt))
-        out = self.bmm_nt(mint.nn.functional.silu(gate) * up, self.w2.astype(cdt))  # [E, T, H]
-        weights = ops.expand_dims(ops.transpose(routing_weights, (1, 0)), -1)  # [E, T, 1] float32
-        return (out.astype(ms.float32) * weights).sum(0).astype(cdt)
+        return experts_forward(self, self.w1, self.w2, self.w3, x, routing_weights)
 
 
 class MoE(nn.Cell):

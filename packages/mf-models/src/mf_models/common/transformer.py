@@ -79,12 +79,12 @@ class CausalLM(nn.Cell):
 
     def kv_cache_shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """((key heads, key size), (value heads, value size)) of one layer's KV cache."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define kv_cache_shapes (abstract in CausalLM)")
 
     # -- accounting -----------------------------------------------------------------------------
     def attention_flops_dims(self) -> tuple[int, int, int]:
         """(query heads, q.k head size, v head size) for the attention FLOPs term."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define attention_flops_dims (abstract in CausalLM)")
 
     def active_matmul_params(self) -> int:
         """Weights multiplied per token: every Linear (the output projection even when tied), and

@@ -1,0 +1,100 @@
+"""Llama's parallel plan: tensor parallelism with sequence parallelism, recompute, FSDP/HSDP.
+
+    parallelize_llama(model, mesh, ParallelOptions(reshard_after_forward_policy="default"))
+
+Activations between blocks are sequence-sharded when tp > 1 (SP cannot be switched off). Per block:
+
+    attention_norm          SequenceParallel      norm on sequence shards, weight grad all-reduced
+    attention               PrepareModuleInput    all-gather the sequence once for wq/wk/wv
+    attention.wq/wk/wv      ColwiseParallel       heads split (rows of [nH*hd, H]); input "gathered"
+    attention.wo            RowwiseParallel       reduce-scatter back to sequence shards
+    ffn_norm                SequenceParallel
+    feed_forward            PrepareModuleInput
+    feed_forward.w1/w3      ColwiseParallel       intermediate split
+    feed_forward.w2         RowwiseParallel
+and at the ends: tok_embeddings VocabParallelEmbedding (vocab rows, scattered to sequence shards),
+norm SequenceParallel, output ColwiseParallel(input "shard_seq"): the logits stay split along the
+vocabulary for `mf_parallel.VocabParallelCrossEntropy`. Tied embeddings get an `output` leaf
+sharing the table (`untie_output`), resliced and sharded once.
+
+Attention reshapes with -1 heads and derives the GQA repeat from the tensors, so the model code
+runs unchanged on a rank's local heads.
+"""
+
+from __future__ import annotations
+
+import mf_parallel as mp
+
+from ..common.parallel import ParallelOptions, apply_fsdp, check_divisible, refuse_unimplemented, untie_output
+
+
+def attention_plan(prefix: str, attention) -> dict:
+    """wq/wk/wv split by heads on the gathered sequence, wo back to sequence shards."""
+    return {prefix: mp.PrepareModuleInput(),
+            prefix + ".wq": mp.ColwiseParallel(input_layout="gathered"),
+            prefix + ".wk": mp.ColwiseParallel(input_layout="gathered"),
+            prefix + ".wv": mp.ColwiseParallel(input_layout="gathered"),
+            prefix + ".wo": mp.RowwiseParallel()}
+
+
+def feed_forward_plan(prefix: str) -> dict:
+    return {prefix: mp.PrepareModuleInput(),
+            prefix + ".w1": mp.ColwiseParallel(input_layout="gathered"),
+            prefix + ".w3": mp.ColwiseParallel(input_layout="gathered"),
+            prefix + ".w2": mp.RowwiseParallel()}
+
+
+def ends_plan() -> tuple[dict, dict]:
+    """(before the blocks, after them): embedding and final norm + output projection."""
+    return ({"tok_embeddings": mp.VocabParallelEmbedding()},
+            {"norm": mp.SequenceParallel(), "output": mp.ColwiseParallel(input_layout="shard_seq")})
+
+
+def tp_plan(model, block_plan=None) -> dict:
+    """{module path: style} for the whole model; `block_plan(prefix, layer)` per decoder block."""
+    block_plan = block_plan or llama_block_plan
+    first, last = ends_plan()
+    plan = dict(first)
+    for i, layer in enumerate(model.layers):
+        plan.update(block_plan(f"layers.{i}", layer))
+    plan.update(last)
+    return plan
+
+
+def llama_block_plan(prefix: str, layer) -> dict:
+    return {prefix + ".attention_norm": mp.SequenceParallel(),
+            **attention_plan(prefix + ".attention", layer.attention),
+            prefix + ".ffn_norm": mp.SequenceParallel(),
+            **feed_forward_plan(prefix + ".feed_forward")}
+
+
+def check_tp(model, dims) -> None:
+    args = model.args
+    dims.check_heads(args.num_attention_heads, args.num_key_value_heads)
+    check_divisible(dims.tp, vocab_size=args.vocab_size, intermediate_size=args.intermediate_size)
+
+
+def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, block_plan=None, check=None,
+                      inner_units=None):
+    """The fixed order for a dense decoder: TP (+SP), recompute, FSDP per block then the root."""
+    dims = mesh.dims
+    refuse_unimplemented(dims, model_type)
+    # Every check before the first change to the model.
+    mp.check_cpu_offload(options.cpu_offload)          # rejected with mf-parallel's reason
+    mp.reshard_after_forward_for(options.reshard_after_forward_policy)
+    if dims.tp_enabled:
+        (check or check_tp)(model, dims)
+    if dims.tp_enabled or dims.dp > 1:
+        untie_output(model)
+    if dims.tp_enabled:
+        mp.parallelize_module(model, mesh["tp"], tp_plan(model, block_plan))
+    if options.recompute is not None:
+        options.recompute(model)
+    if dims.fsdp_enabled or dims.dp_replicate > 1:
+        apply_fsdp(model, mesh, options, inner_units)
+    return model
+
+
+def parallelize_llama(model, mesh, options: ParallelOptions | None = None):
+    """Shard `model` (a LlamaForCausalLM) in place for `mesh`; returns it. Before the first call."""
+    return parallelize_dense(model, mesh, options or ParallelOptions(), "llama")
