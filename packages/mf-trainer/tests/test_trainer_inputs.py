@@ -19,7 +19,9 @@ def _trainer(raw, callbacks=()):
 
 REFUSED = [
     ({"parallelism": {"tensor_parallel": 2}}, "parallelism.tensor_parallel: 2 > 1 needs 2 ranks"),
-    ({"parallelism": {"cpu_offload": True}}, "parallelism.cpu_offload: offloads FSDP shards"),
+    ({"parallelism": {"cpu_offload": True}}, "parallelism.cpu_offload: means nothing on device_target CPU"),
+    ({"parallelism": {"reshard_after_forward_policy": "always"}}, "only acts with data parallelism over several ranks"),
+    ({"parallelism": {"data_parallel_shard_strategy": "optim"}}, "(ZeRO-1: sharded optimizer states with replicated"),
     ({"parallelism": {"pipeline_parallel_schedule": "gpipe"}}, "only acts with pipeline_parallel > 1"),
     ({"recompute_comm": {"enable": True, "select_module": {"attention": ["0"]}}}, "recompute_comm.enable"),
     ({"swap": {"enable": True, "layer_swap": [{"layers": ["0"]}]}}, "swap.enable: not supported on device_target CPU"),

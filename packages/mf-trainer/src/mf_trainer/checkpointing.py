@@ -58,10 +58,11 @@ class Restored:
 
 
 def load_checkpoint(ckpt_cfg, model_state: dict, optimizer_state: dict, *, path: str | None = None,
-                    resume: bool = False) -> Restored:
+                    resume: bool = False, comm=None) -> Restored:
     """Fill `model_state` (and `optimizer_state` on a resume) in place from `checkpoint.load_path`
     (or `path`). `resume=True` (a fine-tune continuing its own checkpoint) must restore the
-    optimizer whatever `no_load_optim` says."""
+    optimizer whatever `no_load_optim` says. In a parallel run the states hold this rank's
+    `ShardedTensor` blocks and `comm` is mf-parallel's `Communicator` (every rank calls this)."""
     opts = load_options(ckpt_cfg)
     key = "checkpoint.load_path" if path is None else "checkpoint.save_path"
     if path is not None:
@@ -71,13 +72,13 @@ def load_checkpoint(ckpt_cfg, model_state: dict, optimizer_state: dict, *, path:
                                        no_load_optim=True, load_worker_number=opts.load_worker_number)
     try:
         if not resume:  # an adapter checkpoint's tensors would only be reported as missing weights
-            probe = mf_ckpt.load(weights_only, {}, None, strict=False)
+            probe = mf_ckpt.load(weights_only, {}, None, strict=False, comm=comm)
             if mf_ckpt.read_adapter_meta(probe.common, opts.load_path) is not None:
                 raise TrainerConfigError(
                     f"{key}: {opts.load_path} is a LoRA adapter checkpoint: continue it with run_mode finetune and "
                     "its lora section (the fine-tune resumes from its own save_path), or merge it into its base "
                     "(mf ckpt merge-lora BASE ADAPTER OUT) for a weights-only start")
-        result = mf_ckpt.load(weights_only, model_state, None, strict=True)
+        result = mf_ckpt.load(weights_only, model_state, None, strict=True, comm=comm)
     except mf_ckpt.CheckpointError as exc:
         raise TrainerConfigError(f"{key}: {exc}") from None
     common = dict(result.common)
@@ -94,7 +95,7 @@ def load_checkpoint(ckpt_cfg, model_state: dict, optimizer_state: dict, *, path:
                                  "common.json); set checkpoint.no_load_optim: true for a weights-only start")
     try:
         # The same iteration as the weights, even if another one were committed meanwhile.
-        opt_result = mf_ckpt.load(opts, {}, optimizer_state, iteration=result.iteration, strict=True)
+        opt_result = mf_ckpt.load(opts, {}, optimizer_state, iteration=result.iteration, strict=True, comm=comm)
     except mf_ckpt.CheckpointError as exc:
         if resume:
             raise TrainerConfigError(f"{key}: cannot restore the optimizer state of this run's checkpoint ({exc}); "
@@ -110,11 +111,12 @@ def load_checkpoint(ckpt_cfg, model_state: dict, optimizer_state: dict, *, path:
 
 
 class CheckpointSaver:
-    """Owns the mf-ckpt Saver: saves on schedule and at the end, fires `on_save` once committed."""
+    """Owns the mf-ckpt Saver: saves on schedule and at the end, fires `on_save` once committed.
+    `comm`: mf-parallel's `Communicator` in a parallel run (each rank writes its own blocks)."""
 
-    def __init__(self, ckpt_cfg):
+    def __init__(self, ckpt_cfg, comm=None):
         self.options = save_options(ckpt_cfg)
-        self.saver = mf_ckpt.Saver(self.options) if self.options.enable_save else None
+        self.saver = mf_ckpt.Saver(self.options, comm) if self.options.enable_save else None
         self._pending = None  # (step, SaveResult) of an async save not yet committed
         self.last_saved_step: int | None = None
 

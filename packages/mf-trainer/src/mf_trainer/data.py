@@ -114,9 +114,11 @@ def check_eod(extra: dict, tokenizer_path: str) -> None:
 
 
 def build_loader(cfg, *, micro_batch_size: int, dp_rank: int = 0, dp_size: int = 1, consumed_samples: int = 0,
-                 section=None, where: str = "train_dataset", phase: str = "train"):
+                 section=None, where: str = "train_dataset", phase: str = "train", is_built_on_rank=None):
     """The mf-data loader for this run (see the module docstring for the mapping): of
-    `train_dataset`, or of `section` (named `where` in errors, e.g. `eval_dataset`), split `phase`."""
+    `train_dataset`, or of `section` (named `where` in errors, e.g. `eval_dataset`), split `phase`.
+    `is_built_on_rank`: in a parallel run, the rank that writes mf-data's index caches (the others
+    wait for them)."""
     section = cfg.train_dataset if section is None else section
     dl = section.dataloader
     extra = dict(dl.extra)
@@ -132,6 +134,8 @@ def build_loader(cfg, *, micro_batch_size: int, dp_rank: int = 0, dp_size: int =
         numa_enable=section.numa_enable, dp_rank=dp_rank, dp_size=dp_size, micro_batch_size=micro_batch_size,
         consumed_samples=consumed_samples,
     )
+    if is_built_on_rank is not None:
+        kwargs["is_built_on_rank"] = is_built_on_rank
     if phase != "train":
         kwargs["phase"] = phase
     clash = sorted(set(extra) & set(kwargs))

@@ -35,15 +35,23 @@ class MaskedLMLoss(nn.Cell):
     """sum(loss * loss_mask) * inv_tokens of `model(*model_inputs) -> logits [B, S, V]`.
 
     `model_inputs` is (input_ids[, position_ids[, attention_mask]]), the columns the data has.
+    `cross_entropy` (per-token loss of logits and labels) replaces the built-in one, e.g.
+    mf-parallel's vocab-parallel loss when tensor parallelism leaves the logits split along the
+    vocabulary (then no rank ever holds the full [B, S, V] logits).
     """
 
-    def __init__(self, model):
+    def __init__(self, model, cross_entropy: nn.Cell | None = None):
         super().__init__(auto_prefix=False)
         self.model = model
+        self.vocab_parallel = cross_entropy is not None
+        self.cross_entropy = cross_entropy
 
     def construct(self, labels, loss_mask, inv_tokens, *model_inputs):
         logits = self.model(*model_inputs)
-        vocab = logits.shape[-1]
-        per_token = token_cross_entropy(logits.reshape(-1, vocab).astype(ms.float32), labels.reshape(-1))
+        if self.vocab_parallel:
+            per_token = self.cross_entropy(logits, labels).reshape(-1)
+        else:
+            vocab = logits.shape[-1]
+            per_token = token_cross_entropy(logits.reshape(-1, vocab).astype(ms.float32), labels.reshape(-1))
         return (per_token * loss_mask.reshape(-1)).sum() * inv_tokens
 

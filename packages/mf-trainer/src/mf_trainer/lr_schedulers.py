@@ -17,6 +17,7 @@ the first update uses `warmup_lr_init`, as in MindFormers and Hugging Face.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,7 +34,7 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-class LRScheduler:
+class LRScheduler(ABC):
     """Base class: subclasses declare `KEYS` (accepted pass-through keys and defaults) and `_lr`."""
 
     KEYS: dict[str, Any] = {}
@@ -92,8 +93,9 @@ class LRScheduler:
     def _setup(self) -> None:
         """Resolve derived quantities and check cross-key rules."""
 
+    @abstractmethod
     def _lr(self, s: int) -> float:
-        raise NotImplementedError
+        """The LR after `s` applied updates, warm-up included."""
 
     # ---- public API ----------------------------------------------------------------------------
     def __call__(self, s: int) -> float:

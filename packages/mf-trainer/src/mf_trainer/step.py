@@ -38,24 +38,43 @@ def _clip_or_zero(grads, norm, max_norm, finite):
     return tuple(ops.where(finite, g * coef, 0.0) for g in grads)
 
 
-class FusedStep(nn.Cell):
-    """(batch, scalars) -> (loss, grad norm before clipping, applied?)."""
+class GradNorm(nn.Cell):
+    """One process's global gradient norm (a parallel run passes mf-parallel's `GlobalNormClip`,
+    whose `global_norm` counts every shard of every parameter exactly once over all ranks)."""
 
-    def __init__(self, loss_cell: nn.Cell, optimizer, max_norm: float):
+    def __init__(self, norm_cell: nn.Cell | None = None):
+        super().__init__(auto_prefix=False)
+        self.sharded = norm_cell is not None
+        self.norm_cell = norm_cell
+
+    def construct(self, grads):
+        if self.sharded:
+            return self.norm_cell.global_norm(grads)
+        return _global_norm(grads)
+
+
+class FusedStep(nn.Cell):
+    """(batch, scalars) -> (loss, grad norm before clipping, applied?[, this rank's own grad norm])."""
+
+    def __init__(self, loss_cell: nn.Cell, optimizer, max_norm: float, norm: GradNorm | None = None,
+                 local_norm: bool = False):
         super().__init__(auto_prefix=False)
         self.loss_cell = loss_cell
         self.optimizer = optimizer
         self.weights = optimizer.params
         self.max_norm = float(max_norm)
         self.grad_fn = ms.value_and_grad(loss_cell, None, self.weights)
+        self.norm = norm or GradNorm()
+        self.local_norm = local_norm
 
     def construct(self, labels, loss_mask, inv_tokens, lr, eps, decay, *model_inputs):
         loss, grads = self.grad_fn(labels, loss_mask, inv_tokens, *model_inputs)
-        norm = _global_norm(grads)
+        norm = self.norm(grads)
         finite = ops.logical_and(ops.isfinite(norm), ops.isfinite(loss))
+        local = _global_norm(grads) if self.local_norm else norm
         grads = _clip_or_zero(grads, norm, self.max_norm, finite)
         self.optimizer(grads, finite, lr, eps, decay)
-        return loss, norm, finite
+        return loss, norm, finite, local
 
 
 class AccumulateStep(nn.Cell):
@@ -76,22 +95,27 @@ class AccumulateStep(nn.Cell):
 
 
 class ApplyStep(nn.Cell):
-    """(total loss, scalars) -> (grad norm, applied?); clips, updates and zeroes the buffers."""
+    """(total loss, scalars) -> (grad norm, applied?, this rank's own grad norm); clips, updates and
+    zeroes the buffers."""
 
-    def __init__(self, optimizer, buffers: ParameterTuple, max_norm: float):
+    def __init__(self, optimizer, buffers: ParameterTuple, max_norm: float, norm: GradNorm | None = None,
+                 local_norm: bool = False):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.buffers = buffers
         self.max_norm = float(max_norm)
+        self.norm = norm or GradNorm()
+        self.local_norm = local_norm
 
     def construct(self, loss, lr, eps, decay):
         grads = tuple(self.buffers[i] * 1.0 for i in range(len(self.buffers)))
-        norm = _global_norm(grads)
+        norm = self.norm(grads)
         finite = ops.logical_and(ops.isfinite(norm), ops.isfinite(loss))
+        local = _global_norm(grads) if self.local_norm else norm
         self.optimizer(_clip_or_zero(grads, norm, self.max_norm, finite), finite, lr, eps, decay)
         for i in range(len(self.buffers)):
             ops.assign(self.buffers[i], ops.zeros_like(self.buffers[i]))
-        return norm, finite
+        return norm, finite, local
 
 
 def make_buffers(optimizer) -> ParameterTuple:
@@ -124,39 +148,52 @@ class StepRunner:
     """Host side of one optimizer step over `micro_batches` (lists of numpy arrays).
 
     Computes 1 / tokens of the global batch, feeds the LR-dependent scalars, and returns
-    (loss, grad_norm, applied) as Python values.
+    (loss, grad_norm, applied) as Python values. In a parallel run `global_tokens(local count)`
+    adds up the data-parallel ranks' loss-mask tokens, `loss_scale` multiplies 1 / tokens (the
+    data-parallel size when FSDP averages gradients instead of summing them), `norm` is the
+    sharded global norm, and the returned loss is this rank's share (the caller adds the shares).
+    `local_norm` also computes the norm of this rank's own gradients (`last_local_norm`).
     """
 
-    def __init__(self, loss_cell: nn.Cell, optimizer, max_norm: float, accumulation: int):
+    def __init__(self, loss_cell: nn.Cell, optimizer, max_norm: float, accumulation: int, *,
+                 norm: GradNorm | None = None, local_norm: bool = False, global_tokens=None, loss_scale: int = 1):
         self.optimizer = optimizer
         self.accumulation = int(accumulation)
+        self.global_tokens = global_tokens
+        self.loss_scale = int(loss_scale)
+        self.last_tokens = 0.0
+        self.last_local_norm: float | None = None
         if self.accumulation == 1:
-            self.fused = FusedStep(loss_cell, optimizer, max_norm)
+            self.fused = FusedStep(loss_cell, optimizer, max_norm, norm, local_norm)
         else:
             self.buffers = make_buffers(optimizer)
             self.accumulate = AccumulateStep(loss_cell, optimizer, self.buffers)
-            self.apply = ApplyStep(optimizer, self.buffers, max_norm)
+            self.apply = ApplyStep(optimizer, self.buffers, max_norm, norm, local_norm)
 
     def cells(self) -> list[nn.Cell]:
         return [self.fused] if self.accumulation == 1 else [self.accumulate, self.apply]
 
     def __call__(self, micro_batches: list[dict], lr: float) -> tuple[float, float, bool]:
         tokens = float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches))
+        if self.global_tokens is not None:
+            tokens = self.global_tokens(tokens)
+        self.last_tokens = tokens
         # A global batch whose every token is masked out has no loss; 1/0 would make NaN, which
         # the non-finite path then skips and counts, as it should.
-        inv = Tensor(np.float32(1.0 / tokens if tokens > 0 else np.inf))
+        inv = Tensor(np.float32(self.loss_scale / tokens if tokens > 0 else np.inf))
         scalars = self.optimizer.scalars(lr)
         if self.accumulation == 1:
             mb = micro_batches[0]
-            loss, norm, finite = self.fused(*_targets(mb), inv, *scalars, *_model_inputs(mb))
+            loss, norm, finite, local = self.fused(*_targets(mb), inv, *scalars, *_model_inputs(mb))
             loss_value = float(loss.asnumpy())
         else:
             loss_value = 0.0
             for mb in micro_batches:
                 part = self.accumulate(*_targets(mb), inv, *_model_inputs(mb))
                 loss_value += float(part.asnumpy())
-            norm, finite = self.apply(Tensor(loss_value, ms.float32), *scalars)
+            norm, finite, local = self.apply(Tensor(loss_value, ms.float32), *scalars)
         applied = bool(finite.asnumpy())
         if applied:
             self.optimizer.step += 1
+        self.last_local_norm = float(local.asnumpy())
         return loss_value, float(norm.asnumpy()), applied

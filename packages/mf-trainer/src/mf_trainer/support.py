@@ -1,10 +1,11 @@
 """What this Trainer honours, and a one-line refusal for everything it cannot honour here.
 
 A field is either used or refused before any work starts: no silent no-ops. The checks depend on
-the device (CPU / Ascend) and on the world size (this Trainer runs one process; parallel degrees
-above 1 wait for the mf-parallel integration). Fields that only mean something when another
-feature is on (e.g. FSDP knobs with no FSDP) are refused when set to a non-default value, with the
-reason; their defaults are accepted.
+the device (CPU / Ascend) and on the world size: the parallel layout itself (degrees, FSDP knobs,
+sharding strategy, cpu_offload) is checked against the world in `parallel.build_dims`. Fields
+that only mean something when another feature is on (e.g. FSDP knobs with no FSDP, pipeline knobs
+without pipeline parallelism) are refused when set to a non-default value, with the reason; their
+defaults are accepted.
 
 Honoured elsewhere (not checked here): the checkpoint section (mf-ckpt), train_dataset (mf-data
 rejects what it cannot do), model (mf-models), optimizer, lr_scheduler, callbacks, recompute
@@ -21,11 +22,10 @@ import dataclasses
 from mf_trainer.errors import TrainerConfigError
 from mf_trainer.finetune import check_config as check_finetune
 
-# parallelism fields that only act with a given feature on; (field, what turns it on)
+# parallelism fields that only act with a given feature on; (field, what turns it on). The FSDP
+# knobs are checked against the actual layout in parallel.build_dims; the others belong to
+# features that are not implemented (their degrees are refused there too).
 _PARALLEL_DEPENDENT = {
-    "data_parallel_shard_strategy": "FSDP over several ranks",
-    "reshard_after_forward_policy": "FSDP over several ranks",
-    "disable_gradient_division": "FSDP over several ranks",
     "context_parallel_method": "context_parallel > 1",
     "context_parallel_async": "context_parallel > 1",
     "ulysses_degree_in_cp": "context_parallel > 1",
@@ -39,8 +39,9 @@ _PARALLEL_DEPENDENT = {
     "moe_token_dispatcher_type": "expert_parallel > 1",
     "npu_nums_per_device": "expert_parallel > 1 on Ascend",
 }
+FSDP_KNOBS = ("data_parallel_shard_strategy", "reshard_after_forward_policy", "disable_gradient_division")
 _DEGREES = ("tensor_parallel", "context_parallel", "pipeline_parallel", "expert_parallel")
-_NOT_YET = "the single-process Trainer does not shard yet (mf-parallel integration pending)"
+_ONE_PROCESS = "this command runs in one process"
 
 
 def _defaults(section) -> object:
@@ -56,30 +57,40 @@ def _refuse(path: str, reason: str):
 
 
 def check_parallelism(cfg, device: str, world_size: int) -> None:
+    """One-process commands (`mf eval`): no parallel layout at all."""
     par = cfg.parallelism
     if world_size > 1:
-        _refuse("parallelism", f"this process is one of {world_size} ranks; {_NOT_YET}")
+        _refuse("parallelism", f"this process is one of {world_size} ranks; {_ONE_PROCESS}")
     for name in _DEGREES:
         if getattr(par, name) > 1:
-            _refuse(f"parallelism.{name}", f"{getattr(par, name)} > 1 needs {world_size * getattr(par, name)} "
-                                          f"ranks; {_NOT_YET}")
+            _refuse(f"parallelism.{name}", f"{getattr(par, name)} > 1 needs {getattr(par, name)} ranks; {_ONE_PROCESS}")
     if par.data_parallel_shard not in (-1, 1):
-        _refuse("parallelism.data_parallel_shard", f"{par.data_parallel_shard} ranks requested, this run has 1")
-    if par.sequence_parallel:
-        _refuse("parallelism.sequence_parallel", "sequence parallelism follows tensor_parallel > 1")
+        _refuse("parallelism.data_parallel_shard", f"{par.data_parallel_shard} ranks requested; {_ONE_PROCESS}")
     if par.cpu_offload:
         _refuse("parallelism.cpu_offload", "offloads FSDP shards to host memory; a single-process run has no "
                                            "shards" + (" and on CPU everything is in host memory already"
                                                        if device == "CPU" else ""))
+    for name in (*FSDP_KNOBS, *_PARALLEL_DEPENDENT):
+        if _changed(par, name):
+            _refuse(f"parallelism.{name}", f"{getattr(par, name)!r} only acts with several ranks; {_ONE_PROCESS} "
+                                           "(leave it at its default)")
+
+
+def check_parallel_training(cfg) -> None:
+    """The Trainer: layouts are checked by `parallel.build_dims` (degrees, FSDP knobs against the
+    layout, strategies, cpu_offload); here the knobs of features that are not implemented."""
+    par = cfg.parallelism
     for name, needs in _PARALLEL_DEPENDENT.items():
         if _changed(par, name):
-            _refuse(f"parallelism.{name}", f"{getattr(par, name)!r} only acts with {needs}; this run has none "
+            _refuse(f"parallelism.{name}", f"{getattr(par, name)!r} only acts with {needs}, which is not implemented "
                                            "(leave it at its default)")
 
 
 def check_memory_features(cfg, device: str, world_size: int) -> None:
     if cfg.recompute_comm.enable:
-        _refuse("recompute_comm.enable", "recomputes communication operators; a single-process run has none")
+        _refuse("recompute_comm.enable", "recomputes communication operators; " + (
+            "not implemented (FSDP's reshard_after_forward_policy already gathers parameters again in the "
+            "backward)" if world_size > 1 else "a single-process run has none"))
     if cfg.swap.enable:
         reason = ("activations already live in host memory on CPU" if device == "CPU"
                   else "activation offload is not implemented yet")
@@ -143,7 +154,7 @@ def check_supported(cfg, device: str, world_size: int = 1) -> None:
     """Raise TrainerConfigError for the first field this run cannot honour."""
     check_extensions(cfg)
     check_context(cfg, device)
-    check_parallelism(cfg, device, world_size)
+    check_parallel_training(cfg)
     check_memory_features(cfg, device, world_size)
     check_monitor(cfg)
     check_profiler(cfg, device)

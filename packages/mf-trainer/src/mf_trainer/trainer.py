@@ -9,6 +9,11 @@ checkpoint restore), so a bad YAML fails before the first step. `train()` runs
 `local_batch_size` samples (accumulation = global_batch_size // (dp x local_batch_size)), feeds
 the scheduler's LR, and hands the metrics to the callbacks (logging and checkpointing are
 built in; `callbacks:` adds more).
+
+Started on several ranks (`mf launch`, msrun), every rank runs this same loop on its share of the
+work (parallel.py: layout, the model's plan, data slices, global-token loss, sharded clipping and
+checkpoints); the loss, norm and decisions are global, so every rank takes the same path. Rank 0
+alone writes metrics, TensorBoard, console progress and the end-of-training sample.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import mf_models
 from mf_trainer import runtime
 from mf_trainer.callbacks import Callback, CallbackList, build_callbacks
 from mf_trainer.checkpointing import CheckpointSaver, load_checkpoint
-from mf_trainer.data import build_loader
+from mf_trainer.data import build_loader, ensure_demo_corpus
 from mf_trainer.errors import TrainerConfigError, TrainingError
 from mf_trainer.evaluation import build_evaluator
 from mf_trainer.finetune import Finetune
@@ -33,9 +38,10 @@ from mf_trainer.lr_schedulers import build_scheduler
 from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device
 from mf_trainer.monitor import MetricsLogger
 from mf_trainer.optimizer import build_adamw
+from mf_trainer.parallel import ParallelContext, ShardedState, build_dims, comm_metrics
 from mf_trainer.profiling import ProfilerCallback
 from mf_trainer.recompute import apply_recompute
-from mf_trainer.step import StepRunner
+from mf_trainer.step import GradNorm, StepRunner
 from mf_trainer.support import check_supported
 
 log = logging.getLogger("mf_trainer")
@@ -73,8 +79,10 @@ class Trainer:
         self.config = cfg = config
         self.should_stop = False
         self.device = runtime.resolve_device(cfg.context.device_target)
-        check_supported(cfg, self.device, runtime.world_size_from_env())
-        dp = 1
+        world = runtime.world_size_from_env()
+        check_supported(cfg, self.device, world)
+        dims = build_dims(cfg, world, self.device)
+        dp = dims.dp
         self.accumulation = _accumulation(cfg.training, dp)
         self.global_batch = self.accumulation * dp * cfg.training.local_batch_size
         if self.global_batch != cfg.training.global_batch_size:
@@ -86,24 +94,42 @@ class Trainer:
                                          cfg.lr_scheduler.extra, total_steps=cfg.training.steps)
         user_callbacks = [*build_callbacks(cfg.callbacks), *callbacks]
         runtime.setup_context(self.device, cfg.context.mode, cfg.context.device_id, cfg.training.deterministic)
+        self.mode = cfg.context.mode
+        self.parallel = ParallelContext(cfg, dims)    # joins the world (collective) when there are ranks
+        blocker = self.parallel.graph_mode_blocker()
+        if blocker and self.mode == 0:
+            log.warning("context.mode 0: %s (mf_parallel.graph_mode_blocker); training in PyNative", blocker)
+            runtime.use_pynative()
+            self.mode = 1
         runtime.seed_everything(cfg.training.seed)
 
         # run_mode finetune: start weights, LoRA, and resuming its own save_path (finetune.py).
         self.finetune = Finetune(cfg, cfg.training.seed) if cfg.run_mode == "finetune" else None
         self.model = self._build_model()
         self.optimizer = build_adamw([(p.name, p) for p in self.model.trainable_params()], cfg.optimizer)
+        self.sharded = ShardedState(self.parallel, self.model, self.optimizer) if self.parallel.enabled else None
         self.state = TrainState(total_steps=cfg.training.steps)
         if self.finetune is not None:
             if self.finetune.resume_path:
                 self._restore(self.finetune.resume_path)
         elif cfg.checkpoint.load_path:
             self._restore()
-        self.loader = build_loader(cfg, micro_batch_size=cfg.training.local_batch_size,
-                                   consumed_samples=self.state.consumed_samples)
+        if self.parallel.enabled and "demo_corpus" in cfg.train_dataset.dataloader.extra:
+            # One builder of the demo corpus; the other ranks find it built.
+            if self.parallel.is_rank0:
+                ensure_demo_corpus(dict(cfg.train_dataset.dataloader.extra), cfg.tokenizer.path,
+                                   cfg.model.extra.get("vocab_size"))
+            self.parallel.barrier()
+        self.loader = build_loader(cfg, micro_batch_size=cfg.training.local_batch_size, dp_rank=self.parallel.dp_rank,
+                                   dp_size=dp, consumed_samples=self.state.consumed_samples,
+                                   is_built_on_rank=(lambda: self.parallel.is_rank0) if self.parallel.enabled else None)
         self._check_data()
+        if cfg.eval_dataset is not None and dims.tp_enabled:
+            raise TrainerConfigError("eval_dataset: evaluation during training with tensor_parallel > 1 is not "
+                                     "implemented (its loss and accuracy need the vocabulary-split logits); evaluate "
+                                     "the saved checkpoint with `mf eval`")
         self.evaluator = build_evaluator(cfg, self.model, cfg.training.local_batch_size)
-        self.mode = cfg.context.mode
-        self.runner = StepRunner(MaskedLMLoss(self.model), self.optimizer, cfg.training.max_norm, self.accumulation)
+        self.runner = self._make_runner()
 
         self.seq_length = self.loader.config.sequence_length
         self.flops_per_token = self.model.num_flops_per_token(self.seq_length)
@@ -113,10 +139,12 @@ class Trainer:
                  f"{self.peak_flops:.3g}" if self.peak_flops else "unknown", peak_source,
                  sum(p.size for p in self.model.trainable_params()) / 1e6, self.accumulation,
                  cfg.training.local_batch_size)
-        self.checkpointer = CheckpointSaver(cfg.checkpoint)
-        built_in: list[Callback] = [MetricsLogger(self.output_dir, cfg.monitor.log_interval, cfg.monitor.tensorboard)]
-        if cfg.profiler.enable_profiling:
-            built_in.append(ProfilerCallback(cfg.profiler, self.output_dir, self.device))
+        self.checkpointer = CheckpointSaver(cfg.checkpoint, self.parallel.comm)
+        built_in: list[Callback] = []
+        if self.parallel.is_rank0:   # one writer of metrics.jsonl, TensorBoard, console progress, profile
+            built_in.append(MetricsLogger(self.output_dir, cfg.monitor.log_interval, cfg.monitor.tensorboard))
+            if cfg.profiler.enable_profiling:
+                built_in.append(ProfilerCallback(cfg.profiler, self.output_dir, self.device))
         self.callbacks = CallbackList([*built_in, *user_callbacks])
 
     # ---- construction helpers ------------------------------------------------------------------
@@ -130,22 +158,53 @@ class Trainer:
             raise TrainerConfigError(str(exc)) from None
         if self.finetune is not None:
             self.finetune.prepare_model(model)
+        if self.parallel.enabled:
+            # The model's plan: tensor + sequence parallelism, recompute, FSDP/HSDP, in that order.
+            self.parallel.parallelize(model, self._recompute)
+        else:
+            self._recompute(model)
+        return model
+
+    def _recompute(self, model) -> None:
         marked = apply_recompute(model, self.config.recompute)
         if marked:
             log.info("recompute: %s", ", ".join(marked))
-        return model
+
+    def _make_runner(self) -> StepRunner:
+        par, mon = self.parallel, self.config.monitor.train_state
+        loss = MaskedLMLoss(self.model, par.cross_entropy())
+        if not par.enabled:
+            return StepRunner(loss, self.optimizer, self.config.training.max_norm, self.accumulation)
+        clip = par.clip(self.model, self.optimizer.params, self.config.training.max_norm)
+        return StepRunner(loss, self.optimizer, self.config.training.max_norm, self.accumulation, norm=GradNorm(clip),
+                          local_norm=mon.device_norm, global_tokens=par.global_tokens, loss_scale=par.loss_scale)
 
     def _model_state(self) -> dict:
-        """What checkpoints hold: every weight, or the adapters of a LoRA fine-tune."""
+        """What checkpoints hold: every weight, or the adapters of a LoRA fine-tune (this rank's
+        blocks as mf-ckpt ShardedTensors in a parallel run)."""
+        if self.sharded is not None:
+            return self.sharded.model_state()
         return self.finetune.model_state(self.model) if self.finetune else mf_models.model_state(self.model)
 
+    def _optimizer_state(self) -> dict:
+        if self.sharded is not None:
+            return self.sharded.optimizer_state()
+        return {k: v for k, v in self.optimizer.state_dict().items() if k != "step"}
+
     def _restore(self, path: str | None = None) -> None:
-        """From checkpoint.load_path, or (fine-tune resume) from this run's own `path`."""
-        model_state = {k: np.array(v) for k, v in self._model_state().items()}
-        opt_state = {k: v for k, v in self.optimizer.state_dict().items() if k != "step"}
-        restored = load_checkpoint(self.config.checkpoint, model_state, opt_state, path=path, resume=path is not None)
+        """From checkpoint.load_path, or (fine-tune resume) from this run's own `path`. A parallel
+        run reads this rank's blocks of every tensor (any saved layout: mf-ckpt reshards on load)."""
+        if self.sharded is not None:
+            model_state, opt_state = self.sharded.model_destinations(), self.sharded.optimizer_destinations()
+        else:
+            model_state = {k: np.array(v) for k, v in self._model_state().items()}
+            opt_state = self._optimizer_state()
+        restored = load_checkpoint(self.config.checkpoint, model_state, opt_state, path=path, resume=path is not None,
+                                   comm=self.parallel.comm)
         try:
-            if self.finetune is not None:
+            if self.sharded is not None:
+                self.sharded.load_model(model_state)
+            elif self.finetune is not None:
                 self.finetune.load_model_state(self.model, model_state)
             else:
                 mf_models.load_state(self.model, model_state)
@@ -154,6 +213,8 @@ class Trainer:
         if not restored.resume:
             return
         common = restored.common
+        if self.sharded is not None:
+            opt_state = self.sharded.moments(opt_state)
         self.optimizer.load_state_dict({**opt_state, "step": common["optimizer_step"]})
         self.state.step = self.state.start_step = int(common["step"])
         if self.state.step > self.state.total_steps:
@@ -198,8 +259,7 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> None:
-        opt = None if self.config.checkpoint.no_save_optim else {
-            k: v for k, v in self.optimizer.state_dict().items() if k != "step"}
+        opt = None if self.config.checkpoint.no_save_optim else self._optimizer_state()
         committed = self.checkpointer.save(self.state.step, self._model_state(), opt, self.checkpoint_common())
         self._announce(committed)
 
@@ -211,7 +271,9 @@ class Trainer:
 
     # ---- the loop ------------------------------------------------------------------------------
     def _run_step(self, micro_batches, lr):
-        if self.mode != 0 or self.state.step > self.state.start_step:
+        # Several ranks: no fallback. A rank that retried in PyNative would issue its collectives
+        # out of step with the others; the error ends the job instead (mf launch shows it).
+        if self.mode != 0 or self.state.step > self.state.start_step or self.parallel.enabled:
             return self.runner(micro_batches, lr)
         # First step in GRAPH_MODE compiles. If compiling fails, fall back to PyNative from an
         # untouched state (weights and moments snapshotted, since the error may surface late).
@@ -226,8 +288,7 @@ class Trainer:
             self.mode = 1
             mf_models.load_state(self.model, weights)
             self.optimizer.load_state_dict(moments)
-            self.runner = StepRunner(MaskedLMLoss(self.model), self.optimizer, self.config.training.max_norm,
-                                     self.accumulation)
+            self.runner = self._make_runner()
             return self.runner(micro_batches, lr)
 
     def train(self) -> TrainResult:
@@ -244,15 +305,17 @@ class Trainer:
                 self.callbacks.on_step_begin(self, step)
                 micro = [next(batches) for _ in range(self.accumulation)]
                 lr = self.scheduler(self.optimizer.step)
+                self._comm_reset()
                 t0 = time.perf_counter()
-                loss, grad_norm, applied = self._run_step(micro, lr)
+                local_loss, grad_norm, applied = self._run_step(micro, lr)
+                loss = self.parallel.global_loss(local_loss)
                 seconds = time.perf_counter() - t0
                 state.step = step
                 state.consumed_samples = self.loader.consumed_samples
                 state.nonfinite_in_row = 0 if applied else state.nonfinite_in_row + 1
                 state.skipped_steps += 0 if applied else 1
                 result.losses.append(loss)
-                metrics = self._metrics(step, loss, lr, grad_norm, applied, seconds, tokens_per_step, micro)
+                metrics = self._metrics(step, loss, lr, grad_norm, applied, seconds, tokens_per_step, micro, local_loss)
                 self.callbacks.on_step_end(self, metrics)
                 if not applied:
                     log.warning("step %d: non-finite loss or gradient norm (loss %s, grad_norm %s): update skipped "
@@ -281,30 +344,74 @@ class Trainer:
                 except TrainingError as exc:
                     log.error("%s", exc)
         if cfg.inference.prompts or cfg.inference.input_file:
-            from mf_trainer.sampling import generate_samples
-
-            result.samples = generate_samples(self.model, cfg.inference, cfg.tokenizer.path, cfg.training.seed)
+            result.samples = self._samples()
         self.callbacks.on_train_end(self)
         result.step = state.step
         result.checkpoint = self.last_checkpoint
         return result
 
-    def _metrics(self, step, loss, lr, grad_norm, applied, seconds, tokens, micro) -> dict:
+    def _comm_reset(self) -> None:
+        if self.parallel.enabled:
+            comm_metrics()   # drop what happened between steps (checkpoints, evaluation)
+
+    def _samples(self) -> list[dict]:
+        """The end-of-training sample: in a parallel run, every rank gathers the full weights (a
+        collective) and rank 0 alone generates with a one-process copy of the model."""
+        from mf_trainer.sampling import generate_samples
+
+        cfg = self.config
+        model = self.model
+        if self.parallel.enabled:
+            full = self.parallel.full_state(self.model)
+            if not self.parallel.is_rank0:
+                return []
+            model = self._plain_model(full)
+        return generate_samples(model, cfg.inference, cfg.tokenizer.path, cfg.training.seed)
+
+    def _plain_model(self, full: dict):
+        """A one-process model holding `full` (gathered) weights."""
+        section = {"model_type": self.config.model.model_type, "architectures": self.config.model.architectures,
+                   **self.config.model.extra}
+        model = mf_models.build_model({k: v for k, v in section.items() if v is not None}, init=False)
+        mf_models.load_state(model, full)
+        return model
+
+    def full_state(self) -> dict:
+        """Every weight as its full array (on every rank: a collective in a parallel run)."""
+        if self.parallel.enabled:
+            return self.parallel.full_state(self.model)
+        return {k: np.array(v) for k, v in mf_models.model_state(self.model).items()}
+
+    def _metrics(self, step, loss, lr, grad_norm, applied, seconds, tokens, micro, local_loss) -> dict:
         state, mon = self.state, self.config.monitor.train_state
+        world = self.parallel.world
         mfu = None
         if self.peak_flops:
-            mfu = self.flops_per_token * tokens / seconds / self.peak_flops
+            mfu = self.flops_per_token * tokens / seconds / (self.peak_flops * world)
         m = {
             "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": seconds,
             "tokens_per_s": tokens / seconds, "mfu": mfu, "rss_bytes": host_rss_bytes(),
-            "consumed_samples": state.consumed_samples, "loss_tokens": int(sum(float(mb["loss_mask"].sum()) for mb in micro)),
+            "consumed_samples": state.consumed_samples, "loss_tokens": int(self.runner.last_tokens),
             "skipped": not applied, "skipped_steps": state.skipped_steps,
         }
-        # One process: this rank's / this device's loss and norm are the global ones.
+        if self.parallel.enabled:
+            m.update(comm_metrics())       # this step's communication volume, then reset
+        # In one process this rank's / this device's loss and norm are the global ones. With several
+        # ranks: local_loss = this rank's share of the global loss (its tokens over the global
+        # count), device_loss = the mean loss over this rank's own tokens, device_norm = the norm
+        # of this rank's own gradient shards.
         if mon.local_loss:
-            m["local_loss"] = loss
-        if mon.device_loss:
+            m["local_loss"] = local_loss / self.parallel.loss_scale
+        if mon.device_loss and not self.parallel.enabled:
             m["device_loss"] = loss
+        elif mon.device_loss:
+            own = float(sum(float(mb["loss_mask"].sum()) for mb in micro))
+            m["device_loss"] = (local_loss / self.parallel.loss_scale * self.runner.last_tokens / own
+                                if own else float("nan"))
         if mon.device_norm:
-            m["device_norm"] = grad_norm
+            m["device_norm"] = self.runner.last_local_norm if self.parallel.enabled else grad_norm
+        if self.parallel.enabled and not self.parallel.is_rank0 and (mon.local_loss or mon.device_loss or
+                                                                     mon.device_norm):
+            log.info("rank %d step %d: %s", self.parallel.rank, step, ", ".join(
+                f"{k} {m[k]:.6g}" for k in ("local_loss", "device_loss", "device_norm") if k in m))
         return m

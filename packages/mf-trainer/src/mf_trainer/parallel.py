@@ -1,0 +1,235 @@
+"""Parallel training: the `parallelism` section -> mf-parallel's mesh, the model's plan, and the
+per-step collectives the Trainer needs around its compiled step.
+
+One process (world size 1) is the degenerate case: every group has one rank, every collective is
+the identity, and the plan changes nothing. With more ranks (started by `mf launch` or msrun):
+
+* layout: `ParallelDims.from_config(parallelism, world)`; `data_parallel_shard_strategy:
+  no_shard` makes every data-parallel rank a replica (DDP); `optim_grads_params` (ZeRO-3, the
+  default) shards parameters, gradients and optimizer states. Pipeline, context and expert
+  parallelism and ZeRO-1/2 are refused with their reason (not implemented).
+* the model: its own plan (`mf_models.parallelize_model`: TP + SP, recompute, FSDP/HSDP), applied
+  before the optimizer is built, so AdamW's moments are sharded like the parameters.
+* data: each data-parallel rank reads its slice of every global batch (`dp_rank`, `dp`); tensor-
+  parallel partners read the same samples.
+* loss: `sum(token loss * mask) / tokens of the GLOBAL batch` on every rank (the token count is
+  all-reduced over the data-parallel group first). FSDP sums the ranks' gradients
+  (`disable_gradient_division: true`, the default), which then is the gradient of the global
+  loss; with `false` FSDP divides them by dp, so each rank scales its loss by dp to match. The
+  logged loss is the sum of the ranks' shares over the data-parallel group.
+* clipping: `GlobalNormClip`, the true norm over every shard.
+* mode: GRAPH_MODE unless `mf_parallel.graph_mode_blocker` has a reason (on CPU, layouts with two
+  parallel axes), then PyNative, said once in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from mindspore import Tensor, nn
+
+import mf_models
+import mf_parallel as mp
+from mf_trainer.errors import TrainerConfigError
+
+log = logging.getLogger("mf_trainer")
+
+# data_parallel_shard_strategy values this Trainer honours.
+_STRATEGIES = {
+    "optim_grads_params": "parameters, gradients and optimizer states sharded (ZeRO-3)",
+    "no_shard": "every data-parallel rank holds everything (DDP)",
+}
+_UNIMPLEMENTED = {"pipeline_parallel": "pipeline", "context_parallel": "context", "expert_parallel": "expert"}
+
+
+def build_dims(cfg, world_size: int, device: str) -> mp.ParallelDims:
+    """This run's layout, or a one-line TrainerConfigError naming the key and the fix."""
+    par = cfg.parallelism
+    for key, what in _UNIMPLEMENTED.items():
+        if getattr(par, key) > 1:
+            raise TrainerConfigError(f"parallelism.{key}: {getattr(par, key)} > 1 is not implemented ({what} "
+                                     f"parallelism has no strategy in mf-parallel yet); set it to 1")
+    if world_size == 1:
+        for key in ("tensor_parallel", "data_parallel_shard"):
+            if getattr(par, key) > 1:
+                raise TrainerConfigError(
+                    f"parallelism.{key}: {getattr(par, key)} > 1 needs {getattr(par, key)} ranks; this process runs "
+                    f"alone: start it with `mf launch -n N` (N a multiple of {getattr(par, key)})")
+    strategy = par.data_parallel_shard_strategy
+    if strategy not in _STRATEGIES:
+        raise TrainerConfigError(
+            f"parallelism.data_parallel_shard_strategy: {strategy!r} (ZeRO-{1 if strategy == 'optim' else 2}: "
+            f"sharded optimizer states{'' if strategy == 'optim' else ' and gradients'} with replicated parameters) "
+            f"is not implemented; use 'optim_grads_params' (ZeRO-3) or 'no_shard' (DDP)")
+    if par.cpu_offload:
+        try:
+            mp.check_cpu_offload(True, device)
+        except mp.ParallelConfigError as exc:
+            raise TrainerConfigError(str(exc)) from None
+    if cfg.lora is not None and world_size > 1:
+        raise TrainerConfigError("lora: LoRA over several ranks is not implemented (its adapter layers have no "
+                                 "sharded forward in mf-parallel); run the fine-tune in one process")
+    try:
+        dims = mp.ParallelDims.from_config(par, world_size)
+        if strategy == "no_shard" and dims.dp_shard > 1:
+            if par.data_parallel_shard > 1:
+                raise TrainerConfigError(
+                    f"parallelism.data_parallel_shard: {par.data_parallel_shard} shards, but "
+                    "data_parallel_shard_strategy is 'no_shard'; leave data_parallel_shard at -1 or use "
+                    "'optim_grads_params'")
+            dims = mp.ParallelDims(world_size, dp_replicate=dims.dp, dp_shard=1, tp=dims.tp)
+    except mp.ParallelConfigError as exc:
+        raise TrainerConfigError(str(exc)) from None
+    if not (dims.fsdp_enabled or dims.dp_replicate > 1):
+        from mf_trainer.support import FSDP_KNOBS
+
+        defaults = type(par)()
+        for key in FSDP_KNOBS:
+            if getattr(par, key) != getattr(defaults, key):
+                raise TrainerConfigError(
+                    f"parallelism.{key}: {getattr(par, key)!r} only acts with data parallelism over several ranks; "
+                    f"this layout has none ({dims.describe()}): leave it at its default")
+    return dims
+
+
+class ParallelContext:
+    """This rank's place in the job and the collectives the Trainer runs around its step."""
+
+    def __init__(self, cfg, dims: mp.ParallelDims):
+        self.cfg = cfg
+        self.dims = dims
+        self.mesh = mp.init_mesh(dims)
+        self.rank = self.mesh.rank
+        self.world = dims.world_size
+        self.dp_rank = dims.dp_rank(self.rank)
+        self.dp = dims.dp
+        par = cfg.parallelism
+        # FSDP's mean divides gradients by dp_replicate x dp_shard (x cp, refused): every rank's
+        # loss is scaled by the same factor, so the averaged gradient is the global loss's.
+        self.divides = not par.disable_gradient_division and (dims.fsdp_enabled or dims.dp_replicate > 1)
+        self.loss_scale = dims.dp if self.divides else 1
+        self.dp_sum = mp.AllReduce(self.mesh["dp"])
+        self.comm = mp.Communicator() if self.world > 1 else None   # mf-ckpt's collective interface
+        if self.world > 1:
+            log.info("parallel layout: %s; rank %d reads data-parallel slice %d of %d", dims.describe(), self.rank,
+                     self.dp_rank, self.dp)
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        mp.barrier(self.mesh["world"])
+
+    def graph_mode_blocker(self) -> str | None:
+        return mp.graph_mode_blocker(self.dims) if self.enabled else None
+
+    def options(self, recompute) -> mf_models.ParallelOptions:
+        par = self.cfg.parallelism
+        return mf_models.ParallelOptions(reshard_after_forward_policy=par.reshard_after_forward_policy,
+                                         disable_gradient_division=par.disable_gradient_division,
+                                         cpu_offload=par.cpu_offload, recompute=recompute)
+
+    def parallelize(self, model, recompute) -> None:
+        """The model's own plan (a no-op on one rank: a recompute callback still runs)."""
+        try:
+            mf_models.parallelize_model(model, self.mesh, self.options(recompute))
+        except (mp.ParallelConfigError, mf_models.ModelConfigError) as exc:
+            raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
+
+    def clip(self, model, params, max_norm: float) -> nn.Cell:
+        return mp.GlobalNormClip(model, params, self.mesh, max_norm)
+
+    def cross_entropy(self) -> nn.Cell | None:
+        """The vocab-parallel loss when logits are split along the vocabulary (tp > 1), else None."""
+        return mp.VocabParallelCrossEntropy(self.mesh["tp"]) if self.dims.tp_enabled else None
+
+    # ---- per-step host collectives (one tiny all-reduce each; compiled once in GRAPH_MODE) ----
+    def global_tokens(self, local_tokens: float) -> float:
+        """Loss-mask tokens of the global batch (exact: integer counts below 2^24 in float32)."""
+        if self.dp == 1:
+            return local_tokens
+        return float(self.dp_sum(Tensor(np.array([local_tokens], np.float32))).asnumpy()[0])
+
+    def global_loss(self, local_loss: float) -> float:
+        """The step's loss: every data-parallel rank's share added up (divided back when scaled)."""
+        if self.dp == 1:
+            return local_loss
+        total = float(self.dp_sum(Tensor(np.array([local_loss], np.float32))).asnumpy()[0])
+        return total / self.loss_scale
+
+    # ---- sharded state (checkpoints) -------------------------------------------------------
+    def layouts(self, model) -> dict:
+        return mp.param_layouts(model, self.mesh)
+
+    def full_state(self, model) -> dict[str, np.ndarray]:
+        """Every parameter as its full array, on every rank (collective)."""
+        return mp.gather_full_state(model, self.mesh)
+
+
+def comm_metrics() -> dict:
+    """This step's communication volume (mf-parallel's counter), then reset for the next step."""
+    stats = mp.comm_stats()
+    snap = stats.snapshot()
+    stats.reset()
+    payload = sum(v["payload_bytes"] for v in snap.values())
+    issued = sum(v["issued_bytes"] for v in snap.values())
+    return {"comm_bytes": payload, "comm_issued_bytes": issued, "comm_calls": sum(v["calls"] for v in snap.values()),
+            "comm": snap}
+
+
+class ShardedState:
+    """Checkpoint state of a sharded model and optimizer: mf-ckpt `ShardedTensor`s whose blocks,
+    global shapes, offsets and replica ids come from mf-parallel's `param_layouts`. An optimizer
+    moment (`exp_avg.<name>`, `exp_avg_sq.<name>`) has its parameter's layout."""
+
+    def __init__(self, ctx: ParallelContext, model, optimizer):
+        self.model = model
+        self.optimizer = optimizer
+        self.layouts = ctx.layouts(model)
+        name_of = {id(p): name for name, p in model.parameters_and_names()}
+        self.moment_layouts = {}
+        for pname, param in zip(optimizer.param_names, optimizer.params):
+            for prefix in ("exp_avg", "exp_avg_sq"):
+                self.moment_layouts[f"{prefix}.{pname}"] = self.layouts[name_of[id(param)]]
+        self.mesh = ctx.mesh
+
+    @staticmethod
+    def _sharded(arrays: dict, layouts: dict) -> dict:
+        import mf_ckpt
+
+        return {key: mf_ckpt.ShardedTensor(layouts[key].to_block(np.asarray(value)), layouts[key].global_shape,
+                                           layouts[key].offset, layouts[key].replica_id)
+                for key, value in arrays.items()}
+
+    @staticmethod
+    def _destinations(layouts: dict) -> dict:
+        import mf_ckpt
+
+        return {key: mf_ckpt.ShardedTensor(np.zeros(lay.shape, np.float32), lay.global_shape, lay.offset,
+                                           lay.replica_id) for key, lay in layouts.items()}
+
+    def model_state(self) -> dict:
+        return self._sharded(mf_models.model_state(self.model), self.layouts)
+
+    def optimizer_state(self) -> dict:
+        moments = {k: v for k, v in self.optimizer.state_dict().items() if k != "step"}
+        return self._sharded(moments, self.moment_layouts)
+
+    def model_destinations(self) -> dict:
+        return self._destinations(self.layouts)
+
+    def optimizer_destinations(self) -> dict:
+        return self._destinations(self.moment_layouts)
+
+    def load_model(self, destinations: dict) -> None:
+        mp.load_sharded_state(self.model, self.mesh, lambda name, offset, shape: destinations[name].data)
+
+    def moments(self, destinations: dict) -> dict:
+        """The loaded moment blocks as arrays shaped like the stored Parameters (FSDP padding zero)."""
+        return {key: self.moment_layouts[key].from_block(dest.data) for key, dest in destinations.items()}
