@@ -17,8 +17,9 @@ from mf_cli.errors import UsageError
 
 # name -> one-line help. The module `mf_cli.commands.<name>` implements it.
 COMMANDS: dict[str, str] = {
-    "config": "validate or show a training YAML",
+    "config": "validate, show or migrate a training YAML (mf config validate|show|migrate ...)",
     "train": "train or fine-tune a model as a YAML describes (mf train CONFIG [--set KEY=VALUE ...])",
+    "launch": "mf train on N ranks under msrun (mf launch -n N [--nodes ...] CONFIG [--set KEY=VALUE ...])",
     "eval": "loss, perplexity and token accuracy of a checkpoint on held-out data (mf eval CONFIG)",
     "generate": "generate text from a predict YAML, an mf checkpoint or an HF directory",
     "serve": "serve a model over HTTP with an OpenAI-compatible API (continuous batching)",

@@ -95,7 +95,9 @@ def run(args) -> int:
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # a failure after training started: exit 1, details in error.log
-        log_path = os.path.join(config.output_dir, "error.log")
+        # One file per rank when several ranks share the output directory.
+        rank = trainer.parallel.rank if trainer.parallel.enabled else None
+        log_path = os.path.join(config.output_dir, "error.log" if rank is None else f"error_rank{rank}.log")
         try:
             with open(log_path, "w") as f:
                 traceback.print_exc(file=f)

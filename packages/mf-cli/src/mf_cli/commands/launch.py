@@ -1,0 +1,75 @@
+"""`mf launch -n N [--nodes K --node-rank R --master-addr A --master-port P] CONFIG [--set K=V ...]`:
+`mf train` on N ranks of this node (x K nodes) under msrun, through `mf_parallel.launch`.
+
+Before any rank starts, the YAML and the parallel layout are checked here (exit 2, one line): a
+layout that does not fit the world fails in a blink instead of after N MindSpore start-ups.
+Each rank runs `mf train CONFIG [--set ...]` (mf_cli/_rank/mf_train_rank.py) and its output goes
+to `<output_dir>/logs/worker_<rank>.log`; this node's first rank (rank 0 on node 0) is streamed
+to the console. If any rank fails (an error, a non-zero exit, a rank killed by a signal) the
+launcher stops every rank at once, prints the failing rank's error and log tail, and `mf launch`
+exits non-zero (the rank's exit code when it reported one: 2 for bad input, 1 for a training
+failure). Multi-node: run the same command on every node with its `--node-rank` and a common
+`--master-addr` / `--master-port`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from mf_cli.errors import UsageError
+
+RANK_SCRIPT = Path(__file__).resolve().parent.parent / "_rank" / "mf_train_rank.py"
+
+
+def add_parser(subparsers, name: str, help_text: str) -> None:
+    p = subparsers.add_parser(name, help=help_text, description=help_text)
+    p.add_argument("-n", "--nproc", type=int, required=True, metavar="N", help="ranks on this node")
+    p.add_argument("--nodes", type=int, default=1, help="nodes in the job (default 1)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's index, 0..nodes-1 (default 0)")
+    p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
+    p.add_argument("--master-port", type=int, help="port on node 0 (default: a free one; required with --nodes > 1)")
+    p.add_argument("config", help="training YAML")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key before validation (repeatable), e.g. parallelism.tensor_parallel=2")
+    p.set_defaults(run=run)
+
+
+def _check_layout(config, world: int) -> None:
+    """The parallel degrees against the world this command starts (mf-parallel's own arithmetic)."""
+    import mf_parallel
+
+    try:
+        mf_parallel.ParallelDims.from_config(config.parallelism, world)
+    except mf_parallel.ParallelConfigError as exc:
+        raise UsageError(f"{exc} (mf launch starts {world} rank{'s' if world > 1 else ''})") from None
+
+
+def run(args) -> int:
+    os.environ.setdefault("GLOG_v", "3")
+    import mf_config
+    import mf_parallel
+
+    for flag, value in (("-n/--nproc", args.nproc), ("--nodes", args.nodes)):
+        if value < 1:
+            raise UsageError(f"{flag}: must be a positive integer, got {value}")
+    try:
+        config = mf_config.load_config(args.config, overrides=args.overrides)
+    except mf_config.ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if config.run_mode in ("eval", "predict"):
+        raise UsageError(f"run_mode: {config.run_mode!r} is not a training mode; mf launch runs mf train")
+    _check_layout(config, args.nproc * args.nodes)
+    log_dir = Path(config.output_dir) / "logs"
+    argv = [str(RANK_SCRIPT), args.config]
+    for override in args.overrides:
+        argv += ["--set", override]
+    try:
+        print(f"mf launch: {args.nproc * args.nodes} ranks ({args.nproc} on this node); "
+              f"logs in {log_dir}/worker_<rank>.log; streaming rank {args.node_rank * args.nproc}", flush=True)
+        return mf_parallel.launch(args.nproc, argv, log_dir, nodes=args.nodes, node_rank=args.node_rank,
+                                  master_addr=args.master_addr, master_port=args.master_port,
+                                  python=sys.executable, console=sys.stdout)
+    except mf_parallel.ParallelConfigError as exc:
+        raise UsageError(str(exc).removeprefix("launch: ")) from None

@@ -1,0 +1,54 @@
+"""`mf launch`: what is decided before any rank starts (the multi-process runs are in
+tests-integration/dist/test_mf_launch.py, under msrun)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from mf_cli.commands.launch import RANK_SCRIPT
+from mf_cli.main import main
+
+
+def _yaml(tmp_path, **sections) -> str:
+    cfg = {"output_dir": str(tmp_path / "out"),
+           "training": {"steps": 2, "local_batch_size": 1, "global_batch_size": 4},
+           "train_dataset": {"dataloader": {
+               "type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset", "sizes": [100, 0, 0],
+               "config": {"seq_length": 16, "split": "1,0,0", "data_path": ["1", str(tmp_path / "none")]}}},
+           "model": {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 32},
+           **sections}
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-n", "1", "--set", "parallelism.tensor_parallel=2"],
+     "mf launch: error: parallelism: pipeline_parallel (1) x context_parallel (1) x tensor_parallel (2) = 2 does not "
+     "divide the world size 1; pick degrees whose product divides 1 (mf launch starts 1 rank)"),
+    (["-n", "4", "--set", "parallelism.data_parallel_shard=3"],
+     "mf launch: error: parallelism.data_parallel_shard: 3 does not divide the data-parallel size 4"),
+    (["-n", "0"], "mf launch: error: -n/--nproc: must be a positive integer, got 0"),
+    (["-n", "2", "--nodes", "2", "--node-rank", "2"], "mf launch: error: --node-rank must be in 0..1, got 2"),
+    (["-n", "2", "--nodes", "2"], "mf launch: error: --master-port is required with more than one node"),
+    (["-n", "2", "--set", "training.stpes=3"], "mf launch: error: training.stpes: unknown key; did you mean 'steps'?"),
+])
+def test_bad_input_exits_2_before_any_rank_starts(tmp_path, capsys, args, message):
+    path = _yaml(tmp_path)
+    assert main(["launch", *args[:2], path, *args[2:]] if args[0] == "-n" else ["launch", path, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()          # nothing written: no rank started
+
+
+def test_missing_yaml_exits_2(tmp_path, capsys):
+    assert main(["launch", "-n", "2", str(tmp_path / "absent.yaml")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_each_rank_runs_mf_train():
+    # The rank script sits alone in its directory (the rank entry puts it first on sys.path).
+    assert sorted(p.name for p in RANK_SCRIPT.parent.iterdir() if p.suffix == ".py") == ["mf_train_rank.py"]
+    assert 'main(["train", *sys.argv[1:]])' in RANK_SCRIPT.read_text()
