@@ -24,12 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests-integration" / "dist"))   # the tiny llama of the parity proof
-
-import mindspore as ms  # noqa: E402
-import numpy as np  # noqa: E402
-from _tiny_model import (  # noqa: E402
+import mindspore as ms
+import numpy as np
+from _tiny_model import (
     ParallelLoss,
     ReferenceClip,
     ReferenceLoss,
@@ -39,9 +36,9 @@ from _tiny_model import (  # noqa: E402
     build,
     parallelize,
 )
-from mindspore import Tensor  # noqa: E402
+from mindspore import Tensor
 
-import mf_parallel as mp  # noqa: E402
+import mf_parallel as mp
 
 ARGS = TinyArgs(vocab=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, hidden=384, seq=64)
 GLOBAL_BATCH = 8

@@ -1,8 +1,13 @@
-"""Helpers for the multi-process tests: run a script on N CPU ranks under msrun.
+"""Helpers for the multi-process tests.
 
-`msrun` (function scope) runs msrun directly, as before. `dist_run` (session scope) runs a worker
-through `mf_parallel.launch` once per (script, ranks, args) and caches the parsed RESULT lines of
-every rank, so many test items share one ~20 s launch.
+`dist_run(script, n, *args)` (session scope) runs a worker on n CPU ranks through
+`mf_parallel.launch` once per distinct call and keeps every rank's log and RESULT lines, so many
+test items share one launch (an msrun start-up costs ~20 s here). The launches of the session:
+
+* world 4 (`_world4_worker.py`): the collectives checks, then the 4-rank Trainer cases, then the
+  capability probes — one msrun start-up for both test files that read it (`world4` fixture);
+* world 2 (`_trainer_worker.py`): the 2-rank Trainer cases (`world2` fixture);
+* plus one-process reference runs of `_trainer_worker.py` (no msrun) and the launcher tests.
 """
 
 from __future__ import annotations
@@ -10,8 +15,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,38 +22,18 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
 
+from _launches import (  # noqa: E402
+    TRAINER_WORKER,
+    WORLD2_CASES,
+    WORLD4_CASES,
+    WORLD4_WORKER,
+    run_one_process,
+    write_corpus,
+)
 from _results import parse  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def msrun(tmp_path: Path):
-    """Run `script args...` on `n` ranks; returns the per-rank log texts. Fails with rank logs shown."""
-    exe = shutil.which("msrun")
-    if exe is None:
-        pytest.fail("msrun not on PATH: the dist session must run inside a venv with MindSpore")
-
-    def run(script: Path, n: int, *args: str, timeout: float = 300) -> list[str]:
-        log_dir = tmp_path / "msrun_logs"
-        cmd = [exe, f"--worker_num={n}", f"--local_worker_num={n}", f"--master_port={_free_port()}",
-               f"--log_dir={log_dir}", "--join=True", str(script), *args]
-        env = {**os.environ, "GLOG_v": "3"}
-        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
-        logs = [(log_dir / f"worker_{r}.log").read_text() if (log_dir / f"worker_{r}.log").exists() else ""
-                for r in range(n)]
-        if proc.returncode != 0:
-            tails = "\n".join(f"--- rank {r} ---\n{log[-3000:]}" for r, log in enumerate(logs))
-            pytest.fail(f"msrun exited {proc.returncode}\n{proc.stderr[-2000:]}\n{tails}")
-        return logs
-
-    return run
 
 
 class DistRun:
@@ -69,22 +52,25 @@ class DistRun:
 
 
 @pytest.fixture(scope="session")
-def dist_run():
-    """`dist_run(script, n, *args)` -> DistRun, launched once per distinct call in the session.
+def scratch():
+    """A private directory for the session: pytest keeps only the newest three base directories
+    per user, and other pytest runs on a shared machine could delete one while ranks write there."""
+    root = Path(tempfile.mkdtemp(prefix="mf-dist-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
-    Logs go to a private temporary directory, not pytest's tmp_path_factory: pytest keeps only the
-    newest three base directories per user, and other pytest runs on a shared machine would delete
-    a launch's directory while its ranks still write there.
-    """
+
+@pytest.fixture(scope="session")
+def dist_run(scratch):
+    """`dist_run(script, n, *args)` -> DistRun, launched once per distinct call in the session."""
     from mf_parallel import launch
 
     cache: dict[tuple, DistRun] = {}
-    root = Path(tempfile.mkdtemp(prefix="mf-dist-"))
 
     def run(script: Path, n: int, *args: str, env: dict | None = None) -> DistRun:
         key = (str(script), n, args, tuple(sorted((env or {}).items())))
         if key not in cache:
-            log_dir = Path(tempfile.mkdtemp(prefix=Path(script).stem + "-", dir=root))
+            log_dir = Path(tempfile.mkdtemp(prefix=Path(script).stem + "-", dir=scratch))
             console = io.StringIO()
             start = time.monotonic()
             rc = launch(n, [str(script), *args], log_dir, console=console, env={**os.environ, **(env or {})},
@@ -94,5 +80,36 @@ def dist_run():
             cache[key] = DistRun(rc, console.getvalue(), logs, time.monotonic() - start)
         return cache[key]
 
-    yield run
-    shutil.rmtree(root, ignore_errors=True)
+    return run
+
+
+@pytest.fixture(scope="session")
+def trainer_workdir(scratch):
+    workdir = scratch / "trainer"
+    write_corpus(workdir / "data" / "toy_text_document")
+    return workdir
+
+
+@pytest.fixture(scope="session")
+def reference(trainer_workdir):
+    """The one-process run: 8 steps, a checkpoint at step 8, and 2 more steps resumed from it."""
+    proc = run_one_process(trainer_workdir, "reference")
+    if proc.returncode != 0:
+        pytest.fail(f"reference run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return trainer_workdir
+
+
+@pytest.fixture(scope="session")
+def world4(dist_run, reference):
+    result = dist_run(WORLD4_WORKER, 4, str(reference), *WORLD4_CASES)
+    if result.rc != 0 or len(result.by_name("done")) != 4:
+        pytest.fail(result.failure_report())
+    return result
+
+
+@pytest.fixture(scope="session")
+def world2(dist_run, reference):
+    result = dist_run(TRAINER_WORKER, 2, str(reference), *WORLD2_CASES)
+    if result.rc != 0:
+        pytest.fail(result.failure_report())
+    return result

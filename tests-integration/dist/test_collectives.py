@@ -1,22 +1,16 @@
-"""Every collective, on every group shape of a 2x2 layout, under msrun on 4 CPU ranks (one launch)."""
+"""Every collective, on every group shape of a 2x2 layout, under msrun on 4 CPU ranks (the 4-rank
+launch, shared with the 4-rank Trainer cases: see conftest.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from _cases import WORLD4_CASES
 
-WORKER = Path(__file__).with_name("_world4_worker.py")     # shared with the 4-rank parity cases
 WORLD = 4
 
 
 @pytest.fixture(scope="module")
-def run(dist_run):
-    result = dist_run(WORKER, WORLD, *WORLD4_CASES)
-    if result.rc != 0 or len(result.by_name("done")) != WORLD:
-        pytest.fail(result.failure_report())
-    return result
+def run(world4):
+    return world4
 
 
 def _check(run, prefix: str) -> None:

@@ -1,9 +1,13 @@
-"""A tiny llama-shaped transformer for the loss-parity tests, with its parallel plan.
+"""A tiny llama-shaped transformer with its own parallel plan, for parallel_bench.py.
+
+It is written against mf-parallel alone (not mf-models), so the benchmark measures mf-parallel's
+primitives on an architecture whose collective volumes it can count by hand. (The Trainer's
+parity proof uses mf-models' real llama and its plan: tests-integration/dist.)
 
 Embedding, pre-norm blocks (RMSNorm, causal multi-head attention with grouped key/value heads,
 SwiGLU MLP), final norm, output projection. Attention reshapes with -1 heads, so the same code
 runs on the local heads of a tensor-parallel rank. Biases on wq (column-parallel) and wo
-(row-parallel) exercise both bias rules. The plan mirrors what mf-models' llama plan will do.
+(row-parallel) exercise both bias rules.
 """
 
 from __future__ import annotations

@@ -1,0 +1,43 @@
+"""What the dist launches run, shared by conftest.py and the tests (a plain module: the repository
+root has a conftest.py too, so `from conftest import ...` would be ambiguous)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).parent
+TRAINER_WORKER = HERE / "_trainer_worker.py"
+WORLD4_WORKER = HERE / "_world4_worker.py"
+# Trainer cases per launch (see _trainer_worker.CASES). The 4-rank ones after the reference run:
+# `fsdp2_tp2_from_reference` continues from the one-process checkpoint.
+WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean")
+WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", "fsdp2_tp2_from_fsdp2_tp2")
+
+
+def write_corpus(prefix: Path) -> None:
+    """A small Megatron corpus (vocab 64): documents of noisy arithmetic sequences, EOD = 1."""
+    import mf_data
+
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.RandomState(0)
+    builder = mf_data.IndexedDatasetBuilder(mf_data.get_bin_path(str(prefix)), dtype=np.uint16)
+    for _ in range(60):
+        start, length = rng.randint(0, 60), rng.randint(20, 80)
+        tokens = (start + np.arange(length) * 3 + rng.randint(0, 3, length)) % 61 + 2
+        builder.add_item(np.append(tokens, 1).astype(np.uint16))
+        builder.end_document()
+    builder.finalize(mf_data.get_idx_path(str(prefix)))
+
+
+def run_one_process(workdir: Path, *cases: str) -> subprocess.CompletedProcess:
+    """`_trainer_worker.py` as a plain process (world size 1: the reference)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MS_WORKER_NUM", "RANK_SIZE", "WORLD_SIZE")}
+    return subprocess.run([sys.executable, str(TRAINER_WORKER), str(workdir), *cases], capture_output=True,
+                          text=True, env={**env, "GLOG_v": "3"}, timeout=600)
+
+

@@ -1,0 +1,125 @@
+"""The real Trainer on the tiny llama, one case after another in one process (one msrun launch per
+world size), or alone as the one-process reference.
+
+Usage: _trainer_worker.py WORKDIR CASE [CASE ...]
+  WORKDIR holds `data/toy_text_document.{bin,idx}` (written by the test) and gets one directory per
+  case: rank 0 writes `result.json` (per-step losses and grad norms, comm volume, mode) and
+  `weights.npz` (the final weights, gathered from every shard).
+
+Cases (see CASES): a parallel layout trains STEPS steps from the same seed on the same global
+batch as the reference and saves a checkpoint at step STEPS; `reference` is the one-process run
+(it also continues 2 steps from its own checkpoint). The checkpoint cases continue 2 steps from a
+checkpoint written under another layout: `*_from_reference` (one process -> FSDP2 x TP2) and
+`reference_from_fsdp2_tp2` (FSDP2 x TP2 -> one process).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import mf_config
+from mf_trainer import Callback, Trainer
+
+STEPS = 8
+MORE = 2                    # steps continued from a checkpoint
+GLOBAL_BATCH = 4
+MAX_NORM = 0.5              # low enough that some steps are clipped (the test checks it)
+LR = 2e-2
+
+# name -> (parallelism, training, context.mode requested, world). HSDP and FSDP x TP request
+# GRAPH_MODE and must fall back to PyNative on CPU (two parallel axes: graph_mode_blocker).
+CASES = {
+    "reference": ({}, {"local_batch_size": 4}, 1, 1),
+    "fsdp2": ({}, {"local_batch_size": 2}, 0, 2),
+    "tp2": ({"tensor_parallel": 2}, {"local_batch_size": 4}, 0, 2),
+    "fsdp2_accum_mean": ({"reshard_after_forward_policy": "always", "disable_gradient_division": False},
+                         {"local_batch_size": 1}, 1, 2),
+    "hsdp2x2": ({"data_parallel_shard": 2, "reshard_after_forward_policy": "never"}, {"local_batch_size": 1}, 0, 4),
+    "fsdp2_tp2": ({"tensor_parallel": 2}, {"local_batch_size": 2}, 0, 4),
+}
+
+
+def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None = None, out: str | None = None):
+    base = name.split("_from_")[0]
+    parallelism, training, mode, _ = CASES[base]
+    out_dir = workdir / (out or name)
+    raw = {
+        "output_dir": str(out_dir),
+        "context": {"mode": mode},
+        "checkpoint": {"save_path": str(out_dir / "ckpt"), "save_interleaved_steps": STEPS, "save_max": 3,
+                       "remove_redundancy": True, **({"load_path": load_path} if load_path else {})},
+        "training": {"steps": steps, "global_batch_size": GLOBAL_BATCH, "max_norm": MAX_NORM, "seed": 5, **training},
+        "optimizer": {"type": "AdamW", "weight_decay": 0.1},
+        "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": LR, "warmup_steps": 2},
+        "parallelism": parallelism,
+        "train_dataset": {"dataloader": {
+            "type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset", "sizes": [200, 0, 0],
+            "column_names": ["input_ids", "labels", "loss_mask", "position_ids"],
+            "config": {"seq_length": 16, "split": "1,0,0", "eod": 1, "pad": 0, "create_attention_mask": False,
+                       "data_path": ["1", str(workdir / "data" / "toy_text_document")]}},
+            "num_parallel_workers": 1},
+        "model": {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "max_position_embeddings": 32, "tie_word_embeddings": True, "attention_bias": True},
+        "monitor": {"peak_flops_per_device": 1e11, "tensorboard": False,
+                    "train_state": {"local_loss": True, "device_loss": True, "device_norm": True}},
+    }
+    return mf_config.load_config(raw)
+
+
+class Recorder(Callback):
+    """The per-step metrics (every rank computes them; rank 0 writes them)."""
+
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+
+    def on_step_end(self, trainer, metrics):
+        self.records.append(metrics)
+
+
+def run(workdir: Path, name: str) -> None:
+    start = time.monotonic()
+    recorder = Recorder()
+    if "_from_" in name:                       # continue MORE steps from another layout's checkpoint
+        base, source = name.split("_from_")
+        cfg = config(workdir, name, STEPS + MORE, load_path=str(workdir / source / "ckpt"))
+        continued = True
+    else:
+        cfg = config(workdir, name)
+        continued = False
+    trainer = Trainer(cfg, callbacks=[recorder])
+    result = trainer.train()
+    full = trainer.full_state()
+    rank0 = trainer.parallel.is_rank0
+    out = Path(cfg.output_dir)
+    summary = {"name": name, "losses": result.losses, "grad_norms": [r["grad_norm"] for r in recorder.records],
+               "mode": trainer.mode, "start_step": trainer.state.start_step, "dims": trainer.parallel.dims.describe(),
+               "comm": recorder.records[1].get("comm") if len(recorder.records) > 1 else None,
+               "metrics_keys": sorted(recorder.records[0]) if recorder.records else [],
+               "seconds": time.monotonic() - start}
+    if name == "reference" and rank0:          # ... and the one-process continuation of its own checkpoint
+        cont = Trainer(config(workdir, name, STEPS + MORE, load_path=str(out / "ckpt"), out="reference_cont")).train()
+        summary["continued"] = cont.losses
+    if rank0:
+        out.mkdir(parents=True, exist_ok=True)
+        np.savez(out / "weights.npz", **full)
+        (out / "result.json").write_text(json.dumps(summary))
+    print(f"CASE {name} rank {trainer.parallel.rank} done in {time.monotonic() - start:.1f}s "
+          f"(continued={continued})", flush=True)
+
+
+def main(argv: list[str]) -> None:
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s", stream=sys.stdout)
+    workdir = Path(argv[0])
+    for name in argv[1:]:
+        run(workdir, name)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
