@@ -90,7 +90,7 @@ class LRScheduler(ABC):
     def _warmup(self, s: int) -> float:
         return self.warmup_lr_init + (self.learning_rate - self.warmup_lr_init) * s / self.warmup_steps
 
-    def _setup(self) -> None:
+    def _setup(self) -> None:  # noqa: B027 - an optional hook: most schedulers derive nothing
         """Resolve derived quantities and check cross-key rules."""
 
     @abstractmethod
