@@ -7,8 +7,11 @@ model's end-of-sentence id to the document's last sequence. A document with no t
 a document without sequences, like Megatron, so the outputs of several keys stay aligned line
 for line. Token dtype: uint16 for a vocabulary below 65500, else int32 (Megatron's rule).
 
-Lines are read by the main process, encoded in chunks by the workers (each with its own model,
-one thread each) and written back in input order. Outputs are built under temporary names and
+Lines are read by the main process and encoded in chunks by `workers` processes, each with its
+own model and one thread: the main process is one of them, so `workers=2` starts one helper (on
+a 2-core machine a third process would only compete with the two encoders). The main process
+keeps its helpers busy first and encodes a chunk itself whenever they have enough queued; chunks
+are written back in input order. Outputs are built under temporary names and
 renamed at the end; on any error (or a bad line with `strict`) nothing is left behind and
 existing files are untouched. Existing outputs are refused unless `overwrite`.
 """
@@ -19,7 +22,8 @@ import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import IO, Any
@@ -109,6 +113,42 @@ def _encode_in_worker(args: tuple[Chunk, Sequence[str], int | None]) -> Encoded:
     return encode_chunk(*args)
 
 
+class _Ready:
+    """A chunk the main process encoded, shaped like the pool's AsyncResult."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def ready(self) -> bool:
+        return True
+
+    def get(self) -> Any:
+        return self.value
+
+
+def encode_in_order(tasks: Iterator[Any], pool, helpers: int, remote: Callable[[Any], Any],
+                    local: Callable[[Any], Any]) -> Iterator[Any]:
+    """Every task's result, in input order, from `helpers` pool processes (`remote(task)`, a
+    picklable function) plus this process (`local(task)`).
+
+    A task goes to the pool while fewer than two per helper are queued there (so a helper never
+    waits for the main process); otherwise the main process encodes it. Finished results are
+    handed on from the front as soon as they are ready, and at most `limit` are held back.
+    """
+    queued_max, limit = 2 * helpers, 4 * helpers + 8
+    pending: deque = deque()
+    for task in tasks:
+        in_pool = sum(1 for r in pending if not isinstance(r, _Ready) and not r.ready())
+        if in_pool < queued_max:
+            pending.append(pool.apply_async(remote, (task,)))
+        else:
+            pending.append(_Ready(local(task)))
+        while pending and (pending[0].ready() or len(pending) > limit):
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
 def _chunks(paths: Sequence[str], chunk_lines: int) -> Iterator[Chunk]:
     for path in paths:
         with open_binary(path) as f:
@@ -179,8 +219,9 @@ def preprocess(
             results: Iterator[Encoded] = (encode_chunk(c, k, e, tokenizer) for c, k, e in tasks)
         else:
             ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.model_path,))
-            results = pool.imap(_encode_in_worker, tasks, chunksize=1)
+            pool = ctx.Pool(workers - 1, initializer=_init_worker, initargs=(tokenizer.model_path,))
+            results = encode_in_order(tasks, pool, workers - 1, _encode_in_worker,
+                                      lambda task: encode_chunk(*task, tokenizer))
         for enc in results:
             for path, number, reason in enc.bad:
                 if strict:

@@ -9,8 +9,8 @@ Each line is parsed (`mf_data.chat`), rendered and tokenised (`mf_data.sft_encod
 `seq_length`, a conversation longer than it is truncated to its first `seq_length` tokens (the
 policy the dataset applies too), or dropped with `drop_long`; one left with no response token
 after its first (the first token is never predicted) is dropped. Every case is counted in the
-summary. Bad lines are skipped and reported with file:line (fatal with `strict`), workers are
-processes and results are written in input order, as in `mf-data preprocess`. Both pairs are
+summary. Bad lines are skipped and reported with file:line (fatal with `strict`); `workers` processes
+encode, the main one included, and results are written in input order, as in `mf-data preprocess`. Both pairs are
 built under temporary names; the token index is renamed into place last.
 """
 
@@ -30,7 +30,7 @@ from .chat import SFTKeys, conversation_from_json
 from .errors import InputError
 from .indexed_dataset import DType, IndexedDatasetBuilder, get_bin_path, get_idx_path
 from .jsonl import BadLines, LineError, parse_json_line
-from .preprocess import Chunk, _chunks, _progress_bar
+from .preprocess import Chunk, _chunks, _progress_bar, encode_in_order
 from .sft_encode import ChatEncoder, load_tokenizer
 from .sft_indexed import loss_mask_prefix
 
@@ -169,8 +169,9 @@ def preprocess_sft(
             results: Iterator[EncodedSFT] = (encode_sft_chunk(c, o, encoder) for c, o in tasks)
         else:
             ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tok.model_path, add_bos, use_template))
-            results = pool.imap(_encode_in_worker, tasks, chunksize=1)
+            pool = ctx.Pool(workers - 1, initializer=_init_worker, initargs=(tok.model_path, add_bos, use_template))
+            results = encode_in_order(tasks, pool, workers - 1, _encode_in_worker,
+                                      lambda task: encode_sft_chunk(*task, encoder))
         for enc in results:
             for path, number, reason in enc.bad:
                 if strict:
