@@ -1,15 +1,16 @@
 """Masked next-token cross entropy, summed: the caller scales by 1 / (tokens in the global batch).
 
-Why not a library loss: `mint.nn.functional.cross_entropy` and `log_softmax` have no CPU kernel,
-`ops.cross_entropy` is ~30x slower than the sparse kernel and much heavier, and the sparse kernel
-`SparseSoftmaxCrossEntropyWithLogits` only returns the batch mean, which cannot carry a
-`loss_mask`. So the per-token loss is written out with ops that have fast CPU and Ascend kernels:
+Why not a library loss: `mint.nn.functional.cross_entropy` and `mint`'s `log_softmax` have no CPU
+kernel, `ops.cross_entropy` is ~30x slower than the sparse kernel and much heavier, and the sparse
+kernel `SparseSoftmaxCrossEntropyWithLogits` only returns the batch mean, which cannot carry a
+`loss_mask`. So the per-token loss is the label's entry of the fused `ops.LogSoftmax` kernel
+(numerically stable, one kernel forward and one backward on CPU and Ascend):
 
-    loss_i = logsumexp(z_i) - z_i[label_i],   z_i = logits_i - max(logits_i)
+    loss_i = -log_softmax(z_i)[label_i]
 
-(the max is a constant under differentiation, so it is wrapped in stop_gradient). Measured on a
-1024 x 32000 batch in graph mode, forward + backward, this costs about the same as the sparse
-kernel (0.5-0.7 s vs 0.5-0.6 s under load).
+Measured on a 1024 x 32000 batch in graph mode on 2 cores, forward + backward: 0.09 s, against
+0.36 s for the same formula spelt out as max / exp / sum / log (what this module used before; a
+third of the 20M llama's training step) and 0.12 s for the sparse kernel's mean.
 
 `sum(loss * mask) * inv_tokens`, with `inv_tokens = 1 / sum(mask over the global batch)` computed
 on the host before the step, gives the same loss and gradients whether the global batch is
@@ -23,12 +24,12 @@ import mindspore as ms
 from mindspore import nn, ops
 
 
+_LOG_SOFTMAX = ops.LogSoftmax(axis=-1)
+
+
 def token_cross_entropy(logits, labels):
     """Per-token loss [N] from logits [N, V] (float32) and int32 labels [N]."""
-    z = logits - ops.stop_gradient(logits.max(axis=-1, keepdims=True))
-    lse = ops.log(ops.exp(z).sum(axis=-1))
-    target = ops.gather_elements(z, 1, labels.reshape(-1, 1)).reshape(-1)
-    return lse - target
+    return -ops.gather_elements(_LOG_SOFTMAX(logits), 1, labels.reshape(-1, 1)).reshape(-1)
 
 
 class MaskedLMLoss(nn.Cell):
