@@ -23,7 +23,6 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn, ops
 
-
 _LOG_SOFTMAX = ops.LogSoftmax(axis=-1)
 
 
