@@ -204,6 +204,48 @@ def test_layout_cache_skips_the_gather_while_structure_is_unchanged(tmp_path):
     np.testing.assert_array_equal(out["norm.weight"], GLOBAL["norm.weight"] + 1)
 
 
+def test_layout_cache_change_on_one_rank_redoes_the_save_everywhere(tmp_path):
+    # Synchronous saves write by the cached plan without asking; the commit finds rank 2's new
+    # structure, every rank drops the staged files, and the save is redone through the full exchange.
+    def body(comm):
+        saver = Saver(SaveOptions(save_path=str(tmp_path), save_max=None), comm)
+        st = state(GLOBAL, LAYOUT_A, comm.rank, 3)
+        hits = [saver.save(1, st).layout_cache_hit]
+        if comm.rank == 2:
+            st["norm.weight"] = ShardedTensor(st["norm.weight"].data, (8,), (0,), replica_id=7)
+        hits.append(saver.save(2, st).layout_cache_hit)
+        hits.append(saver.save(3, st).layout_cache_hit)
+        return hits
+
+    assert run_threaded(3, body) == [[False, False, True]] * 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "iteration_00000001", "iteration_00000002", "iteration_00000003", "latest_checkpointed_iteration.txt"]
+    out = {"norm.weight": np.zeros(8, np.float32)}
+    load(LoadOptions(load_path=str(tmp_path)), out, iteration=3)
+    np.testing.assert_array_equal(out["norm.weight"], GLOBAL["norm.weight"])
+
+
+def test_layout_cache_save_errors_and_disagreements_reach_every_rank(tmp_path):
+    def body(comm):
+        saver = Saver(SaveOptions(save_path=str(tmp_path), save_max=None), comm)
+        st = state(GLOBAL, LAYOUT_A, comm.rank, 2)
+        saver.save(1, st)
+        with pytest.raises(CheckpointError, match=r"ranks disagree on the iteration to save: \[2, 3\]"):
+            saver.save(2 + comm.rank, st)
+        bad = dict(st, extra=np.ones(2, np.complex64)) if comm.rank == 1 else st
+        # rank 1's structure changed (a new tensor): the redo's full exchange finds it unsavable
+        with pytest.raises(CheckpointError, match="rank 1: model tensor 'extra': dtype complex64"):
+            saver.save(4, bad)
+        assert not saver.save(5, st).layout_cache_hit          # the cache is rebuilt ...
+        with pytest.raises(CheckpointError, match="failed on rank 0: iteration must be a non-negative integer"):
+            saver.save(6 if comm.rank else -1, st)            # ... and a cached save's error reaches all
+
+    run_threaded(2, body)
+    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "5\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "iteration_00000001", "iteration_00000005", "latest_checkpointed_iteration.txt"]
+
+
 def test_layout_cache_off_and_inconsistent_ranks(tmp_path):
     def body(comm):
         saver = Saver(SaveOptions(save_path=str(tmp_path), save_global_layout_cache=False), comm)

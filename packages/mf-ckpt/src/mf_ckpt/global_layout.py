@@ -155,6 +155,14 @@ class RankPlan:
 class LayoutCache:
     signature: tuple
     plan: RankPlan
+    token: str = ""          # rank 0's staging token of the save that built it (the same on every rank)
+    uses: int = 0
+
+    def next_token(self) -> str:
+        """A staging token every rank derives alike, without a collective: saves are collective,
+        so every rank's cache has been used the same number of times."""
+        self.uses += 1
+        return f"{self.token}{self.uses:x}"
 
 
 def _raise_first(gathered, index: int = 0) -> None:
@@ -169,7 +177,7 @@ def agree_layout(comm, states, iteration: int, error: str | None, cache: LayoutC
     """The metadata phase of a save: every rank ends with its RankPlan, or all raise the same error.
 
     With a cache, each rank compares its structure with the previous save's and one gather of
-    flags decides (the cheap path). Otherwise the ranks gather their descriptions as opaque
+    flags decides (the cheap path; a synchronous Saver skips even that and lets its commit decide). Otherwise the ranks gather their descriptions as opaque
     bytes, rank 0 alone unpickles them and builds the layout, and a second gather hands each rank
     its write list (or rank 0's error). Returns (plan, new cache, cache hit, staging token).
     """
@@ -211,4 +219,4 @@ def agree_layout(comm, states, iteration: int, error: str | None, cache: LayoutC
     if result[0]:
         raise CheckpointError(result[0])
     plan = RankPlan(pickle.loads(result[1])[rank], layout.metadata_bytes if rank == 0 else None)
-    return plan, LayoutCache(sig, plan), False, token
+    return plan, LayoutCache(sig, plan, token), False, token

@@ -1,10 +1,14 @@
 """Saving a sharded state: every rank writes its own files, rank 0 commits.
 
 One save, in order (all ranks call `Saver.save` together):
-1. metadata (`global_layout.agree_layout`): with a layout cache, each rank checks its structure
-   against the previous save's and one gather of flags confirms it; otherwise the ranks gather
-   their chunk descriptions, rank 0 builds the global layout and hands each rank its write list,
-   or every rank raises the same error. No rank touches the disk before all agree.
+1. metadata (`global_layout.agree_layout`): the ranks gather their chunk descriptions, rank 0
+   builds the global layout and hands each rank its write list, or every rank raises the same
+   error. With a layout cache (`save_global_layout_cache`) later saves skip this: each rank checks
+   its own structure against the cached one (no collective); an async save confirms with one
+   gather of flags before writing, a synchronous one writes by the cached plan at once and lets
+   the commit's gather carry the verdicts. If any rank's structure changed, every rank discards
+   what it staged and the save runs again through the full exchange. Nothing is committed before
+   all agree.
 2. write: each rank writes `{prefix}-model-{rank:07d}-{world:07d}.safetensors` (and `-opt-`) into a
    hidden staging directory; rank 0 adds metadata.json. With `async_save` the chunks are copied to
    host memory first and a background thread writes them.
@@ -48,7 +52,7 @@ from .ckpt_dir import (
 from .collectives import Collective, SingleProcess
 from .errors import CheckpointError
 from .fsutil import atomic_write_bytes, fsync_dir, write_json
-from .global_layout import LayoutCache, RankPlan, agree_layout, as_sharded
+from .global_layout import LayoutCache, RankPlan, agree_layout, as_sharded, signature
 from .options import SaveOptions
 from .rotation import remove_leftovers, rotate
 from .st_io import Entry, write_file
@@ -76,6 +80,13 @@ class _Pending:
     result: SaveResult
     future: Future | None = None
     error: str | None = None
+    # A save written by the cached plan without asking: (iteration, structure unchanged), checked
+    # by every rank at commit.
+    unconfirmed: tuple[int, bool] | None = None
+
+
+class _StaleLayout(Exception):
+    """Some rank's structure no longer matches the cached layout: the save must be redone."""
 
 
 def _versions() -> dict[str, str]:
@@ -155,7 +166,6 @@ class Saver:
         if self._pending is not None:
             self.wait()
         opts = self.options
-        rank, world = self.comm.rank, self.comm.world_size
         t0, cpu0 = time.perf_counter(), time.thread_time()
         error = states = common_json = per_rank_json = None
         try:
@@ -170,6 +180,12 @@ class Saver:
         except CheckpointError as e:
             error = str(e)
         cache = self._cache if opts.save_global_layout_cache else None
+        if cache is not None and self._writer is None:
+            try:
+                return self._save_by_cache(cache, iteration, states, error, common_json, per_rank_json, t0, cpu0)
+            except _StaleLayout:
+                self._cache = cache = None        # every rank got here: redo through the full exchange
+                t0, cpu0 = time.perf_counter(), time.thread_time()
         plan, new_cache, hit, token = agree_layout(self.comm, states, iteration, error, cache, opts.prefix,
                                                    opts.remove_redundancy)
         self._cache = new_cache if opts.save_global_layout_cache else None
@@ -181,30 +197,50 @@ class Saver:
         result = SaveResult(iteration, staging, False, hit,
                             timings={"metadata": t1 - t0, "metadata_cpu": cpu1 - cpu0, "snapshot": t2 - t1})
         pending = _Pending(iteration, staging, common_json, per_rank_json, result)
-
-        def write() -> int:
-            start = time.perf_counter()
-            staging.mkdir(parents=True, exist_ok=True)
-            written = 0
-            for part, part_entries in entries.items():
-                if part_entries:
-                    path = staging / shard_file(opts.prefix, part, rank, world)
-                    written += write_file(path, part_entries, {"format": FORMAT}, fsync=opts.fsync)
-            if rank == 0:
-                atomic_write_bytes(staging / METADATA, plan.metadata_bytes, fsync=opts.fsync)
-            result.bytes_written = written
-            result.timings["write"] = time.perf_counter() - start
-            return written
-
         self._pending = pending
         if self._writer is not None:
-            pending.future = self._writer.submit(write)
+            pending.future = self._writer.submit(lambda: self._write(plan, entries, staging, result))
             return result
         try:
-            write()
+            self._write(plan, entries, staging, result)
         except Exception as e:  # reported on every rank by the commit step
             pending.error = _describe_error(e)
         return self._commit(block=True)
+
+    def _save_by_cache(self, cache: LayoutCache, iteration: int, states, error: str | None, common_json,
+                       per_rank_json, t0: float, cpu0: float) -> SaveResult:
+        """A synchronous save by the cached plan, with no collective before writing (raises
+        _StaleLayout on every rank when some rank's structure changed)."""
+        unchanged = error is None and signature(states) == cache.signature
+        staging = self.root / staging_name(iteration, cache.next_token())
+        t1, cpu1 = time.perf_counter(), time.thread_time()
+        result = SaveResult(iteration, staging, False, True,
+                            timings={"metadata": t1 - t0, "metadata_cpu": cpu1 - cpu0, "snapshot": 0.0})
+        pending = _Pending(iteration, staging, common_json, per_rank_json, result, error=error,
+                           unconfirmed=(iteration, unchanged))
+        self._pending = pending
+        if unchanged:
+            try:
+                self._write(cache.plan, self._entries(cache.plan, states, copy=False), staging, result)
+            except Exception as e:  # reported on every rank by the commit step
+                pending.error = _describe_error(e)
+        return self._commit(block=True)
+
+    def _write(self, plan: RankPlan, entries: dict[str, list[Entry]], staging: Path, result: SaveResult) -> int:
+        """This rank's files (and rank 0's metadata.json) into the staging directory."""
+        opts, rank, world = self.options, self.comm.rank, self.comm.world_size
+        start = time.perf_counter()
+        staging.mkdir(parents=True, exist_ok=True)
+        written = 0
+        for part, part_entries in entries.items():
+            if part_entries:
+                path = staging / shard_file(opts.prefix, part, rank, world)
+                written += write_file(path, part_entries, {"format": FORMAT}, fsync=opts.fsync)
+        if rank == 0:
+            atomic_write_bytes(staging / METADATA, plan.metadata_bytes, fsync=opts.fsync)
+        result.bytes_written = written
+        result.timings["write"] = time.perf_counter() - start
+        return written
 
     @staticmethod
     def _entries(plan: RankPlan, states, copy: bool) -> dict[str, list[Entry]]:
@@ -270,17 +306,29 @@ class Saver:
             else:
                 done = False
         t0 = time.perf_counter()
-        status = self.comm.all_gather_object((done, pending.error, pending.per_rank))
+        status = self.comm.all_gather_object((done, pending.error, pending.per_rank, pending.unconfirmed))
         if not all(s[0] for s in status):
             return None
         self._pending = None
         failures = [(r, s[1]) for r, s in enumerate(status) if s[1]]
         rank = self.comm.rank
+        # Every rank shares one staging directory, removed by rank 0 - except that ranks writing by
+        # the cached plan may disagree on the iteration, and so on the name: each removes its own.
+        owner = rank == 0 or pending.unconfirmed is not None
         if failures:
-            if rank == 0:
+            if owner:
                 shutil.rmtree(pending.staging, ignore_errors=True)
             r, msg = failures[0]
             raise CheckpointError(f"saving iteration {pending.iteration} to {self.root} failed on rank {r}: {msg}")
+        if pending.unconfirmed is not None:     # written by the cached plan: did every rank keep it?
+            iterations = [s[3][0] for s in status]
+            if len(set(iterations)) != 1 or not all(s[3][1] for s in status):
+                if owner:
+                    shutil.rmtree(pending.staging, ignore_errors=True)
+                self.comm.barrier()             # the staging directory is gone before anyone redoes
+                if len(set(iterations)) != 1:
+                    raise CheckpointError(f"ranks disagree on the iteration to save: {iterations}")
+                raise _StaleLayout()
         outcome = None
         if rank == 0:
             try:
