@@ -30,7 +30,10 @@ STEPS = 8
 MORE = 2                    # steps continued from a checkpoint
 GLOBAL_BATCH = 4
 MAX_NORM = 0.5              # low enough that some steps are clipped (the test checks it)
-LR = 2e-2
+# Adam amplifies rounding differences along the trajectory: at 2e-2 the one-process loss (fused
+# LogSoftmax) and the vocab-parallel loss under TP (a distributed max/exp/sum; same maths, other
+# rounding) reached 1.08e-5 relative in grad norm by step 8. At 1e-2 they stay well inside RTOL.
+LR = 1e-2
 
 # name -> (parallelism, training, context.mode requested, world). HSDP and FSDP x TP request
 # GRAPH_MODE and must fall back to PyNative on CPU (two parallel axes: graph_mode_blocker).
