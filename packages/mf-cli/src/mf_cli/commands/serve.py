@@ -70,6 +70,8 @@ def run(args) -> int:
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    """`mf_models.serving.bind`'s twin, on purpose: importing mf_models loads MindSpore (seconds),
+    and a taken port must fail before that, with a usage error."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
