@@ -34,6 +34,16 @@ def write_corpus(prefix: Path) -> None:
     builder.finalize(mf_data.get_idx_path(str(prefix)))
 
 
+def toy_train_dataset(workdir: Path) -> dict:
+    """The YAML `train_dataset` section over `write_corpus`'s corpus in `workdir` (seq 16)."""
+    return {"dataloader": {
+        "type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset", "sizes": [200, 0, 0],
+        "column_names": ["input_ids", "labels", "loss_mask", "position_ids"],
+        "config": {"seq_length": 16, "split": "1,0,0", "eod": 1, "pad": 0, "create_attention_mask": False,
+                   "data_path": ["1", str(workdir / "data" / "toy_text_document")]}},
+        "num_parallel_workers": 1}
+
+
 def run_one_process(workdir: Path, *cases: str) -> subprocess.CompletedProcess:
     """`_trainer_worker.py` as a plain process (world size 1: the reference)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MS_WORKER_NUM", "RANK_SIZE", "WORLD_SIZE")}

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import mf_config
+from _launches import toy_train_dataset
 from mf_trainer import Callback, Trainer
 
 STEPS = 8
@@ -61,12 +62,7 @@ def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None =
         "optimizer": {"type": "AdamW", "weight_decay": 0.1},
         "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": LR, "warmup_steps": 2},
         "parallelism": parallelism,
-        "train_dataset": {"dataloader": {
-            "type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset", "sizes": [200, 0, 0],
-            "column_names": ["input_ids", "labels", "loss_mask", "position_ids"],
-            "config": {"seq_length": 16, "split": "1,0,0", "eod": 1, "pad": 0, "create_attention_mask": False,
-                       "data_path": ["1", str(workdir / "data" / "toy_text_document")]}},
-            "num_parallel_workers": 1},
+        "train_dataset": toy_train_dataset(workdir),
         "model": {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
                   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                   "max_position_embeddings": 32, "tie_word_embeddings": True, "attention_bias": True},

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import yaml
+from _launches import toy_train_dataset
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -54,12 +55,7 @@ def test_killed_rank_ends_the_job(scratch, trainer_workdir):
         "training": {"steps": 40, "local_batch_size": 2, "global_batch_size": 4},
         "lr_scheduler": {"learning_rate": 1e-3},
         "callbacks": [{"type": "_dist_hooks:KillRankAtStep", "rank": 1, "step": 2}],
-        "train_dataset": {"dataloader": {
-            "type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset", "sizes": [200, 0, 0],
-            "column_names": ["input_ids", "labels", "loss_mask", "position_ids"],
-            "config": {"seq_length": 16, "split": "1,0,0", "eod": 1, "pad": 0, "create_attention_mask": False,
-                       "data_path": ["1", str(trainer_workdir / "data" / "toy_text_document")]}},
-            "num_parallel_workers": 1},
+        "train_dataset": toy_train_dataset(trainer_workdir),
         "model": {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
                   "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 32},
         "monitor": {"peak_flops_per_device": 1e11, "tensorboard": False},
