@@ -41,12 +41,10 @@ from mindspore import nn, ops
 from mf_trainer.data import build_loader
 from mf_trainer.errors import TrainerConfigError
 from mf_trainer.loss import token_cross_entropy
+from mf_trainer.preflight.data import eval_data as _eval_data
 from mf_trainer.step import _model_inputs, _targets
 
 log = logging.getLogger("mf_trainer")
-
-_SPLITS = ("train", "valid", "test")
-
 
 class EvalForward(nn.Cell):
     """(labels, loss_mask, *model_inputs) -> (sum of masked loss, tokens, correct tokens)."""
@@ -85,20 +83,10 @@ class EvalResult:
 
 def eval_data(cfg) -> tuple[object, str, str]:
     """(dataset section, its YAML name, split phase) this config evaluates on."""
-    if cfg.eval_dataset is not None:
-        sizes = cfg.eval_dataset.dataloader.extra.get("sizes")
-        chosen = [i for i, n in enumerate(sizes or ()) if n != 0]
-        if not isinstance(sizes, list) or len(chosen) != 1:
-            raise TrainerConfigError(
-                f"eval_dataset.dataloader.sizes: name the split to evaluate by giving exactly one split a non-zero size "
-                f"(e.g. [1000, 0, 0] with split '1,0,0', or [0, 300, 0] for the valid split), got {sizes!r}")
-        return cfg.eval_dataset, "eval_dataset", _SPLITS[chosen[0]]
-    sizes = cfg.train_dataset.dataloader.extra.get("sizes")
-    if not isinstance(sizes, list) or len(sizes) != 3 or not sizes[1]:
-        raise TrainerConfigError(
-            f"train_dataset.dataloader.sizes: evaluating the valid split needs sizes[1] > 0 (and a split string giving "
-            f"it documents, e.g. '969,30,1'), got {sizes!r}; or give an eval_dataset section")
-    return cfg.train_dataset, "train_dataset", "valid"
+    try:
+        return _eval_data(cfg)
+    except ValueError as exc:
+        raise TrainerConfigError(str(exc)) from None
 
 
 class Evaluator:
@@ -111,13 +99,6 @@ class Evaluator:
         section, where, phase = eval_data(cfg)
         self.where = f"{where} ({phase} split)"
         self.loader = build_loader(cfg, micro_batch_size=micro_batch_size, section=section, where=where, phase=phase)
-        columns = self.loader.columns
-        if "actual_seq_len" in columns:
-            raise TrainerConfigError(f"{where}.dataloader.config.create_compressed_eod_mask: the compressed EOD mask "
-                                     "needs a variable-length attention kernel that mf-models does not have")
-        missing = [c for c in ("input_ids", "labels", "loss_mask") if c not in columns]
-        if missing:
-            raise TrainerConfigError(f"{where}.dataloader.column_names: evaluation needs {missing[0]!r}")
         available = len(self.loader)
         self.batches = available if iters is None else min(int(iters), available)
         if iters is not None and available < iters:
@@ -200,17 +181,10 @@ def evaluate(cfg, *, whole_split: bool = False) -> EvalResult:
     `eval_data(cfg)`; graph or PyNative as `context.mode` says. Bad input: TrainerConfigError."""
     import mf_models
     from mf_trainer import runtime
-    from mf_trainer.support import check_context, check_parallelism
+    from mf_trainer.preflight import preflight
 
     device = runtime.resolve_device(cfg.context.device_target)
-    check_context(cfg, device)
-    check_parallelism(cfg, device, runtime.world_size_from_env())
-    if cfg.run_mode == "eval" and cfg.lora is not None:
-        raise TrainerConfigError("lora: run_mode eval evaluates the weights in checkpoint.load_path; a LoRA adapter "
-                                 "checkpoint carries its own settings (remove the lora section)")
-    if not cfg.checkpoint.load_path:
-        raise TrainerConfigError("checkpoint.load_path: evaluation needs weights (an mf checkpoint, a LoRA adapter "
-                                 "checkpoint or a Hugging Face directory)")
+    preflight(cfg, "eval", runtime.world_size_from_env(), device).raise_for_problems()
     runtime.setup_context(device, cfg.context.mode, cfg.context.device_id, cfg.training.deterministic)
     runtime.seed_everything(cfg.training.seed)
     section = {"model_type": cfg.model.model_type, "architectures": cfg.model.architectures, **cfg.model.extra}

@@ -47,21 +47,6 @@ log = logging.getLogger("mf_trainer")
 MARKER = "latest_checkpointed_iteration.txt"
 
 
-def check_config(cfg) -> None:
-    """Refusals for lora / run_mode combinations (called with the other support checks)."""
-    if cfg.lora is not None and cfg.run_mode != "finetune":
-        raise TrainerConfigError(f"lora: LoRA adapts pretrained weights; it needs run_mode: finetune (with "
-                                 f"checkpoint.load_path), got run_mode {cfg.run_mode!r}")
-    par = cfg.parallelism
-    if cfg.lora is not None and (par.tensor_parallel > 1 or par.expert_parallel > 1 or par.context_parallel > 1
-                                 or par.pipeline_parallel > 1):
-        raise TrainerConfigError("lora: adapters on sharded (tensor/expert/context/pipeline-parallel) layers are not "
-                                 "implemented; LoRA runs with data parallelism only")
-    if cfg.run_mode == "finetune" and not cfg.checkpoint.load_path:
-        raise TrainerConfigError("checkpoint.load_path: run_mode finetune starts from pretrained weights (an HF "
-                                 "directory or an mf checkpoint); set it, or use run_mode train to start from scratch")
-
-
 def _lora_settings(lora) -> dict | None:
     return None if lora is None else {k: v for k, v in dataclasses.asdict(lora).items()}
 
@@ -82,9 +67,6 @@ class Finetune:
         self.seed = seed
         ckpt = cfg.checkpoint
         self.base = os.path.abspath(ckpt.load_path)
-        if os.path.realpath(ckpt.save_path) == os.path.realpath(ckpt.load_path):
-            raise TrainerConfigError(f"checkpoint.save_path: is checkpoint.load_path ({ckpt.load_path}); a fine-tune saves "
-                                     "beside its base, never into it (rotation could delete the base)")
         self.lora = cfg.lora
         self.identity = {"base": self.base, "base_kind": None, "base_iteration": None, "lora": _lora_settings(self.lora)}
         self.base_adapter = None

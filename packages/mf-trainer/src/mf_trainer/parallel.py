@@ -6,8 +6,8 @@ the identity, and the plan changes nothing. With more ranks (started by `mf laun
 
 * layout: `ParallelDims.from_config(parallelism, world)`; `data_parallel_shard_strategy:
   no_shard` makes every data-parallel rank a replica (DDP); `optim_grads_params` (ZeRO-3, the
-  default) shards parameters, gradients and optimizer states. Pipeline, context and expert
-  parallelism and ZeRO-1/2 are refused with their reason (not implemented).
+  default) shards parameters, gradients and optimizer states. What cannot run (pipeline, context
+  and expert parallelism, ZeRO-1/2, degrees that do not fit the world) is refused by the preflight.
 * the model: its own plan (`mf_models.parallelize_model`: TP + SP, recompute, FSDP/HSDP), applied
   before the optimizer is built, so AdamW's moments are sharded like the parameters.
 * data: each data-parallel rank reads its slice of every global batch (`dp_rank`, `dp`); tensor-
@@ -35,62 +35,14 @@ from mf_trainer.errors import TrainerConfigError
 
 log = logging.getLogger("mf_trainer")
 
-# data_parallel_shard_strategy values this Trainer honours.
-_STRATEGIES = {
-    "optim_grads_params": "parameters, gradients and optimizer states sharded (ZeRO-3)",
-    "no_shard": "every data-parallel rank holds everything (DDP)",
-}
-_UNIMPLEMENTED = {"pipeline_parallel": "pipeline", "context_parallel": "context", "expert_parallel": "expert"}
+def build_dims(cfg, world_size: int) -> mp.ParallelDims:
+    """This run's layout (the preflight has checked that the degrees fit `world_size`)."""
+    from mf_trainer.preflight.parallel import effective_dims
 
-
-def build_dims(cfg, world_size: int, device: str) -> mp.ParallelDims:
-    """This run's layout, or a one-line TrainerConfigError naming the key and the fix."""
-    par = cfg.parallelism
-    for key, what in _UNIMPLEMENTED.items():
-        if getattr(par, key) > 1:
-            raise TrainerConfigError(f"parallelism.{key}: {getattr(par, key)} > 1 is not implemented ({what} "
-                                     f"parallelism has no strategy in mf-parallel yet); set it to 1")
-    if world_size == 1:
-        for key in ("tensor_parallel", "data_parallel_shard"):
-            if getattr(par, key) > 1:
-                raise TrainerConfigError(
-                    f"parallelism.{key}: {getattr(par, key)} > 1 needs {getattr(par, key)} ranks; this process runs "
-                    f"alone: start it with `mf launch -n N` (N a multiple of {getattr(par, key)})")
-    strategy = par.data_parallel_shard_strategy
-    if strategy not in _STRATEGIES:
-        raise TrainerConfigError(
-            f"parallelism.data_parallel_shard_strategy: {strategy!r} (ZeRO-{1 if strategy == 'optim' else 2}: "
-            f"sharded optimizer states{'' if strategy == 'optim' else ' and gradients'} with replicated parameters) "
-            f"is not implemented; use 'optim_grads_params' (ZeRO-3) or 'no_shard' (DDP)")
-    if par.cpu_offload:
-        try:
-            mp.check_cpu_offload(True, device)
-        except mp.ParallelConfigError as exc:
-            raise TrainerConfigError(str(exc)) from None
-    if cfg.lora is not None and world_size > 1:
-        raise TrainerConfigError("lora: LoRA over several ranks is not implemented (its adapter layers have no "
-                                 "sharded forward in mf-parallel); run the fine-tune in one process")
     try:
-        dims = mp.ParallelDims.from_config(par, world_size)
-        if strategy == "no_shard" and dims.dp_shard > 1:
-            if par.data_parallel_shard > 1:
-                raise TrainerConfigError(
-                    f"parallelism.data_parallel_shard: {par.data_parallel_shard} shards, but "
-                    "data_parallel_shard_strategy is 'no_shard'; leave data_parallel_shard at -1 or use "
-                    "'optim_grads_params'")
-            dims = mp.ParallelDims(world_size, dp_replicate=dims.dp, dp_shard=1, tp=dims.tp)
+        return effective_dims(cfg.parallelism, world_size)
     except mp.ParallelConfigError as exc:
         raise TrainerConfigError(str(exc)) from None
-    if not (dims.fsdp_enabled or dims.dp_replicate > 1):
-        from mf_trainer.support import FSDP_KNOBS
-
-        defaults = type(par)()
-        for key in FSDP_KNOBS:
-            if getattr(par, key) != getattr(defaults, key):
-                raise TrainerConfigError(
-                    f"parallelism.{key}: {getattr(par, key)!r} only acts with data parallelism over several ranks; "
-                    f"this layout has none ({dims.describe()}): leave it at its default")
-    return dims
 
 
 class ParallelContext:

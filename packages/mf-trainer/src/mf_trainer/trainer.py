@@ -39,10 +39,11 @@ from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device
 from mf_trainer.monitor import MetricsLogger
 from mf_trainer.optimizer import build_adamw
 from mf_trainer.parallel import ParallelContext, ShardedState, build_dims, comm_metrics
+from mf_trainer.preflight import preflight
+from mf_trainer.preflight.data import accumulation
 from mf_trainer.profiling import ProfilerCallback
 from mf_trainer.recompute import apply_recompute
 from mf_trainer.step import GradNorm, StepRunner
-from mf_trainer.support import check_supported
 
 log = logging.getLogger("mf_trainer")
 
@@ -65,25 +66,16 @@ class TrainResult:
     samples: list[dict] = field(default_factory=list)  # end-of-training generations
 
 
-def _accumulation(training, dp: int) -> int:
-    per_micro = dp * training.local_batch_size
-    if per_micro > training.global_batch_size:
-        raise TrainerConfigError(
-            f"training.global_batch_size: {training.global_batch_size} is below data_parallel ({dp}) x "
-            f"local_batch_size ({training.local_batch_size}) = {per_micro}")
-    return training.global_batch_size // per_micro
-
-
 class Trainer:
     def __init__(self, config, callbacks: list[Callback] | tuple = ()):
         self.config = cfg = config
         self.should_stop = False
         self.device = runtime.resolve_device(cfg.context.device_target)
         world = runtime.world_size_from_env()
-        check_supported(cfg, self.device, world)
-        dims = build_dims(cfg, world, self.device)
+        preflight(cfg, "train", world, self.device).raise_for_problems()   # every refusal, before any work
+        dims = build_dims(cfg, world)
         dp = dims.dp
-        self.accumulation = _accumulation(cfg.training, dp)
+        self.accumulation = accumulation(cfg.training, dp)
         self.global_batch = self.accumulation * dp * cfg.training.local_batch_size
         if self.global_batch != cfg.training.global_batch_size:
             log.info("training.global_batch_size %d is not a multiple of dp x local_batch_size; using %d "
@@ -124,10 +116,6 @@ class Trainer:
                                    dp_size=dp, consumed_samples=self.state.consumed_samples,
                                    is_built_on_rank=(lambda: self.parallel.is_rank0) if self.parallel.enabled else None)
         self._check_data()
-        if cfg.eval_dataset is not None and dims.tp_enabled:
-            raise TrainerConfigError("eval_dataset: evaluation during training with tensor_parallel > 1 is not "
-                                     "implemented (its loss and accuracy need the vocabulary-split logits); evaluate "
-                                     "the saved checkpoint with `mf eval`")
         self.evaluator = build_evaluator(cfg, self.model, cfg.training.local_batch_size)
         self.runner = self._make_runner()
 
@@ -226,14 +214,7 @@ class Trainer:
         runtime.set_rng_state(common["rng"])
 
     def _check_data(self) -> None:
-        columns = self.loader.columns
-        if "actual_seq_len" in columns:
-            raise TrainerConfigError(
-                "train_dataset.dataloader.config.create_compressed_eod_mask: the compressed EOD mask needs a "
-                "variable-length attention kernel that mf-models does not have; use create_attention_mask")
-        missing = [c for c in ("input_ids", "labels", "loss_mask") if c not in columns]
-        if missing:
-            raise TrainerConfigError(f"train_dataset.dataloader.column_names: the Trainer needs {missing[0]!r}")
+        """What the preflight cannot know from the config: whether the dataset holds enough samples."""
         needed = (self.state.total_steps - self.state.step) * self.global_batch
         left = self.loader.total_samples - self.state.consumed_samples
         if needed > left:
