@@ -35,7 +35,6 @@ import time
 from dataclasses import dataclass
 
 import mindspore as ms
-import numpy as np
 from mindspore import nn, ops
 
 from mf_trainer.data import build_loader
@@ -150,30 +149,16 @@ def build_evaluator(cfg, model, micro_batch_size: int) -> Evaluator | None:
 
 
 def load_weights(model, ckpt_cfg) -> str:
-    """Weights of `checkpoint.load_path` into `model`: an mf checkpoint (weights only), an HF
-    directory, or a LoRA adapter checkpoint merged into the base it records. Returns what it was."""
+    """Weights of `checkpoint.load_path` into `model` (mf_models.load_weights: an mf checkpoint,
+    weights only; an HF directory; a LoRA adapter merged into its base). Returns what it was."""
     import mf_ckpt
     import mf_models
     from mf_trainer.checkpointing import load_options
 
-    path = ckpt_cfg.load_path
     try:
-        info = mf_ckpt.load(path, {}, strict=False)
-        adapter = mf_ckpt.read_adapter_meta(info.common, path)
-        if adapter is not None:
-            _, state = mf_ckpt.load_lora_merged_state(path)
-            what = f"LoRA adapter {path} (rank {adapter['rank']}) merged into its base {adapter.get('base')}"
-        else:
-            state = {n: np.zeros(p.shape, np.float32) for n, p in model.parameters_and_names()}
-            opts = load_options(ckpt_cfg)
-            opts = mf_ckpt.LoadOptions(load_path=opts.load_path, load_balanced=opts.load_balanced, no_load_optim=True,
-                                       load_worker_number=opts.load_worker_number)
-            mf_ckpt.load(opts, state, None, strict=True)
-            what = f"{info.kind} checkpoint {path}" + (f" (iteration {info.iteration})" if info.iteration is not None else "")
-        mf_models.load_state(model, state)
+        return mf_models.load_weights(model, ckpt_cfg.load_path, options=load_options(ckpt_cfg)).describe()
     except (mf_ckpt.CheckpointError, mf_models.ModelStateError) as exc:
         raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
-    return what
 
 
 def evaluate(cfg, *, whole_split: bool = False) -> EvalResult:
@@ -192,9 +177,9 @@ def evaluate(cfg, *, whole_split: bool = False) -> EvalResult:
         model = mf_models.build_model({k: v for k, v in section.items() if v is not None}, init=False)
     except mf_models.ModelConfigError as exc:
         raise TrainerConfigError(str(exc)) from None
+    what = load_weights(model, cfg.checkpoint)   # a bad checkpoint fails before the data is indexed
     iters = None if whole_split else (cfg.eval_dataset.eval_iters if cfg.eval_dataset is not None else _default_iters())
     evaluator = Evaluator(cfg, model, micro_batch_size=cfg.training.local_batch_size, iters=iters)
-    what = load_weights(model, cfg.checkpoint)
     log.info("evaluating %s on %s: %d batches of %d samples, %s mode", what, evaluator.where, evaluator.batches,
              cfg.training.local_batch_size, "GRAPH" if cfg.context.mode == 0 else "PyNative")
     return evaluator.run()

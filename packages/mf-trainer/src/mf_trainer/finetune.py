@@ -36,8 +36,6 @@ import dataclasses
 import logging
 import os
 
-import numpy as np
-
 import mf_ckpt
 import mf_models
 from mf_trainer.errors import TrainerConfigError
@@ -141,23 +139,13 @@ class Finetune:
     def _load_base(self, model) -> None:
         from mf_trainer.checkpointing import load_options
 
-        where = self.base + (f" (iteration {self.identity['base_iteration']})"
-                             if self.identity["base_iteration"] is not None else "")
+        iteration = self.identity["base_iteration"] if self.identity["base_kind"] == "mf" else None
         try:
-            if self.base_adapter is not None:
-                _, state = mf_ckpt.load_lora_merged_state(self.base)
-                where += f", a LoRA adapter merged into {self.base_adapter.get('base')}"
-            else:
-                state = {n: np.zeros(p.shape, np.float32) for n, p in model.parameters_and_names()}
-                opts = load_options(self.cfg.checkpoint)
-                opts = mf_ckpt.LoadOptions(load_path=self.base, load_balanced=opts.load_balanced, no_load_optim=True,
-                                           load_worker_number=opts.load_worker_number)
-                iteration = self.identity["base_iteration"] if self.identity["base_kind"] == "mf" else None
-                mf_ckpt.load(opts, state, None, iteration=iteration, strict=True)
-            mf_models.load_state(model, state)
+            loaded = mf_models.load_weights(model, self.base, iteration=iteration,
+                                            options=load_options(self.cfg.checkpoint))
         except (mf_ckpt.CheckpointError, mf_models.ModelStateError) as exc:
             raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
-        log.info("finetune: weights of %s (%s)", where, self.identity["base_kind"])
+        log.info("finetune: weights of %s (%s)", loaded.describe(), self.identity["base_kind"])
 
     # ---- checkpoints -------------------------------------------------------------------------
     def model_state(self, model) -> dict:

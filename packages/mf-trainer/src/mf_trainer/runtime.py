@@ -10,25 +10,16 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import pickle
 import random
 
 import mindspore as ms
 import numpy as np
 
+from mf_trainer.environment import world_size_from_env  # noqa: F401  (re-exported)
 from mf_trainer.errors import TrainerConfigError
 
 log = logging.getLogger("mf_trainer")
-
-
-def world_size_from_env() -> int:
-    """Ranks of this job as the launchers announce them (msrun sets RANK_SIZE / MS_WORKER_NUM)."""
-    for name in ("MS_WORKER_NUM", "RANK_SIZE", "WORLD_SIZE"):
-        value = os.environ.get(name)
-        if value and value.isdigit():
-            return int(value)
-    return 1
 
 
 def resolve_device(requested: str | None) -> str:

@@ -21,20 +21,15 @@ STRATEGIES = {
 UNIMPLEMENTED = {"pipeline_parallel": "pipeline", "context_parallel": "context", "expert_parallel": "expert"}
 DEGREES = ("tensor_parallel", "context_parallel", "pipeline_parallel", "expert_parallel")
 FSDP_KNOBS = ("data_parallel_shard_strategy", "reshard_after_forward_policy", "disable_gradient_division")
-# Fields that only act with a feature that is not implemented; (field, what turns it on).
+# Fields that only act with a feature that is not implemented: field -> (its degree, what turns it on).
 FEATURE_KNOBS = {
-    "context_parallel_method": "context_parallel > 1",
-    "context_parallel_async": "context_parallel > 1",
-    "ulysses_degree_in_cp": "context_parallel > 1",
-    "context_parallel_mask_type": "context_parallel > 1",
-    "pipeline_parallel_layers_per_stage": "pipeline_parallel > 1",
-    "pipeline_parallel_schedule": "pipeline_parallel > 1",
-    "pipeline_parallel_interleave_num": "pipeline_parallel > 1",
-    "pipeline_parallel_overlap_p2p": "pipeline_parallel > 1",
-    "pipeline_parallel_overlap_b_f": "pipeline_parallel > 1",
-    "pipeline_parallel_enable_dxdw_split": "pipeline_parallel > 1",
-    "moe_token_dispatcher_type": "expert_parallel > 1",
-    "npu_nums_per_device": "expert_parallel > 1 on Ascend",
+    **{name: ("context_parallel", "context_parallel > 1") for name in (
+        "context_parallel_method", "context_parallel_async", "ulysses_degree_in_cp", "context_parallel_mask_type")},
+    **{name: ("pipeline_parallel", "pipeline_parallel > 1") for name in (
+        "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule", "pipeline_parallel_interleave_num",
+        "pipeline_parallel_overlap_p2p", "pipeline_parallel_overlap_b_f", "pipeline_parallel_enable_dxdw_split")},
+    "moe_token_dispatcher_type": ("expert_parallel", "expert_parallel > 1"),
+    "npu_nums_per_device": ("expert_parallel", "expert_parallel > 1 on Ascend"),
 }
 _ONE_PROCESS = "this command runs in one process"
 
@@ -72,8 +67,9 @@ def unimplemented_degrees(t):
 def feature_knobs(t):
     """Knobs of features that are not implemented stay at their defaults."""
     par = t.cfg.parallelism
-    for name, needs in FEATURE_KNOBS.items():
-        if changed(par, name):
+    for name, (degree, needs) in FEATURE_KNOBS.items():
+        # With the feature's degree set, the degree's own refusal says it all.
+        if changed(par, name) and getattr(par, degree) == 1:
             yield (f"parallelism.{name}", f"{getattr(par, name)!r} only acts with {needs}, which is not implemented "
                                           "(leave it at its default)")
 
@@ -118,6 +114,8 @@ def lora_layers(t):
 def layout(t):
     """The parallel degrees fit the world size."""
     par = t.cfg.parallelism
+    if any(getattr(par, key) > 1 for key in UNIMPLEMENTED):
+        return      # refused already (unimplemented_degrees); the arithmetic would only repeat it
     if t.command == TRAIN and t.world == 1:
         found = False
         for key in ("tensor_parallel", "data_parallel_shard"):

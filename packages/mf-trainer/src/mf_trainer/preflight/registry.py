@@ -86,6 +86,7 @@ class Check:
     fn: Callable[[Target], Iterable[Problem]]
     commands: frozenset[str]
     needs: frozenset[str]        # subset of {"world", "device"}
+    gate: bool = False           # its problems make every later check moot (they are not run)
 
     @property
     def name(self) -> str:
@@ -93,22 +94,23 @@ class Check:
 
     @property
     def summary(self) -> str:
-        doc = (self.fn.__doc__ or self.fn.__name__).strip().splitlines()[0]
-        return doc.rstrip(".")
+        return (self.fn.__doc__ or self.fn.__name__).strip().splitlines()[0].rstrip(".")
 
 
 CHECKS: list[Check] = []
 
 
-def check(*, commands: Iterable[str] = TRAINING, needs: Iterable[str] = ()):
-    """Register a check (decorator). Its docstring's first line names it in `skipped`."""
+def check(*, commands: Iterable[str] = TRAINING, needs: Iterable[str] = (), gate: bool = False):
+    """Register a check (decorator). Its docstring's first line names it in `skipped`. A `gate`
+    check's problems end the preflight (e.g. a run_mode this command does not run: the command's
+    other checks would only add noise)."""
     commands, needs = frozenset(commands), frozenset(needs)
     unknown = (commands - set(COMMANDS)) | (needs - {"world", "device"})
     if unknown:
         raise ValueError(f"check: unknown commands/needs {sorted(unknown)}")
 
     def register(fn):
-        CHECKS.append(Check(fn, commands, needs))
+        CHECKS.append(Check(fn, commands, needs, gate))
         return fn
 
     return register
@@ -171,8 +173,11 @@ def run_checks(target: Target) -> PreflightReport:
         if missing:
             report.skipped.append(f"{item.summary} (needs {' and '.join(_NEEDS_TEXT[n] for n in missing)})")
             continue
-        for problem in item.fn(target) or ():
+        found = list(item.fn(target) or ())
+        for problem in found:
             if problem not in seen:     # two checks may see one cause; say it once
                 seen.add(problem)
                 report.problems.append(problem)
+        if found and item.gate:
+            break
     return report

@@ -12,7 +12,7 @@ from mf_trainer.preflight.registry import EVAL, GENERATE, ONE_PROCESS, SERVE, ch
 _RUNS = {"eval": "mf eval", "predict": "mf generate"}
 
 
-@check(commands=(*ONE_PROCESS, "train", "launch"))
+@check(commands=(*ONE_PROCESS, "train", "launch"), gate=True)
 def run_mode_fits_command(t):
     """run_mode is one this command runs."""
     mode = t.cfg.run_mode
