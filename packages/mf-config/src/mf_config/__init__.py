@@ -40,7 +40,7 @@ from mf_config.sections import (
     TrainStateConfig,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "REQUIRED_SECTIONS",

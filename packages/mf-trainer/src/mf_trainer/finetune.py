@@ -147,16 +147,14 @@ class Finetune:
             raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
         log.info("finetune: weights of %s (%s)", loaded.describe(), self.identity["base_kind"])
 
-    # ---- checkpoints -------------------------------------------------------------------------
-    def model_state(self, model) -> dict:
-        """What a checkpoint of this run holds: the adapters (LoRA) or every weight."""
-        return mf_models.adapter_state(model) if self.lora is not None else mf_models.model_state(model)
+    # ---- what checkpoints hold, and where this run resumes from --------------------------------
+    def held(self, model) -> set[str] | None:
+        """The parameters a checkpoint of this run holds: the adapters (LoRA) or every weight (None)."""
+        return set(mf_models.adapter_state(model)) if self.lora is not None else None
 
-    def load_model_state(self, model, state: dict) -> None:
-        if self.lora is not None:
-            mf_models.load_adapter_state(model, state)
-        else:
-            mf_models.load_state(model, state)
+    def restore_source(self) -> tuple[str, bool] | None:
+        """(this run's own save_path, resume) when it resumes itself; None: a fresh start."""
+        return (self.resume_path, True) if self.resume_path else None
 
     def common(self) -> dict:
         """Added to common.json: the run's identity, and for LoRA mf-ckpt's adapter marking."""
