@@ -93,5 +93,5 @@ def test_a_rank_that_refuses_its_input_is_reported_once_with_exit_2(scratch, tra
     failed = [line for line in text.splitlines() if " failed" in line and line.startswith("mf launch: ")]
     assert len(failed) == 1, text[-3000:]
     assert failed[0].startswith("mf launch: rank ") and " failed (exit 2): mf train: error: train_dataset" in failed[0]
-    assert text.count("no_such_text_document.idx") == 1, text[-3000:]      # the reason, printed once
+    assert text.count("needs no_such_text_document.bin") == 1, text[-3000:]      # the reason, printed once
     assert "last lines of" not in text and "cluster scheduler" not in text
