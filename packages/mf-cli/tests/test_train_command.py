@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import yaml
 
@@ -18,21 +17,6 @@ def _mf(*args, cwd=None):
     env = {**os.environ, "GLOG_v": "3"}
     return subprocess.run([sys.executable, "-m", "mf_cli.main", *args], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    import mf_data
-
-    prefix = str(tmp_path_factory.mktemp("data") / "toy_text_document")
-    rng = np.random.RandomState(0)
-    builder = mf_data.IndexedDatasetBuilder(mf_data.get_bin_path(prefix), dtype=np.uint16)
-    for _ in range(40):
-        start, length = rng.randint(0, 60), rng.randint(40, 100)
-        builder.add_item(np.append((start + np.arange(length) * 3) % 61 + 2, 1).astype(np.uint16))
-        builder.end_document()
-    builder.finalize(mf_data.get_idx_path(prefix))
-    return prefix
 
 
 def _yaml(tmp_path, corpus, **changes) -> str:

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "eval": "loss, perplexity and token accuracy of a checkpoint on held-out data (mf eval CONFIG)",
     "generate": "generate text from a predict YAML, an mf checkpoint or an HF directory",
     "serve": "serve a model over HTTP with an OpenAI-compatible API (continuous batching)",
+    "report": "plot and summarise training runs, compare their losses step by step (mf report RUN_DIR ...)",
 }
 
 # Sub-commands that hand their whole argument list to another package's own CLI.
