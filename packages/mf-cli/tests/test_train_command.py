@@ -115,13 +115,14 @@ def test_a_pickled_rng_state_is_refused_never_unpickled(tmp_path, corpus, capsys
     capsys.readouterr()
     ckpt = tmp_path / "out" / "checkpoint"
     common_path = glob.glob(str(ckpt / "iteration_*" / "common.json"))[0]
-    common = json.loads(open(common_path).read())
-    assert isinstance(common["rng"]["python"]["state"], list)       # this version writes JSON data
+    stored = json.loads(open(common_path).read())          # mf-ckpt's envelope: the trainer's dict is "common"
+    rng = stored["common"]["rng"]
+    assert isinstance(rng["python"]["state"], list) and isinstance(rng["numpy"]["keys"], list)   # JSON data now
     # What mf-trainer < 0.4 wrote: base64 pickles; this one would create a file when unpickled.
     marker = tmp_path / "unpickled"
-    common["rng"]["python"] = base64.b64encode(pickle.dumps(_CreatesAFile(str(marker)))).decode("ascii")
+    rng["python"] = base64.b64encode(pickle.dumps(_CreatesAFile(str(marker)))).decode("ascii")
     with open(common_path, "w") as f:
-        json.dump(common, f)
+        json.dump(stored, f)
     resume = ["train", path, "--set", "training.steps=3", "--set", f"checkpoint.load_path={ckpt}",
               "--set", f"output_dir={tmp_path / 'resumed'}"]
     assert main(resume) == 2
