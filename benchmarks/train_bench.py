@@ -85,7 +85,7 @@ class MfWorker:
             ids, labels = batch(self.step)
             mb = {"input_ids": ids, "labels": labels, "loss_mask": np.ones(ids.shape, np.float32)}
             t0 = time.perf_counter()
-            loss, _, _ = self.runner([mb], LR)
+            loss = self.runner([mb], LR).loss
             times.append(time.perf_counter() - t0)
             losses.append(loss)
             self.step += 1

@@ -93,3 +93,46 @@ def test_data_commands_are_delegated(tmp_path):
     assert (tmp_path / "demo" / "corpus.jsonl").stat().st_size > 100_000
     out = _mf("data", "no-such-tool")
     assert out.returncode == 2
+
+
+class _CreatesAFile:
+    """Unpickling this calls open(path, "w"): the file appearing would prove the state was unpickled."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_pickled_rng_state_is_refused_never_unpickled(tmp_path, corpus, capsys):
+    import base64
+    import glob
+    import pickle
+
+    path = _yaml(tmp_path, corpus)
+    assert main(["train", path]) == 0
+    capsys.readouterr()
+    ckpt = tmp_path / "out" / "checkpoint"
+    common_path = glob.glob(str(ckpt / "iteration_*" / "common.json"))[0]
+    stored = json.loads(open(common_path).read())          # mf-ckpt's envelope: the trainer's dict is "common"
+    rng = stored["common"]["rng"]
+    assert isinstance(rng["python"]["state"], list) and isinstance(rng["numpy"]["keys"], list)   # JSON data now
+    # What mf-trainer < 0.4 wrote: base64 pickles; this one would create a file when unpickled.
+    marker = tmp_path / "unpickled"
+    rng["python"] = base64.b64encode(pickle.dumps(_CreatesAFile(str(marker)))).decode("ascii")
+    with open(common_path, "w") as f:
+        json.dump(stored, f)
+    resume = ["train", path, "--set", "training.steps=3", "--set", f"checkpoint.load_path={ckpt}",
+              "--set", f"output_dir={tmp_path / 'resumed'}"]
+    assert main(resume) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"mf train: error: checkpoint.load_path: {ckpt} stores its RNG state pickled (written by "
+                          "mf-trainer < 0.4), which is never unpickled")
+    assert "checkpoint.load_rng_state: false" in err
+    assert not marker.exists()
+    # the explicit option resumes without the RNG state (and still never reads the pickle)
+    assert main([*resume, "--set", "checkpoint.load_rng_state=false"]) == 0
+    assert "done at step 3" in capsys.readouterr().out
+    assert not marker.exists()

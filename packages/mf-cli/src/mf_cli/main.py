@@ -3,7 +3,7 @@
 Every sub-command lives in `mf_cli.commands.<name>` and exposes `add_parser(subparsers)` and
 `run(args) -> int`. Modules are imported lazily so that `mf config ...` never pays for importing
 MindSpore. Exit codes: 0 done, 2 bad input (one line on stderr, no traceback), 1 failure at run
-time.
+time. A refused config prints one `key: reason` line per problem.
 """
 
 from __future__ import annotations
@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except UsageError as exc:
-        print(f"mf {args.command}: error: {exc}", file=sys.stderr)
+        # One line per problem (the preflight reports every problem of a config at once).
+        for line in str(exc).splitlines() or [""]:
+            print(f"mf {args.command}: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"mf {args.command}: interrupted", file=sys.stderr)

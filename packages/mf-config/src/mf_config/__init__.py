@@ -13,7 +13,6 @@ from mf_config.data_rules import split_data_path
 from mf_config.errors import ConfigError
 from mf_config.extensions import EvalDatasetConfig, InferenceConfig, LoraConfig, TokenizerConfig
 from mf_config.layer_spec import parse_layer_spec, pipeline_layer_placement
-from mf_config.legacy import MigrationResult, ReportLine, migrate_legacy
 from mf_config.loader import config_to_dict, dump_config, load_config
 from mf_config.overrides import apply_overrides
 from mf_config.paths import path_warnings
@@ -40,7 +39,7 @@ from mf_config.sections import (
     TrainStateConfig,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "REQUIRED_SECTIONS",
@@ -84,3 +83,18 @@ __all__ = [
     "pipeline_layer_placement",
     "split_data_path",
 ]
+
+
+# The MindFormers migration tables are large and only `mf config migrate` needs them: loaded on
+# first use, so `import mf_config` (every `mf` command, the trainer's preflight) stays cheap.
+_LEGACY = ("MigrationResult", "ReportLine", "migrate_legacy")
+
+
+def __getattr__(name: str):
+    if name in _LEGACY:
+        import mf_config.legacy as legacy
+
+        value = getattr(legacy, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mf_config' has no attribute {name!r}")

@@ -99,6 +99,8 @@ class CheckpointConfig(Section):
     no_load_optim: bool = fld(False, doc="do not load optimizer state (must be False to resume)")
     load_worker_number: int = fld(1, check=positive, doc="loader threads")
     save_global_layout_cache: bool = fld(True, doc="cache the global layout to speed up later loads")
+    load_rng_state: bool = fld(True, doc="extension: restore the RNG states a resumed checkpoint saved; false "
+                                         "resumes without them (the RNGs restart from training.seed)")
 
 
 # ----------------------------------------------------------------------------- training

@@ -9,24 +9,20 @@
     engine = mf_models.InferenceEngine(model, max_slots=8)   # continuous batching (mf_models.inference)
     done = engine.generate([[1, 5, 9], [1, 7]], mf_models.SamplingParams(max_new_tokens=32))
 
+Importing the package is cheap (no MindSpore): the registry, the argument classes and the errors
+load at once, everything else on first use (PEP 562), so checking a config costs milliseconds.
+
 The OpenAI-compatible HTTP server is `mf_models.serving` (extra `serve`: starlette, uvicorn).
 """
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 from .common.args import BaseArgs
-from .common.attention import KVCache
-from .common.parallel import ParallelOptions
-from .common.transformer import CausalLM, init_weights
-from .deepseek_v3 import DeepseekV3Args, DeepseekV3ForCausalLM
+from .common.layout import tensor_parallel_problems
+from .deepseek_v3.args import DeepseekV3Args
 from .errors import ModelConfigError, ModelStateError
-from .generation import generate
-from .inference import InferenceEngine, SamplingParams, load_pretrained
-from .llama import LlamaArgs, LlamaForCausalLM
-from .lora import LoraLinear, adapter_state, apply_lora, linear_modules, load_adapter_state, lora_modules
-from .lora import describe_modules as describe_lora_modules
-from .presets import tiny_model_section
-from .qwen3 import Qwen3Args, Qwen3ForCausalLM
+from .llama.args import LlamaArgs
+from .qwen3.args import Qwen3Args
 from .registry import (
     ModelSpec,
     available_models,
@@ -36,15 +32,46 @@ from .registry import (
     register_model,
     resolve_spec,
 )
-from .state import load_hf, load_state, model_state
 
 __all__ = [
     "__version__",
     "BaseArgs", "CausalLM", "InferenceEngine", "KVCache", "ModelConfigError", "ModelSpec", "ModelStateError",
     "LlamaArgs", "LlamaForCausalLM", "Qwen3Args", "Qwen3ForCausalLM", "DeepseekV3Args", "DeepseekV3ForCausalLM",
     "available_models", "build_args", "build_model", "generate", "init_weights", "load_hf", "load_state",
-    "load_pretrained", "model_state", "register_model", "resolve_spec", "SamplingParams", "tiny_model_section",
-    "LoraLinear", "adapter_state", "apply_lora", "describe_lora_modules", "linear_modules", "load_adapter_state",
-    "lora_modules",
-    "ParallelOptions", "parallelize_model",
+    "load_pretrained", "load_weights", "model_state", "register_model", "resolve_spec", "SamplingParams",
+    "tiny_model_section", "LoraLinear", "adapter_state", "apply_lora", "describe_lora_modules", "linear_modules",
+    "load_adapter_state", "lora_modules",
+    "ParallelOptions", "parallelize_model", "tensor_parallel_problems",
 ]
+
+# name -> (module, attribute): the parts that need MindSpore, imported on first use.
+_LAZY = {
+    "KVCache": ("common.attention", "KVCache"),
+    "ParallelOptions": ("common.parallel", "ParallelOptions"),
+    "CausalLM": ("common.transformer", "CausalLM"),
+    "init_weights": ("common.transformer", "init_weights"),
+    "DeepseekV3ForCausalLM": ("deepseek_v3.model", "DeepseekV3ForCausalLM"),
+    "LlamaForCausalLM": ("llama.model", "LlamaForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3.model", "Qwen3ForCausalLM"),
+    "generate": ("generation", "generate"),
+    "InferenceEngine": ("inference", "InferenceEngine"),
+    "SamplingParams": ("inference", "SamplingParams"),
+    "load_pretrained": ("inference", "load_pretrained"),
+    **{name: ("lora", name) for name in ("LoraLinear", "adapter_state", "apply_lora", "linear_modules",
+                                         "load_adapter_state", "lora_modules")},
+    "describe_lora_modules": ("lora", "describe_modules"),
+    "tiny_model_section": ("presets", "tiny_model_section"),
+    **{name: ("state", name) for name in ("load_hf", "load_state", "model_state")},
+    "load_weights": ("weights", "load_weights"),
+}
+
+
+def __getattr__(name: str):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'mf_models' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"mf_models.{target[0]}"), target[1])
+    globals()[name] = value
+    return value

@@ -3,7 +3,7 @@
 `ParallelDims` and the error type import without MindSpore; everything else needs it.
 """
 
-__version__ = "0.1.1"
+__version__ = "0.2.0"
 
 from mf_parallel.dims import AXES, GROUP_NAMES, ParallelDims
 from mf_parallel.errors import ParallelConfigError

@@ -106,7 +106,7 @@ def _tokenizer(path: str | None) -> TokenizerAdapter | None:
 
 
 def load_source(path: str, *, tokenizer: str | None = None, overrides: list[str] = (), mode: str | None = None,
-                predict_overrides: list[str] = ()) -> Source:
+                predict_overrides: list[str] = (), command: str = "generate") -> Source:
     """Model, tokenizer and defaults of SOURCE; bad input raises UsageError (one line)."""
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or directory")
@@ -122,26 +122,24 @@ def load_source(path: str, *, tokenizer: str | None = None, overrides: list[str]
             tok = _tokenizer(tokenizer or loaded.tokenizer_path)
             eos = loaded.eos_token_ids or ([tok.eos_token_id] if tok and tok.eos_token_id is not None else [])
             return Source(loaded.model, loaded.name, eos, tok, notes=loaded.notes)
-        return _load_config_source(path, tokenizer, [*predict_overrides, *overrides], mode)
+        return _load_config_source(path, tokenizer, [*predict_overrides, *overrides], mode, command)
     except bad as exc:
         raise UsageError(str(exc).strip().splitlines()[0]) from None
 
 
-def _load_config_source(path: str, tokenizer: str | None, overrides: list[str], mode: str | None) -> Source:
+def _load_config_source(path: str, tokenizer: str | None, overrides: list[str], mode: str | None,
+                        command: str = "generate") -> Source:
     import mf_config
     import mf_models
-    from mf_models.inference import load_weights
 
     if tokenizer:
         overrides = [*overrides, f"tokenizer.path={json.dumps(tokenizer)}",
                      f"tokenizer.type={'hf' if os.path.isdir(tokenizer) else 'sentencepiece'}"]
+    from mf_cli.checks import check
+
     cfg = mf_config.load_config(path, overrides=overrides)
-    if cfg.run_mode != "predict":
-        raise UsageError(f"run_mode: mf generate needs a 'predict' config, got {cfg.run_mode!r} "
-                         "(set run_mode: predict, or give the checkpoint directory itself)")
+    check(cfg, command, 1, cfg.context.device_target, source=path)   # one process
     load_path = cfg.checkpoint.load_path
-    if not load_path:
-        raise UsageError("checkpoint.load_path: run_mode predict needs the weights to generate with")
     kind = "hf" if os.path.isdir(cfg.tokenizer.path) else "sentencepiece"
     if cfg.tokenizer.path and os.path.exists(cfg.tokenizer.path) and kind != cfg.tokenizer.type:
         raise UsageError(f"tokenizer.type: {cfg.tokenizer.type!r}, but {cfg.tokenizer.path} is a "
@@ -151,7 +149,7 @@ def _load_config_source(path: str, tokenizer: str | None, overrides: list[str], 
     if cfg.model.architectures:
         section["architectures"] = cfg.model.architectures
     model = mf_models.build_model(section, init=False)
-    load_weights(model, load_path)
+    mf_models.load_weights(model, load_path)
     tok = _tokenizer(cfg.tokenizer.path)
     eos = model.args.eos_token_ids or ([tok.eos_token_id] if tok and tok.eos_token_id is not None else [])
     name = os.path.splitext(os.path.basename(path))[0]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..errors import ModelConfigError, did_you_mean
-from .rope import normalize_rope
+from .rope_settings import normalize_rope
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 _PY_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str, "dict": dict, "list": list}
@@ -138,3 +138,9 @@ class BaseArgs:
 
     def replace(self, **changes: Any) -> BaseArgs:
         return dataclasses.replace(self, **changes)
+
+    def tensor_parallel_split(self) -> tuple[tuple[int, int | None], dict[str, int]]:
+        """What tensor parallelism splits: ((attention heads, key/value heads), {model key: size}).
+        A model whose plan splits other dimensions overrides this (common/layout.py checks it)."""
+        return ((self.num_attention_heads, self.num_key_value_heads),
+                {"vocab_size": self.vocab_size, "intermediate_size": self.intermediate_size})

@@ -24,6 +24,7 @@ import mf_parallel as mp
 
 from ..errors import ModelConfigError
 from .layers import Embedding, Linear, RMSNorm, embedding_forward, linear_forward, rms_norm_forward
+from .layout import divisible_problems
 from .moe import GroupedExperts, TopKRouter, experts_forward, router_forward
 
 mp.register_param_forward(Linear, ("weight", "bias"), linear_forward)
@@ -49,11 +50,9 @@ class ParallelOptions:
 
 def check_divisible(tp: int, **sizes: int) -> None:
     """One line naming the model key when tensor_parallel does not divide a sharded dimension."""
-    for key, value in sizes.items():
-        if value % tp:
-            options = [d for d in range(1, min(value, 64) + 1) if value % d == 0]
-            raise ModelConfigError(f"parallelism.tensor_parallel: {tp} does not divide model.{key} = {value}; "
-                                   f"use a tensor_parallel that divides it (e.g. one of {options})")
+    problems = divisible_problems(tp, **sizes)
+    if problems:
+        raise ModelConfigError(problems[0])
 
 
 def untie_output(model: nn.Cell) -> None:

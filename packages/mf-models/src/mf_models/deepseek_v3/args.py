@@ -94,3 +94,11 @@ class DeepseekV3Args(BaseArgs):
             raise ModelConfigError(
                 f"model.num_experts_per_tok: {self.num_experts_per_tok} exceeds the experts in the "
                 f"{self.topk_group} selected group(s)")
+
+    def tensor_parallel_split(self) -> tuple[tuple[int, int | None], dict[str, int]]:
+        # MLA splits the attention heads (one key per head); MoE blocks are replicated under tp, so
+        # intermediate_size is split only when dense blocks exist.
+        sizes = {"vocab_size": self.vocab_size}
+        if self.first_k_dense_replace > 0:
+            sizes["intermediate_size"] = self.intermediate_size
+        return (self.num_attention_heads, None), sizes

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import mf_parallel as mp
 
-from ..common.parallel import ParallelOptions, check_divisible
+from ..common.parallel import ParallelOptions
 from ..llama.parallelize import feed_forward_plan, parallelize_dense
 
 
@@ -64,15 +64,6 @@ def deepseek_block_plan(prefix: str, layer) -> dict:
     return plan
 
 
-def check_tp(model, dims) -> None:
-    args = model.args
-    dims.check_heads(args.num_attention_heads)
-    sizes = {"vocab_size": args.vocab_size}
-    if args.first_k_dense_replace > 0:
-        sizes["intermediate_size"] = args.intermediate_size
-    check_divisible(dims.tp, **sizes)
-
-
 def moe_units(block) -> list:
     return [block.moe.router, block.moe.experts] if block.moe_enabled else []
 
@@ -80,4 +71,4 @@ def moe_units(block) -> list:
 def parallelize_deepseek_v3(model, mesh, options: ParallelOptions | None = None):
     """Shard `model` (a DeepseekV3ForCausalLM) in place for `mesh`; returns it. Before the first call."""
     return parallelize_dense(model, mesh, options or ParallelOptions(), "deepseek_v3", deepseek_block_plan,
-                             check_tp, moe_units)
+                             None, moe_units)

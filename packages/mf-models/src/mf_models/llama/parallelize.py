@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import mf_parallel as mp
 
-from ..common.parallel import ParallelOptions, apply_fsdp, check_divisible, refuse_unimplemented, untie_output
+from ..common.layout import tensor_parallel_problems
+from ..common.parallel import ParallelOptions, apply_fsdp, refuse_unimplemented, untie_output
+from ..errors import ModelConfigError
 
 
 def attention_plan(prefix: str, attention) -> dict:
@@ -69,9 +71,10 @@ def llama_block_plan(prefix: str, layer) -> dict:
 
 
 def check_tp(model, dims) -> None:
-    args = model.args
-    dims.check_heads(args.num_attention_heads, args.num_key_value_heads)
-    check_divisible(dims.tp, vocab_size=args.vocab_size, intermediate_size=args.intermediate_size)
+    """Refuse a tensor_parallel degree that does not split the model (the preflight's own check)."""
+    problems = tensor_parallel_problems(model.args, dims.tp, dims.world_size)
+    if problems:
+        raise ModelConfigError(problems[0])
 
 
 def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, block_plan=None, check=None,
