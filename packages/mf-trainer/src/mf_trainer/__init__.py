@@ -10,7 +10,7 @@ from mf_trainer.optimizer import AdamW, build_adamw
 from mf_trainer.trainer import Trainer, TrainResult, TrainState
 from mf_trainer.weight_decay import DEFAULT_EXCLUDE, decay_mask
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"
 
 __all__ = [
     "CALLBACKS",

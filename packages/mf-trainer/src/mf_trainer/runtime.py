@@ -76,7 +76,32 @@ def rng_state() -> dict:
     }
 
 
-def set_rng_state(state: dict) -> None:
-    random.setstate(pickle.loads(base64.b64decode(state["python"])))
-    np.random.set_state(pickle.loads(base64.b64decode(state["numpy"])))
+def rng_state_problem(state) -> str | None:
+    """What is wrong with a saved RNG state (e.g. `.numpy: not base64`), None if it can be
+    restored; nothing is decoded beyond base64 here."""
+    if not isinstance(state, dict):
+        return f": must be an object with python, numpy and mindspore states, got {type(state).__name__}"
+    for key in ("python", "numpy"):
+        value = state.get(key)
+        if not isinstance(value, str):
+            return f".{key}: missing or not a string"
+        try:
+            base64.b64decode(value, validate=True)
+        except ValueError:
+            return f".{key}: not valid base64"
+    value = state.get("mindspore")
+    expected = int(ms.get_rng_state().asnumpy().size)
+    if not (isinstance(value, list) and len(value) == expected
+            and all(type(v) is int and 0 <= v < 256 for v in value)):
+        return f".mindspore: must be a list of {expected} byte values"
+    return None
+
+
+def set_rng_state(state: dict, where: str = "checkpoint common.json") -> None:
+    try:
+        python, numpy_state = (pickle.loads(base64.b64decode(state[k])) for k in ("python", "numpy"))
+        random.setstate(python)
+        np.random.set_state(numpy_state)
+    except Exception as exc:  # whatever a damaged payload raises: a bad file, not a crash
+        raise TrainerConfigError(f"{where}: rng: cannot be restored ({type(exc).__name__})") from None
     ms.set_rng_state(ms.Tensor(np.asarray(state["mindspore"], dtype=np.uint8)))

@@ -223,7 +223,8 @@ class Trainer:
         self.state.consumed_samples = int(common["consumed_samples"])
         self.state.skipped_steps = int(common.get("skipped_steps", 0))
         self.state.nonfinite_in_row = int(common.get("nonfinite_in_row", 0))
-        runtime.set_rng_state(common["rng"])
+        runtime.set_rng_state(common["rng"], f"checkpoint.{'save_path' if path else 'load_path'}: "
+                                             f"{restored.source}/common.json")
 
     def _check_data(self) -> None:
         columns = self.loader.columns
