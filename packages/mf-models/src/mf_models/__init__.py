@@ -12,7 +12,7 @@
 The OpenAI-compatible HTTP server is `mf_models.serving` (extra `serve`: starlette, uvicorn).
 """
 
-__version__ = "0.4.0"
+__version__ = "0.4.1"
 
 from .common.args import BaseArgs
 from .common.attention import KVCache
