@@ -1,4 +1,4 @@
-"""A real `mf_models.serving.serve` process for the soak test: a tiny llama (vocab 100, EOS 2),
+"""A real `mf_models.serving.serve` process for the soak test: a one-layer tiny llama (vocab 100, EOS 2),
 token-id prompts (no tokenizer), 127.0.0.1 on a free port; prints `listening on URL` when ready.
 
     python soak_server.py            # serve until SIGTERM
@@ -27,7 +27,8 @@ def main() -> int:
     parser.add_argument("--break-decode-after", type=int)
     args = parser.parse_args()
     ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU", pynative_synchronize=True)
-    model = mf_models.build_model(mf_models.tiny_model_section("llama", vocab_size=100, eos_token_id=2), seed=4)
+    model = mf_models.build_model(mf_models.tiny_model_section("llama", vocab_size=100, eos_token_id=2,
+                                                         num_hidden_layers=1), seed=4)
     engine = InferenceEngine(model, max_slots=4, max_len=32)
     if args.break_decode_after is not None:
         real, calls = engine._decode_all, [0]
