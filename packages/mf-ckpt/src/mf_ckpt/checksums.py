@@ -48,7 +48,11 @@ def of_array(arr) -> int:
 
 def check(arr, expected: int, where: str) -> None:
     """Raise when `arr` (a whole stored tensor, as read) does not have the recorded checksum."""
-    got = of_array(arr)
+    check_value(of_array(arr), expected, where)
+
+
+def check_value(got: int, expected: int, where: str) -> None:
+    """Raise when a computed checksum is not the recorded one."""
     if got != expected:
         raise CheckpointError(f"{where}: checksum mismatch (crc32c recorded {to_text(expected)}, read {to_text(got)}): "
                               "the file is damaged, or the metadata points this chunk at other data")

@@ -37,22 +37,19 @@ def chunk_where(layout: CheckpointLayout, part: str, name: str, chunk: Chunk) ->
 def read_region(pool: ReaderPool, layout: CheckpointLayout, part: str, name: str, chunk: Chunk,
                 offset: tuple[int, ...], shape: tuple[int, ...], verify: bool, out: np.ndarray | None = None) -> np.ndarray:
     """Box (offset, shape) of one chunk in its stored dtype (into `out`, same shape, when given).
-    With `verify` and a recorded checksum, the whole stored tensor is read and checked first (a
-    checksum covers all of it); a box that is the whole chunk costs no extra read."""
+    With `verify` and a recorded checksum, the whole stored tensor is read (a checksum covers all
+    of it) and checksummed block by block as it arrives; a box that is the whole chunk is read
+    straight into `out` when it can be, so the check costs no extra read or copy."""
     reader = pool.get(layout.root / chunk.file)
     start, stop = chunk.stored_region(offset, shape)
     if not (verify and chunk.checksum is not None):
         return reader.read(chunk.key, start, stop, out=out)
     whole = chunk.is_whole(offset, shape)
-    if whole:
-        data = reader.read(chunk.key, start, stop, out=out)
-    else:
-        data = reader.read(chunk.key, *chunk.stored_region(chunk.offset, chunk.shape))
-    checksums.check(data, chunk.checksum, chunk_where(layout, part, name, chunk))
-    if whole:
-        return data
-    piece = data[tuple(slice(a, b) for a, b in zip(start, stop))]
+    data, value = reader.read_whole_checked(chunk.key, out if whole else None)
+    checksums.check_value(value, chunk.checksum, chunk_where(layout, part, name, chunk))
+    piece = data if whole else data[tuple(slice(a, b) for a, b in zip(start, stop))]
     if out is None:
         return piece
-    dtypes.assign(out, piece)
+    if piece is not out:
+        dtypes.assign(out, piece)
     return out

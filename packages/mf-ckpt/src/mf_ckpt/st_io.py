@@ -263,6 +263,30 @@ class FileReader:
         dtypes.assign(out, data)
         return out
 
+    def read_whole_checked(self, key: str, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+        """The whole stored tensor `key` and the CRC32C of its bytes, computed block by block as
+        they arrive (each block checksummed while still in cache: one pass over memory). Into
+        `out` when it is C-contiguous in the stored dtype and shape."""
+        info = self.header.tensors[key]
+        dt = dtypes.numpy_dtype(info.dtype)
+        direct = out is not None and out.dtype == dt and out.flags.c_contiguous and tuple(out.shape) == info.shape
+        target = out if direct else np.empty(info.shape, dt)
+        view = memoryview(target.reshape(-1).view(np.uint8))
+        value = 0
+        for at in range(0, view.nbytes, _CRC_BLOCK):
+            block = view[at : at + _CRC_BLOCK]
+            self._pread_block(block, info.start + at)
+            value = crc.update(value, block)
+        return target, value
+
+    def _pread_block(self, view: memoryview, offset: int) -> None:
+        done = 0
+        while done < view.nbytes:
+            got = os.preadv(self._fd, [view[done:]], offset + done)
+            if got <= 0:
+                raise CheckpointError(f"{self.header.path}: unexpected end of file (truncated after validation?)")
+            done += got
+
     def _pread_into(self, out: np.ndarray, offset: int, nbytes: int) -> None:
         view = memoryview(out.reshape(-1).view(np.uint8))
         if view.nbytes != nbytes:
