@@ -120,7 +120,6 @@ def load_checkpoint(ckpt_cfg, model_state: dict, optimizer_state: dict, *, path:
     if "step" not in common:
         raise TrainerConfigError(f"{key}: {opts.load_path} was not written by mf-trainer (no step in "
                                  "common.json); set checkpoint.no_load_optim: true for a weights-only start")
-    check_resume_common(common, f"{key}: {result.source}/common.json")
     try:
         # The same iteration as the weights, even if another one were committed meanwhile.
         opt_result = mf_ckpt.load(opts, {}, optimizer_state, iteration=result.iteration, strict=True, comm=comm)
@@ -133,6 +132,7 @@ def load_checkpoint(ckpt_cfg, model_state: dict, optimizer_state: dict, *, path:
             "no_save_optim cannot resume exactly: set checkpoint.no_load_optim: true for a weights-only start") from None
     if not opt_result.optimizer_loaded:
         raise TrainerConfigError(f"{key}: {opts.load_path} holds no optimizer state")
+    check_resume_common(common, f"{key}: {result.source}/common.json")  # before anything is restored from it
     log.info("resuming from %s at step %d (consumed_samples %d)", opts.load_path, common["step"],
              common.get("consumed_samples", 0))
     return Restored(True, result.kind, result.iteration, common, result.source)
