@@ -128,11 +128,48 @@ def test_a_pickled_rng_state_is_refused_never_unpickled(tmp_path, corpus, capsys
     assert main(resume) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert err.startswith(f"mf train: error: checkpoint.load_path: {ckpt} stores its RNG state pickled (written by "
-                          "mf-trainer < 0.4), which is never unpickled")
+    assert err.startswith(f"mf train: error: checkpoint.load_path: {os.path.dirname(common_path)}/common.json: rng: "
+                          "stored pickled (written by mf-trainer < 0.4), which is never unpickled")
     assert "checkpoint.load_rng_state: false" in err
     assert not marker.exists()
     # the explicit option resumes without the RNG state (and still never reads the pickle)
     assert main([*resume, "--set", "checkpoint.load_rng_state=false"]) == 0
     assert "done at step 3" in capsys.readouterr().out
     assert not marker.exists()
+
+
+def test_resume_from_a_damaged_checkpoint_is_one_line_exit_2(tmp_path, corpus, capsys):
+    """`mf train` resuming (issue 17): a damaged counter in common.json and a flipped byte in the
+    tensor data are each one line naming the file (and the field), exit 2; nothing trains."""
+    import shutil
+    import struct
+
+    (tmp_path / "a").mkdir()
+    assert main(["train", _yaml(tmp_path / "a", corpus)]) == 0
+    ckpt = tmp_path / "a" / "out" / "checkpoint"
+    it = ckpt / "iteration_00000002"
+    capsys.readouterr()
+
+    def resume(name: str) -> str:
+        copy = tmp_path / name
+        copy.mkdir(exist_ok=True)
+        path = _yaml(copy, corpus, checkpoint={"load_path": str(copy / "ck")}, training={"steps": 3})
+        assert main(["train", path]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err and not (copy / "out" / "metrics.jsonl").exists(), err
+        return err
+
+    shutil.copytree(ckpt, tmp_path / "step" / "ck")
+    common = tmp_path / "step" / "ck" / it.name / "common.json"
+    info = json.loads(common.read_text())
+    info["common"]["step"] = "abc"
+    common.write_text(json.dumps(info))
+    assert f"{common}: step: must be a non-negative integer, got 'abc'" in resume("step")
+
+    shutil.copytree(ckpt, tmp_path / "flip" / "ck")
+    shard = tmp_path / "flip" / "ck" / it.name / "checkpoint-model-0000000-0000001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[8 + struct.unpack("<Q", data[:8])[0] + 40] ^= 0x01
+    shard.write_bytes(bytes(data))
+    err = resume("flip")
+    assert err.startswith("mf train: error: checkpoint.load_path: ") and "checksum mismatch" in err

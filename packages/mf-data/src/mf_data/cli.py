@@ -2,7 +2,8 @@
 make-demo-corpus, make-demo-sft.
 
 `main(argv) -> int` returns the exit status: 0 on success, 2 on bad input (one line on stderr,
-no traceback), 130 when interrupted.
+no traceback), 1 for a failure at run time (an OSError such as a full disk, one line too), 130
+when interrupted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from .errors import MFDataError
 
 EXIT_OK = 0
+EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
@@ -163,6 +165,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "mf-data") -> int:
     except FileExistsError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as err:  # disk full, a file gone mid-run...: one line, outputs already rolled back
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"{prog}: error: {where}{err.strerror or err}", file=sys.stderr)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

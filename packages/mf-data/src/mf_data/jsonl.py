@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO
@@ -46,11 +47,33 @@ def _parse(line: bytes) -> object:
         except ValueError:
             pass  # e.g. NaN literals or lone surrogates, which json accepts: let it decide and explain
     try:
-        return json.loads(line.decode("utf-8"))  # str input skips json's encoding detection
+        obj = json.loads(line.decode("utf-8"))  # str input skips json's encoding detection
     except UnicodeDecodeError:
         raise LineError("not valid UTF-8") from None
+    except RecursionError:
+        raise LineError("JSON nested too deeply") from None
     except ValueError as err:
         raise LineError(f"invalid JSON ({str(err).split(':')[0]})") from None
+    _check_strings(obj)
+    return obj
+
+
+def _check_strings(obj: object) -> None:
+    """json accepts `"\\ud800"` (a lone surrogate), which no tokenizer can encode: a bad line, not
+    a crash later. Only lines orjson refused get here (it rejects them itself). Iterative."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise LineError("a string holds a lone surrogate (not encodable as UTF-8)") from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def parse_json_line(line: bytes) -> object | None:
@@ -97,12 +120,27 @@ class BadLines:
         return f"skipped {self.count} bad line(s): " + "; ".join(self.examples) + more
 
 
+def read_lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw line) of one input file. A damaged file (a gzip stream cut short
+    or corrupt, a read error) is one InputError naming the file and where it stopped."""
+    number = 0
+    try:
+        with open_binary(path) as f:
+            for number, line in enumerate(f, start=1):
+                yield number, line
+    except EOFError:
+        raise InputError(f"{path}: the gzip stream ends before its end marker (truncated after line {number})") from None
+    except (gzip.BadGzipFile, zlib.error) as err:
+        raise InputError(f"{path}: corrupt gzip data after line {number} ({err})") from None
+    except OSError as err:
+        raise InputError(f"{path}: cannot read after line {number} ({err.strerror or err})") from None
+
+
 def iter_lines(paths: Iterable[str]) -> Iterator[tuple[str, int, bytes]]:
     """(path, 1-based line number, raw line) over every input file."""
     for path in paths:
-        with open_binary(path) as f:
-            for number, line in enumerate(f, start=1):
-                yield path, number, line
+        for number, line in read_lines(path):
+            yield path, number, line
 
 
 def iter_documents(

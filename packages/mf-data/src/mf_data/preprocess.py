@@ -32,7 +32,7 @@ import numpy as np
 
 from .errors import InputError
 from .indexed_dataset import DType, IndexedDatasetBuilder, get_bin_path, get_idx_path
-from .jsonl import BadLines, LineError, open_binary, parse_line
+from .jsonl import BadLines, LineError, parse_line, read_lines
 from .tokenizer import SentencePieceTokenizer
 
 _worker_tokenizer: SentencePieceTokenizer | None = None
@@ -151,18 +151,55 @@ def encode_in_order(tasks: Iterator[Any], pool, helpers: int, remote: Callable[[
 
 def _chunks(paths: Sequence[str], chunk_lines: int) -> Iterator[Chunk]:
     for path in paths:
-        with open_binary(path) as f:
-            lines: list[bytes] = []
-            first = 1
-            for number, line in enumerate(f, start=1):
-                if not lines:
-                    first = number
-                lines.append(line)
-                if len(lines) >= chunk_lines:
-                    yield Chunk(path, first, lines)
-                    lines = []
-            if lines:
+        lines: list[bytes] = []
+        first = 1
+        for number, line in read_lines(path):
+            if not lines:
+                first = number
+            lines.append(line)
+            if len(lines) >= chunk_lines:
                 yield Chunk(path, first, lines)
+                lines = []
+        if lines:
+            yield Chunk(path, first, lines)
+
+
+def usable_workers(workers: int, log: IO[str]) -> int:
+    """`workers`, at most the CPUs this process may use: encoding is CPU-bound, so more processes
+    only compete (and a million would fork without bound). Said once on `log` when clamped."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InputError(f"--workers must be at least 1, got {workers!r}")
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 1
+    if workers > cpus:
+        print(f"--workers {workers}: this machine gives {cpus} CPU(s) to this process; using {cpus}", file=log)
+        return cpus
+    return workers
+
+
+def check_output_names(output_prefix: str, names: Sequence[str], flag: str) -> None:
+    """Names that become part of output file names must be plain: `--json-keys ../../x` must not
+    move the output elsewhere."""
+    for name in names:
+        if not isinstance(name, str) or not name or any(c in name for c in ("/", "\\", "\x00")) or name in (".", ".."):
+            raise InputError(f"{flag}: {name!r} cannot be part of a file name (no path separators); it would "
+                             f"name the output {output_prefix}_{name}_document")
+
+
+def open_builders(paths: dict[str, str], dtypes: dict[str, Any]) -> dict[str, IndexedDatasetBuilder]:
+    """One builder per output (temporary files beside it); an output that cannot be written is one
+    InputError naming it, and nothing is left behind."""
+    builders: dict[str, IndexedDatasetBuilder] = {}
+    try:
+        for key, path in paths.items():
+            builders[key] = IndexedDatasetBuilder(path, dtype=dtypes[key], overwrite=True)
+    except OSError as err:
+        for builder in builders.values():
+            builder.abort()
+        raise InputError(f"{err.filename or paths[key]}: cannot write the output ({err.strerror or err})") from None
+    return builders
 
 
 def output_prefixes(output_prefix: str, json_keys: Sequence[str]) -> dict[str, str]:
@@ -184,10 +221,10 @@ def preprocess(
 ) -> dict[str, Any]:
     """Tokenize `inputs` into one `.bin/.idx` pair per key; returns the summary figures."""
     log = log or sys.stderr
-    if workers < 1:
-        raise InputError(f"--workers must be at least 1, got {workers}")
+    workers = usable_workers(workers, log)
     if not json_keys or len(set(json_keys)) != len(json_keys):
         raise InputError(f"--json-keys must name distinct keys, got {list(json_keys)}")
+    check_output_names(output_prefix, json_keys, "--json-keys")
     for path in inputs:
         if not os.path.isfile(path):
             raise InputError(f"{path}: input file not found")
@@ -207,7 +244,7 @@ def preprocess(
             if os.path.exists(path) and not overwrite:
                 raise InputError(f"{path}: exists; refusing to overwrite (pass --overwrite)")
 
-    builders = {key: IndexedDatasetBuilder(get_bin_path(p), dtype=dtype, overwrite=True) for key, p in prefixes.items()}
+    builders = open_builders({key: get_bin_path(p) for key, p in prefixes.items()}, dict.fromkeys(prefixes, dtype))
     bad = BadLines()
     totals = {"documents": 0, "tokens": dict.fromkeys(json_keys, 0), "empty": dict.fromkeys(json_keys, 0)}
     started = time.perf_counter()

@@ -28,9 +28,9 @@ import numpy as np
 
 from .chat import SFTKeys, conversation_from_json
 from .errors import InputError
-from .indexed_dataset import DType, IndexedDatasetBuilder, get_bin_path, get_idx_path
+from .indexed_dataset import DType, get_bin_path, get_idx_path
 from .jsonl import BadLines, LineError, parse_json_line
-from .preprocess import Chunk, _chunks, _progress_bar, encode_in_order
+from .preprocess import Chunk, _chunks, _progress_bar, encode_in_order, open_builders, usable_workers
 from .sft_encode import ChatEncoder, load_tokenizer
 from .sft_indexed import loss_mask_prefix
 
@@ -128,8 +128,7 @@ def preprocess_sft(
 ) -> dict[str, Any]:
     """Tokenise SFT jsonl into `<output_prefix>_sft_document` plus its loss-mask channel."""
     log = log or sys.stderr
-    if workers < 1:
-        raise InputError(f"--workers must be at least 1, got {workers}")
+    workers = usable_workers(workers, log)
     if seq_length is not None and (isinstance(seq_length, bool) or seq_length < 2):
         raise InputError(f"--seq-length must be at least 2 (one token and the one it predicts), got {seq_length}")
     if drop_long and seq_length is None:
@@ -154,10 +153,8 @@ def preprocess_sft(
                 raise InputError(f"{path}: exists; refusing to overwrite (pass --overwrite)")
 
     options = SFTOptions(keys, seq_length, drop_long)
-    builders = {
-        "tokens": IndexedDatasetBuilder(get_bin_path(prefix), dtype=dtype, overwrite=True),
-        "mask": IndexedDatasetBuilder(get_bin_path(prefixes["mask"]), dtype=np.uint8, overwrite=True),
-    }
+    builders = open_builders({"tokens": get_bin_path(prefix), "mask": get_bin_path(prefixes["mask"])},
+                             {"tokens": dtype, "mask": np.uint8})
     bad = BadLines()
     totals = dict.fromkeys(_COUNTS, 0)
     started = time.perf_counter()

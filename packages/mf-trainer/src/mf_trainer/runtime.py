@@ -78,24 +78,35 @@ def rng_state() -> dict:
 
 
 class RNGStateError(ValueError):
-    """An RNG state in a checkpoint that cannot be restored (one line, without the key path)."""
+    """An RNG state in a checkpoint that cannot be restored: one line starting with the field
+    (`rng.numpy.keys: ...`), without the file, which the caller names."""
 
 
-PICKLED_RNG = ("stores its RNG state pickled (written by mf-trainer < 0.4), which is never unpickled (a pickle can run "
-               "code); resume without it with checkpoint.load_rng_state: false (the RNGs restart from training.seed)")
+PICKLED_RNG = ("rng: stored pickled (written by mf-trainer < 0.4), which is never unpickled (a pickle can run code); "
+               "resume without it with checkpoint.load_rng_state: false (the RNGs restart from training.seed)")
 
 
-def _ints(value, count: int | None, what: str) -> list[int]:
+def _ints(value, count: int | None, what: str, limit: int | None = None) -> list[int]:
+    """`value` as a list of `count` ints (each below `limit` when given), else RNGStateError."""
     if not isinstance(value, list) or (count is not None and len(value) != count) or \
-            not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
-        raise RNGStateError(f"rng.{what}: expected {count or 'a list of'} integers")
+            not all(type(x) is int and x >= 0 and (limit is None or x < limit) for x in value):
+        size = f"{count} " if count is not None else ""
+        bound = f" in [0, {limit})" if limit is not None else " >= 0"
+        raise RNGStateError(f"rng.{what}: must be a list of {size}integers{bound}")
     return value
 
 
 def set_rng_state(state) -> None:
-    """Restore `rng_state()`'s data; RNGStateError for anything else (a pickled state included)."""
-    if not isinstance(state, dict) or not {"python", "numpy", "mindspore"} <= set(state):
-        raise RNGStateError("rng: expected python, numpy and mindspore states")
+    """Restore `rng_state()`'s data; RNGStateError for anything else (a pickled state included).
+    Everything is checked before any generator is touched."""
+    if state is None:
+        raise RNGStateError("rng: missing (needed to resume exactly; checkpoint.load_rng_state: false resumes "
+                            "without it)")
+    if not isinstance(state, dict):
+        raise RNGStateError(f"rng: must be an object with python, numpy and mindspore states, got "
+                            f"{type(state).__name__}")
+    if not {"python", "numpy", "mindspore"} <= set(state):
+        raise RNGStateError("rng: must hold python, numpy and mindspore states")
     if isinstance(state["python"], str) or isinstance(state["numpy"], str):
         raise RNGStateError(PICKLED_RNG)
     py, npy = state["python"], state["numpy"]
@@ -103,14 +114,18 @@ def set_rng_state(state) -> None:
         raise RNGStateError("rng: python and numpy states must be JSON objects")
     gauss = py.get("gauss_next")
     if gauss is not None and not isinstance(gauss, float):
-        raise RNGStateError("rng.python.gauss_next: expected a number or null")
+        raise RNGStateError("rng.python.gauss_next: must be a number or null")
+    expected = int(ms.get_rng_state().asnumpy().size)
     try:
-        random.setstate((int(py["version"]), tuple(_ints(py.get("state"), 625, "python.state")), gauss))
-        np.random.set_state((str(npy["bit_generator"]), np.asarray(_ints(npy.get("keys"), 624, "numpy.keys"),
-                                                                    dtype=np.uint32),
-                             int(npy["pos"]), int(npy["has_gauss"]), float(npy["cached_gaussian"])))
-        ms.set_rng_state(ms.Tensor(np.asarray(_ints(state["mindspore"], None, "mindspore"), dtype=np.uint8)))
+        python = (int(py["version"]), tuple(_ints(py.get("state"), 625, "python.state", 2 ** 32)), gauss)
+        numpy_state = (str(npy["bit_generator"]), np.asarray(_ints(npy.get("keys"), 624, "numpy.keys", 2 ** 32),
+                                                             dtype=np.uint32),
+                       int(npy["pos"]), int(npy["has_gauss"]), float(npy["cached_gaussian"]))
+        mindspore = np.asarray(_ints(state["mindspore"], expected, "mindspore", 256), dtype=np.uint8)
+        random.setstate(python)
+        np.random.set_state(numpy_state)
+    except RNGStateError:
+        raise
     except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, RNGStateError):
-            raise
         raise RNGStateError(f"rng: not a state mf-trainer wrote ({type(exc).__name__}: {exc})") from None
+    ms.set_rng_state(ms.Tensor(mindspore))

@@ -183,7 +183,7 @@ class Trainer:
         self.state.skipped_steps = int(common.get("skipped_steps", 0))
         self.state.nonfinite_in_row = int(common.get("nonfinite_in_row", 0))
         self._restore_rng(common.get("rng"), "checkpoint.save_path" if resume else "checkpoint.load_path",
-                          path or self.config.checkpoint.load_path)
+                          f"{restored.source}/common.json")
 
     def _restore_rng(self, state, key: str, where: str) -> None:
         if not self.config.checkpoint.load_rng_state:
@@ -192,7 +192,7 @@ class Trainer:
         try:
             runtime.set_rng_state(state)
         except runtime.RNGStateError as exc:
-            raise TrainerConfigError(f"{key}: {where} {exc}") from None
+            raise TrainerConfigError(f"{key}: {where}: {exc}") from None
 
     def _check_data(self) -> None:
         """What the preflight cannot know from the config: whether the dataset holds enough samples."""

@@ -176,6 +176,7 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
                    help="a prompt as token ids, e.g. 1,2,3 (repeatable)")
     p.add_argument("--input", metavar="FILE", help="JSON Lines of {\"prompt\": ...} or {\"prompt_ids\": [...]}")
     p.add_argument("--output", metavar="FILE", help="write JSON Lines here instead of printing")
+    p.add_argument("--force", action="store_true", help="replace an existing --output file (never an input)")
     p.add_argument("--max-new-tokens", type=int, metavar="N")
     p.add_argument("--do-sample", action="store_true", default=None, help="sample (default: greedy)")
     p.add_argument("--temperature", type=float)
@@ -277,7 +278,7 @@ def _sampling_settings(args, source: Source) -> dict[str, Any]:
             "output": args.output}
 
 
-def _check_output(path: str | None) -> None:
+def _check_output(path: str | None, force: bool = False, inputs: tuple[str | None, ...] = ()) -> None:
     if path is None:
         return
     if os.path.isdir(path):
@@ -285,6 +286,11 @@ def _check_output(path: str | None) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UsageError(f"{path}: the directory {parent} does not exist")
+    for given in inputs:  # never an input, whatever --force says (it is read before the output is written)
+        if given and os.path.realpath(given) == os.path.realpath(path):
+            raise UsageError(f"--output: {path} is also an input ({given}); write the results somewhere else")
+    if os.path.lexists(path) and not force:
+        raise UsageError(f"--output: {path} exists; pass --force to replace it")
 
 
 def _write_jsonl(path: str, rows: list[dict]) -> None:
@@ -327,7 +333,9 @@ def run(args) -> int:
                          + (" (or set inference.do_sample: true)" if source.inference is not None else ""))
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size: must be at least 1, got {args.batch_size}")
-    _check_output(settings["output"])
+    inputs = (args.input, source.inference.input_file if source.inference is not None else None, args.source,
+              args.tokenizer)
+    _check_output(settings["output"], args.force, inputs)
     prompt_ids = []
     for item in items:
         if "prompt_ids" in item:
