@@ -39,7 +39,7 @@ from .summary import summarize
 from .tokenizer import SentencePieceTokenizer, train_sentencepiece
 from .utils import Split, get_blend_from_list, parse_and_normalize_split
 
-__version__ = "0.2.1"
+__version__ = "0.3.0"
 
 __all__ = [
     "BUILTIN_TEMPLATE_DOC",
