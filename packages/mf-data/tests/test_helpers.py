@@ -142,3 +142,19 @@ def test_blending_with_many_datasets(helpers_backend):
     got = helpers.build_blending_indices(w, 5000)
     want = blending_indices_loop(w, 5000)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_compiled_helpers_refuse_arrays_of_the_wrong_kind():
+    """The extension reads raw buffers: a float array where integers belong is refused, not
+    reinterpreted."""
+    if helpers._compiled is None:
+        pytest.skip("mf_data._chelpers was not built")
+    sizes, docs = np.array([4, 4], np.int32), np.array([0, 1], np.int32)
+    with pytest.raises(TypeError, match="out"):
+        helpers._compiled.sample_idx(sizes, docs, 2, 2, 1, np.empty((3, 2), np.float32))
+    with pytest.raises(TypeError, match="sizes"):
+        helpers._compiled.sample_idx(sizes.astype(np.float32), docs, 2, 2, 1, np.empty((3, 2), np.int32))
+    with pytest.raises(TypeError, match="weights"):
+        helpers._compiled.blending(np.array([1, 1], np.int64), None, np.empty(4, np.int16), np.empty(4, np.int64))
+    with pytest.raises(TypeError, match="dataset_sample_index"):
+        helpers._compiled.blending(np.array([0.5, 0.5]), None, np.empty(4, np.int16), np.empty(4, np.float64))

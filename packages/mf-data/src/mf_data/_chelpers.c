@@ -21,14 +21,33 @@
 #include <stdint.h>
 #include <string.h>
 
-/* A C-contiguous 1-D (or flat) buffer of `itemsize`-byte items; writable when asked. */
-static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *what) {
+/* The struct-module kind of a buffer's items: 'i' signed integer, 'f' floating point, '?' other. */
+static char format_kind(const char *format) {
+    if (format == NULL) {
+        return '?'; /* NULL under PyBUF_FORMAT means unsigned bytes: never what these loops take */
+    }
+    while (*format == '@' || *format == '=' || *format == '<' || *format == '>' || *format == '!') {
+        ++format;
+    }
+    if (format[0] == '\0' || format[1] != '\0') {
+        return '?';
+    }
+    switch (format[0]) {
+        case 'h': case 'i': case 'l': case 'q': case 'n': return 'i';
+        case 'f': case 'd': return 'f';
+        default: return '?';
+    }
+}
+
+/* A C-contiguous buffer of `itemsize`-byte items of `kind` ('i' or 'f'); writable when asked. */
+static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, char kind, int writable, const char *what) {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, view, flags) != 0) {
         return -1;
     }
-    if (view->itemsize != itemsize) {
-        PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte items, got %zd", what, itemsize, view->itemsize);
+    if (view->itemsize != itemsize || format_kind(view->format) != kind) {
+        PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte %s items, got format '%s'", what, itemsize,
+                     kind == 'i' ? "signed integer" : "floating-point", view->format ? view->format : "B");
         PyBuffer_Release(view);
         return -1;
     }
@@ -77,14 +96,21 @@ static PyObject *sample_idx(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_buffer sizes_view, docs_view, out_view;
-    if (get_buffer(sizes_obj, &sizes_view, 4, 0, "sizes") != 0) {
+    if (get_buffer(sizes_obj, &sizes_view, 4, 'i', 0, "sizes") != 0) {
         return NULL;
     }
-    if (get_buffer(docs_obj, &docs_view, 4, 0, "document_indices") != 0) {
+    if (get_buffer(docs_obj, &docs_view, 4, 'i', 0, "document_indices") != 0) {
         PyBuffer_Release(&sizes_view);
         return NULL;
     }
     if (PyObject_GetBuffer(out_obj, &out_view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) != 0) {
+        PyBuffer_Release(&sizes_view);
+        PyBuffer_Release(&docs_view);
+        return NULL;
+    }
+    if (format_kind(out_view.format) != 'i') {
+        PyErr_SetString(PyExc_TypeError, "out: expected signed integers");
+        PyBuffer_Release(&out_view);
         PyBuffer_Release(&sizes_view);
         PyBuffer_Release(&docs_view);
         return NULL;
@@ -230,19 +256,19 @@ static PyObject *blending(PyObject *self, PyObject *args) {
     }
     Py_buffer w_view, caps_view, pick_view, nth_view;
     int have_caps = caps_obj != Py_None;
-    if (get_buffer(w_obj, &w_view, 8, 0, "weights") != 0) {
+    if (get_buffer(w_obj, &w_view, 8, 'f', 0, "weights") != 0) {
         return NULL;
     }
-    if (have_caps && get_buffer(caps_obj, &caps_view, 8, 0, "caps") != 0) {
+    if (have_caps && get_buffer(caps_obj, &caps_view, 8, 'i', 0, "caps") != 0) {
         PyBuffer_Release(&w_view);
         return NULL;
     }
-    if (get_buffer(pick_obj, &pick_view, 2, 1, "dataset_index") != 0) {
+    if (get_buffer(pick_obj, &pick_view, 2, 'i', 1, "dataset_index") != 0) {
         PyBuffer_Release(&w_view);
         if (have_caps) PyBuffer_Release(&caps_view);
         return NULL;
     }
-    if (get_buffer(nth_obj, &nth_view, 8, 1, "dataset_sample_index") != 0) {
+    if (get_buffer(nth_obj, &nth_view, 8, 'i', 1, "dataset_sample_index") != 0) {
         PyBuffer_Release(&w_view);
         if (have_caps) PyBuffer_Release(&caps_view);
         PyBuffer_Release(&pick_view);
