@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import redirect_stderr
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 
 import numpy as np
@@ -111,20 +111,15 @@ class MegatronWorker:
         self.proc.wait(timeout=60)
 
 
+@contextmanager
 def _numpy_helpers():
-    """A context in which mf_data.helpers runs its numpy versions (its C extension set aside)."""
-    from contextlib import contextmanager
-
-    @contextmanager
-    def ctx():
-        saved = helpers._compiled
-        helpers._compiled = None
-        try:
-            yield
-        finally:
-            helpers._compiled = saved
-
-    return ctx()
+    """mf_data.helpers on its numpy versions (its C extension set aside) inside the block."""
+    saved = helpers._compiled
+    helpers._compiled = None
+    try:
+        yield
+    finally:
+        helpers._compiled = saved
 
 
 def _same(ours: dict[str, np.ndarray], path: str) -> list[str]:

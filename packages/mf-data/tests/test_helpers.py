@@ -158,3 +158,12 @@ def test_compiled_helpers_refuse_arrays_of_the_wrong_kind():
         helpers._compiled.blending(np.array([1, 1], np.int64), None, np.empty(4, np.int16), np.empty(4, np.int64))
     with pytest.raises(TypeError, match="dataset_sample_index"):
         helpers._compiled.blending(np.array([0.5, 0.5]), None, np.empty(4, np.int16), np.empty(4, np.float64))
+
+
+def test_exhaustive_blending_where_datasets_fill_up_early_or_start_empty(helpers_backend):
+    """The compiled exhaustive blend runs the uncapped greedy until the first dataset is full,
+    then the capped one: small caps beside large ones, and a zero cap, must not change a pick."""
+    for sizes in ([1, 5000, 3], [2, 2], [0, 40, 7], [3000, 1, 1, 1, 2999], [7, 0]):
+        got = helpers.build_exhaustive_blending_indices(sizes)
+        want = exhaustive_blending_indices_loop(sizes)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), sizes

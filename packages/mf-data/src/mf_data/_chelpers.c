@@ -166,15 +166,21 @@ static PyObject *sample_idx(PyObject *self, PyObject *args) {
 /* Megatron's greedy with every dataset eligible, for a few datasets: counts and weights held in
    registers, the first maximum chosen by conditional moves (no branch to mispredict), the
    fixed-length loops unrolled. Past 5 datasets the select chain outgrows the registers and the
-   general loop below is as fast. */
+   general loop below is as fast. With `caps` (the exhaustive blend) it stops after the first
+   pick that fills a dataset's cap: until then no dataset is excluded, so the picks are the capped
+   greedy's, and `greedy_capped` continues from there. Returns the number of picks made; the
+   counts are left in `c_out`. */
 #define GREEDY_SMALL(N)                                                                            \
-    static void greedy_##N(const double *w_in, int64_t size, int16_t *pick, int64_t *nth) {       \
-        double w[N], c[N];                                                                         \
+    static int64_t greedy_##N(const double *w_in, const int64_t *caps, int64_t size, int16_t *pick, \
+                              int64_t *nth, double *c_out) {                                       \
+        double w[N], c[N], cap[N];                                                                 \
         for (int d = 0; d < N; ++d) {                                                              \
             w[d] = w_in[d];                                                                        \
             c[d] = 0.0;                                                                            \
+            cap[d] = caps != NULL ? (double)caps[d] : INFINITY;                                    \
         }                                                                                          \
-        for (int64_t s = 0; s < size; ++s) {                                                       \
+        int64_t s = 0;                                                                             \
+        while (s < size) {                                                                         \
             double sd = s > 1 ? (double)s : 1.0;                                                   \
             int best = 0;                                                                          \
             double best_err = w[0] * sd - c[0];                                                    \
@@ -184,14 +190,23 @@ static PyObject *sample_idx(PyObject *self, PyObject *args) {
                 best = more ? d : best;                                                            \
                 best_err = more ? err : best_err;                                                  \
             }                                                                                      \
-            double count = c[0];                                                                   \
+            double count = c[0], limit = cap[0];                                                   \
             _Pragma("GCC unroll 8") for (int d = 0; d < N; ++d) {                                  \
                 count = d == best ? c[d] : count;                                                  \
+                limit = d == best ? cap[d] : limit;                                                \
                 c[d] += d == best ? 1.0 : 0.0;                                                     \
             }                                                                                      \
             pick[s] = (int16_t)best;                                                               \
             nth[s] = (int64_t)count;                                                               \
+            ++s;                                                                                   \
+            if (count + 1.0 >= limit) {                                                            \
+                break; /* a dataset is full: the capped loop takes over */                         \
+            }                                                                                      \
         }                                                                                          \
+        for (int d = 0; d < N; ++d) {                                                              \
+            c_out[d] = c[d];                                                                       \
+        }                                                                                          \
+        return s;                                                                                  \
     }
 
 GREEDY_SMALL(2)
@@ -222,14 +237,11 @@ static void greedy_general(const double *w, int nd, int64_t size, int16_t *pick,
 
 /* The exhaustive blend: dataset d is drawn exactly caps[d] times. A capped-out dataset gets an
    error of -inf, so it is never chosen, as Megatron drops it from its set of unspent datasets.
-   Counts stay exact in doubles (far below 2**53). Returns 0, or -1 when every dataset is spent
-   before `size` picks. */
-static int greedy_capped(const double *w, const int64_t *caps, int nd, int64_t size, int16_t *pick, int64_t *nth,
-                         double *c) {
-    for (int d = 0; d < nd; ++d) {
-        c[d] = 0.0;
-    }
-    for (int64_t s = 0; s < size; ++s) {
+   Counts stay exact in doubles (far below 2**53); picks start at `s0` from the counts in `c`.
+   Returns 0, or -1 when every dataset is spent before `size` picks. */
+static int greedy_capped(const double *w, const int64_t *caps, int nd, int64_t s0, int64_t size, int16_t *pick,
+                         int64_t *nth, double *c) {
+    for (int64_t s = s0; s < size; ++s) {
         double sd = s > 1 ? (double)s : 1.0;
         int best = -1;
         double best_err = -INFINITY;
@@ -297,17 +309,28 @@ static PyObject *blending(PyObject *self, PyObject *args) {
         int16_t *pick = (int16_t *)pick_view.buf;
         int64_t *nth = (int64_t *)nth_view.buf;
         Py_BEGIN_ALLOW_THREADS
-        if (caps != NULL) {
-            status = greedy_capped(w, caps, (int)nd, size, pick, nth, counts);
-        } else if (nd == 1 || nd > 5) {
-            greedy_general(w, (int)nd, size, pick, nth, counts);
-        } else {
+        int64_t done = 0;
+        int spent_at_start = 0; /* a zero cap: excluded from the first pick on, the capped loop's job */
+        for (int64_t d = 0; caps != NULL && d < nd; ++d) {
+            spent_at_start |= caps[d] <= 0;
+        }
+        if (nd >= 2 && nd <= 5 && !spent_at_start) {
             switch (nd) {
-                case 2: greedy_2(w, size, pick, nth); break;
-                case 3: greedy_3(w, size, pick, nth); break;
-                case 4: greedy_4(w, size, pick, nth); break;
-                default: greedy_5(w, size, pick, nth); break;
+                case 2: done = greedy_2(w, caps, size, pick, nth, counts); break;
+                case 3: done = greedy_3(w, caps, size, pick, nth, counts); break;
+                case 4: done = greedy_4(w, caps, size, pick, nth, counts); break;
+                default: done = greedy_5(w, caps, size, pick, nth, counts); break;
             }
+        } else if (caps == NULL) {
+            greedy_general(w, (int)nd, size, pick, nth, counts);
+            done = size;
+        } else {
+            for (int64_t d = 0; d < nd; ++d) {
+                counts[d] = 0.0;
+            }
+        }
+        if (done < size) {
+            status = greedy_capped(w, caps, (int)nd, done, size, pick, nth, counts);
         }
         Py_END_ALLOW_THREADS
         if (status != 0) {
