@@ -102,6 +102,38 @@ def parse_line(line: bytes, json_keys: Sequence[str]) -> dict[str, str | list[st
     return out
 
 
+def parse_lines(lines: Sequence[bytes], json_keys: Sequence[str]) -> tuple[list[dict[str, str | list[str]]], list[tuple[int, str]]]:
+    """`parse_line` over many lines: (documents, [(line offset, reason) for each bad line]).
+
+    The common line (orjson parses it into an object whose requested keys all hold strings) is
+    handled inline; anything else goes through `parse_line`, so the verdicts are the same."""
+    docs: list[dict[str, str | list[str]]] = []
+    bad: list[tuple[int, str]] = []
+    keys = tuple(json_keys)
+    for offset, line in enumerate(lines):
+        if _fast_loads is not None:
+            try:
+                obj = _fast_loads(line)
+            except ValueError:
+                obj = None
+            if type(obj) is dict:
+                try:
+                    doc = {k: obj[k] for k in keys}
+                except KeyError:
+                    doc = None
+                if doc is not None and all(type(v) is str for v in doc.values()):
+                    docs.append(doc)
+                    continue
+        try:
+            doc = parse_line(line, json_keys)
+        except LineError as err:
+            bad.append((offset, str(err)))
+            continue
+        if doc is not None:
+            docs.append(doc)
+    return docs, bad
+
+
 @dataclass
 class BadLines:
     """Bad lines seen so far: the count and the first few locations."""

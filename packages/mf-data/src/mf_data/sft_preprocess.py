@@ -16,7 +16,6 @@ built under temporary names; the token index is renamed into place last.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 import time
@@ -30,7 +29,7 @@ from .chat import SFTKeys, conversation_from_json
 from .errors import InputError
 from .indexed_dataset import DType, get_bin_path, get_idx_path
 from .jsonl import BadLines, LineError, parse_json_line
-from .preprocess import Chunk, _chunks, _progress_bar, encode_in_order, open_builders, usable_workers
+from .preprocess import Chunk, _chunks, _progress_bar, encode_pool, open_builders, usable_workers
 from .sft_encode import ChatEncoder, load_tokenizer
 from .sft_indexed import loss_mask_prefix
 
@@ -165,10 +164,8 @@ def preprocess_sft(
         if workers == 1:
             results: Iterator[EncodedSFT] = (encode_sft_chunk(c, o, encoder) for c, o in tasks)
         else:
-            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-            pool = ctx.Pool(workers - 1, initializer=_init_worker, initargs=(tok.model_path, add_bos, use_template))
-            results = encode_in_order(tasks, pool, workers - 1, _encode_in_worker,
-                                      lambda task: encode_sft_chunk(*task, encoder))
+            pool, results = encode_pool(tasks, workers, _init_worker, (tok.model_path, add_bos, use_template),
+                                        _encode_in_worker)
         for enc in results:
             for path, number, reason in enc.bad:
                 if strict:
