@@ -1,4 +1,5 @@
-"""mf-models: model registry and definitions (llama, qwen3, deepseek_v3), HF loading and generation.
+"""mf-models: model registry and definitions (llama, qwen2, qwen3, deepseek_v3, mixtral, qwen3_moe), HF loading
+and generation.
 
     model = mf_models.build_model({"model_type": "qwen3", "hidden_size": 256, ...}, seed=0)
     logits = model(input_ids)                       # [B, S, V] float32
@@ -12,10 +13,11 @@
 The OpenAI-compatible HTTP server is `mf_models.serving` (extra `serve`: starlette, uvicorn).
 """
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 from .common.args import BaseArgs
 from .common.attention import KVCache
+from .common.balancing import RoutingStats, update_expert_bias
 from .common.parallel import ParallelOptions
 from .common.transformer import CausalLM, init_weights
 from .deepseek_v3 import DeepseekV3Args, DeepseekV3ForCausalLM
@@ -25,8 +27,11 @@ from .inference import InferenceEngine, SamplingParams, load_pretrained
 from .llama import LlamaArgs, LlamaForCausalLM
 from .lora import LoraLinear, adapter_state, apply_lora, linear_modules, load_adapter_state, lora_modules
 from .lora import describe_modules as describe_lora_modules
+from .mixtral import MixtralArgs, MixtralForCausalLM
 from .presets import tiny_model_section
+from .qwen2 import Qwen2Args, Qwen2ForCausalLM
 from .qwen3 import Qwen3Args, Qwen3ForCausalLM
+from .qwen3_moe import Qwen3MoeArgs, Qwen3MoeForCausalLM
 from .registry import (
     ModelSpec,
     available_models,
@@ -42,6 +47,8 @@ __all__ = [
     "__version__",
     "BaseArgs", "CausalLM", "InferenceEngine", "KVCache", "ModelConfigError", "ModelSpec", "ModelStateError",
     "LlamaArgs", "LlamaForCausalLM", "Qwen3Args", "Qwen3ForCausalLM", "DeepseekV3Args", "DeepseekV3ForCausalLM",
+    "Qwen2Args", "Qwen2ForCausalLM", "MixtralArgs", "MixtralForCausalLM", "Qwen3MoeArgs", "Qwen3MoeForCausalLM",
+    "RoutingStats", "update_expert_bias",
     "available_models", "build_args", "build_model", "generate", "init_weights", "load_hf", "load_state",
     "load_pretrained", "model_state", "register_model", "resolve_spec", "SamplingParams", "tiny_model_section",
     "LoraLinear", "adapter_state", "apply_lora", "describe_lora_modules", "linear_modules", "load_adapter_state",

@@ -13,8 +13,14 @@ from .deepseek_v3.parallelize import parallelize_deepseek_v3
 from .errors import ModelConfigError, did_you_mean
 from .llama import LlamaArgs, LlamaForCausalLM
 from .llama.parallelize import parallelize_llama
+from .mixtral import MixtralArgs, MixtralForCausalLM
+from .mixtral.parallelize import parallelize_mixtral
+from .qwen2 import Qwen2Args, Qwen2ForCausalLM
+from .qwen2.parallelize import parallelize_qwen2
 from .qwen3 import Qwen3Args, Qwen3ForCausalLM
 from .qwen3.parallelize import parallelize_qwen3
+from .qwen3_moe import Qwen3MoeArgs, Qwen3MoeForCausalLM
+from .qwen3_moe.parallelize import parallelize_qwen3_moe
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,11 @@ def register_model(spec: ModelSpec) -> None:
 for _spec in (ModelSpec("llama", "LlamaForCausalLM", LlamaArgs, LlamaForCausalLM, parallelize_llama),
               ModelSpec("qwen3", "Qwen3ForCausalLM", Qwen3Args, Qwen3ForCausalLM, parallelize_qwen3),
               ModelSpec("deepseek_v3", "DeepseekV3ForCausalLM", DeepseekV3Args, DeepseekV3ForCausalLM,
-                        parallelize_deepseek_v3)):
+                        parallelize_deepseek_v3),
+              ModelSpec("qwen2", "Qwen2ForCausalLM", Qwen2Args, Qwen2ForCausalLM, parallelize_qwen2),
+              ModelSpec("mixtral", "MixtralForCausalLM", MixtralArgs, MixtralForCausalLM, parallelize_mixtral),
+              ModelSpec("qwen3_moe", "Qwen3MoeForCausalLM", Qwen3MoeArgs, Qwen3MoeForCausalLM,
+                        parallelize_qwen3_moe)):
     register_model(_spec)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import mf_parallel as mp
 
-from ..common.parallel import ParallelOptions, check_divisible
+from ..common.parallel import ParallelOptions, check_balance_loss_tp, check_divisible, moe_plan, moe_units
 from ..llama.parallelize import feed_forward_plan, parallelize_dense
 
 
@@ -45,14 +45,6 @@ def attention_plan(prefix: str, attention) -> dict:
     return plan
 
 
-def moe_plan(prefix: str, moe) -> dict:
-    """Replicated MoE on sequence shards: every trainable leaf's gradient all-reduced over tp."""
-    plan = {prefix + ".router.gate": mp.SequenceParallel(), prefix + ".experts": mp.SequenceParallel()}
-    if moe.has_shared:
-        plan.update({f"{prefix}.shared_experts.{w}": mp.SequenceParallel() for w in ("w1", "w2", "w3")})
-    return plan
-
-
 def deepseek_block_plan(prefix: str, layer) -> dict:
     plan = {prefix + ".attention_norm": mp.SequenceParallel(),
             **attention_plan(prefix + ".attention", layer.attention),
@@ -65,16 +57,13 @@ def deepseek_block_plan(prefix: str, layer) -> dict:
 
 
 def check_tp(model, dims) -> None:
+    check_balance_loss_tp(model, dims)
     args = model.args
     dims.check_heads(args.num_attention_heads)
     sizes = {"vocab_size": args.vocab_size}
     if args.first_k_dense_replace > 0:
         sizes["intermediate_size"] = args.intermediate_size
     check_divisible(dims.tp, **sizes)
-
-
-def moe_units(block) -> list:
-    return [block.moe.router, block.moe.experts] if block.moe_enabled else []
 
 
 def parallelize_deepseek_v3(model, mesh, options: ParallelOptions | None = None):
