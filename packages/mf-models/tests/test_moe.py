@@ -166,7 +166,7 @@ def test_dropless_dispatch_equals_the_dense_reference(routing, block):
     for name, got, want in zip(("x", "weights", "w1", "w2", "w3"), grads, grads_ref):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=name)
     np.testing.assert_array_equal(load, np.bincount(idx.ravel(), minlength=e))
-    b = block or -(-t * k // e)
+    b = block or -(-t * k // (4 * e))
     assert counts[0] == 0 and counts[1] == max_blocks(t * k, e, b) * b - t * k
 
 

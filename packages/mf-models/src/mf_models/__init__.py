@@ -3,6 +3,8 @@ and generation.
 
     model = mf_models.build_model({"model_type": "qwen3", "hidden_size": 256, ...}, seed=0)
     logits = model(input_ids)                       # [B, S, V] float32
+    logits, aux_loss, tokens_per_expert, dispatch_counts = model.forward_train(input_ids)   # training forward
+    mf_models.update_expert_bias(model, step_tokens_per_expert)    # DeepSeek's aux-loss-free balancing
     model = mf_models.load_hf("path/to/hf_dir")     # config.json + safetensors via mf-ckpt
     out = mf_models.generate(model, prompt, max_new_tokens=20)
     mf_models.parallelize_model(model, mf_parallel.init_mesh(dims), mf_models.ParallelOptions())  # TP/SP, FSDP

@@ -23,7 +23,8 @@ from .router import TopKRouter
 
 
 class CausalLM(nn.Cell):
-    """`model(input_ids, position_ids=None, attention_mask=None) -> logits [B, S, V] float32`.
+    """`model(input_ids, position_ids=None, attention_mask=None) -> logits [B, S, V] float32`;
+    `model.forward_train(...)` adds the balance loss and the routing statistics (see there).
 
     - input_ids [B, S] int.
     - position_ids [B, S] int, default 0..S-1 (after the cached length when a KV cache is given);

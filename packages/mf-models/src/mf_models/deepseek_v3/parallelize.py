@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import mf_parallel as mp
 
-from ..common.parallel import ParallelOptions, check_balance_loss_tp, check_divisible, moe_plan, moe_units
-from ..llama.parallelize import feed_forward_plan, parallelize_dense
+from ..common.parallel import ParallelOptions, check_balance_loss_tp, check_divisible, moe_units
+from ..llama.parallelize import decoder_block_plan, parallelize_dense
 
 
 def attention_plan(prefix: str, attention) -> dict:
@@ -46,14 +46,7 @@ def attention_plan(prefix: str, attention) -> dict:
 
 
 def deepseek_block_plan(prefix: str, layer) -> dict:
-    plan = {prefix + ".attention_norm": mp.SequenceParallel(),
-            **attention_plan(prefix + ".attention", layer.attention),
-            prefix + ".ffn_norm": mp.SequenceParallel()}
-    if layer.moe_enabled:
-        plan.update(moe_plan(prefix + ".moe", layer.moe))
-    else:
-        plan.update(feed_forward_plan(prefix + ".feed_forward"))
-    return plan
+    return decoder_block_plan(prefix, layer, attention_plan)
 
 
 def check_tp(model, dims) -> None:

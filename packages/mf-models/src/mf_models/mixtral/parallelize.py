@@ -13,22 +13,8 @@ A balance loss (`output_router_logits: true`) under tensor parallelism is refuse
 
 from __future__ import annotations
 
-import mf_parallel as mp
-
-from ..common.parallel import ParallelOptions, check_balance_loss_tp, check_divisible, moe_plan, moe_units
-from ..llama.parallelize import attention_plan, feed_forward_plan, parallelize_dense
-
-
-def moe_block_plan(prefix: str, layer, attention=attention_plan) -> dict:
-    """Norms, `attention(prefix.attention, module)`, then the block's MoE or dense MLP."""
-    plan = {prefix + ".attention_norm": mp.SequenceParallel(),
-            **attention(prefix + ".attention", layer.attention),
-            prefix + ".ffn_norm": mp.SequenceParallel()}
-    if layer.moe_enabled:
-        plan.update(moe_plan(prefix + ".moe", layer.moe))
-    else:
-        plan.update(feed_forward_plan(prefix + ".feed_forward"))
-    return plan
+from ..common.parallel import ParallelOptions, check_balance_loss_tp, check_divisible, moe_units
+from ..llama.parallelize import decoder_block_plan, parallelize_dense
 
 
 def check_moe_tp(model, dims) -> None:
@@ -44,5 +30,5 @@ def check_moe_tp(model, dims) -> None:
 
 def parallelize_mixtral(model, mesh, options: ParallelOptions | None = None):
     """Shard `model` (a MixtralForCausalLM) in place for `mesh`; returns it. Before the first call."""
-    return parallelize_dense(model, mesh, options or ParallelOptions(), "mixtral", moe_block_plan, check_moe_tp,
+    return parallelize_dense(model, mesh, options or ParallelOptions(), "mixtral", decoder_block_plan, check_moe_tp,
                              moe_units)
