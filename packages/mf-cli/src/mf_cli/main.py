@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "eval": "loss, perplexity and token accuracy of a checkpoint on held-out data (mf eval CONFIG)",
     "generate": "generate text from a predict YAML, an mf checkpoint or an HF directory",
     "serve": "serve a model over HTTP with an OpenAI-compatible API (continuous batching)",
+    "plan": "the parallel layout, pipeline stages and schedule timeline of a YAML, with its bubble (mf plan CONFIG)",
 }
 
 # Sub-commands that hand their whole argument list to another package's own CLI.

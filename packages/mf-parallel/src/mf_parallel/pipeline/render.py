@@ -61,7 +61,15 @@ def save_png(sim: Simulation, path: str, title: str | None = None) -> None:
             if end - start >= 0.6 * min(sim.costs.F, sim.costs.B, sim.costs.W):
                 ax.text(float(start + end) / 2, y + 0.5, _label(action), ha="center", va="center", fontsize=6,
                         color="white")
+    from matplotlib.patches import Patch
+
+    names = {"F": "forward", "B": "input grad (dx)" if sim.schedule.split_backward else "backward",
+             "W": "weight grad (dw)", "FB": "forward + backward"}
+    used = {"FB" if isinstance(a, Combined) else a.op for line in sim.ranks for _, _, a in line.intervals}
+    ax.legend(handles=[Patch(color=_COLOURS[k], label=names[k]) for k in ("F", "B", "W", "FB") if k in used],
+              loc="upper right", fontsize=7, ncol=4)
     ax.set_yticks([pp - 1 - r + 0.5 for r in range(pp)], [f"rank {r}" for r in range(pp)])
+    ax.set_ylim(0, pp + 0.6)
     ax.set_xlim(0, float(sim.makespan))
     ax.set_xlabel("time (units of the costs)")
     ax.set_title(title or sim.schedule.describe(), fontsize=9)

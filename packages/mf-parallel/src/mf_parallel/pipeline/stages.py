@@ -271,7 +271,8 @@ class StageLayout:
         for r in range(self.placement.pp):
             parts = []
             for info in self.chunks(r):
-                span = f"layers {info.layers[0]}-{info.layers[-1]}" if info.layers else "no layers"
+                ids = info.layers
+                span = ("no layers" if not ids else f"layer {ids[0]}" if len(ids) == 1 else f"layers {ids[0]}-{ids[-1]}")
                 text = ("embedding + " if info.first else "") + span + (" + head" if info.last else "")
                 parts.append(f"v{info.stage} {text}")
             rows.append(f"rank {r}: " + ", ".join(parts))
