@@ -5,6 +5,7 @@
     model = mf_models.load_hf("path/to/hf_dir")     # config.json + safetensors via mf-ckpt
     out = mf_models.generate(model, prompt, max_new_tokens=20)
     mf_models.parallelize_model(model, mf_parallel.init_mesh(dims), mf_models.ParallelOptions())  # TP/SP, FSDP
+    stage = mf_models.pipeline_stage(model, layout, pp_rank)   # a pipeline rank's chunks (common/pipeline.py)
     adapted = mf_models.apply_lora(model, ".*w[qv]", rank=8, alpha=16.0)   # LoRA adapters (mf_models.lora)
     engine = mf_models.InferenceEngine(model, max_slots=8)   # continuous batching (mf_models.inference)
     done = engine.generate([[1, 5, 9], [1, 7]], mf_models.SamplingParams(max_new_tokens=32))
@@ -17,6 +18,7 @@ __version__ = "0.4.0"
 from .common.args import BaseArgs
 from .common.attention import KVCache
 from .common.parallel import ParallelOptions
+from .common.pipeline import PipelineChunk, PipelineStage, pipeline_stage
 from .common.transformer import CausalLM, init_weights
 from .deepseek_v3 import DeepseekV3Args, DeepseekV3ForCausalLM
 from .errors import ModelConfigError, ModelStateError
@@ -47,4 +49,5 @@ __all__ = [
     "LoraLinear", "adapter_state", "apply_lora", "describe_lora_modules", "linear_modules", "load_adapter_state",
     "lora_modules",
     "ParallelOptions", "parallelize_model",
+    "PipelineChunk", "PipelineStage", "pipeline_stage",
 ]

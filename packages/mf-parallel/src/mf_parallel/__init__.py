@@ -11,7 +11,8 @@ from mf_parallel.errors import ParallelConfigError
 
 _PIPELINE = ("PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "pipeline_from_config", "build_schedule",
              "validate_schedule", "simulate_schedule", "Costs", "Schedule", "ScheduleError", "text_timeline",
-             "PipelineExecutor", "StepResult")
+             "PipelineExecutor", "StepResult", "register_weight_grad_split", "defer_weight_grads",
+             "WeightGradStash")
 
 __all__ = [
     "__version__", "AXES", "GROUP_NAMES", "ParallelDims", "ParallelConfigError",

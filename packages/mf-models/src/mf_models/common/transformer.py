@@ -54,6 +54,15 @@ class CausalLM(nn.Cell):
     def hidden_states(self, input_ids, position_ids=None, attention_mask=None, cache=None):
         """The final-norm hidden states [B, S, H]: `construct` without the output projection, for
         callers that need the logits of a few positions only (generation's last position)."""
+        cos, sin, mask = self.rotary_and_mask(input_ids, position_ids, attention_mask, cache)
+        h = self.tok_embeddings(input_ids).astype(self.compute_dtype)
+        for layer in self.layers:
+            h = layer(h, cos, sin, mask, cache)
+        return self.norm(h)
+
+    def rotary_and_mask(self, input_ids, position_ids=None, attention_mask=None, cache=None):
+        """(cos, sin, mask) every decoder block takes, from the batch's ids, positions and mask (a
+        pipeline stage computes them for its own blocks: only hidden states travel between stages)."""
         batch, seq = input_ids.shape
         if cache is None:
             query_positions = ops.arange(0, seq, dtype=ms.int32)
@@ -64,10 +73,7 @@ class CausalLM(nn.Cell):
         if position_ids is None:
             position_ids = ops.broadcast_to(query_positions.reshape(1, seq), (batch, seq))
         cos, sin = self.rope(position_ids)
-        h = self.tok_embeddings(input_ids).astype(self.compute_dtype)
-        for layer in self.layers:
-            h = layer(h, cos, sin, mask, cache)
-        return self.norm(h)
+        return cos, sin, mask
 
     def head(self, h):
         """Logits (float32) of hidden states [..., H]."""

@@ -36,10 +36,11 @@ __all__ = [
     "pipeline_from_config", "resolve_pipeline", "save_png", "simulate_schedule", "text_timeline",
     "validate_schedule",
     # MindSpore (lazy)
-    "PipelineExecutor", "StepResult", "defer_weight_grads",
+    "PipelineExecutor", "StepResult", "defer_weight_grads", "register_weight_grad_split", "WeightGradStash",
 ]
 
-_LAZY = {"PipelineExecutor": "executor", "StepResult": "executor", "defer_weight_grads": "weight_grad"}
+_LAZY = {"PipelineExecutor": "executor", "StepResult": "executor",
+         **{name: "weight_grad" for name in ("defer_weight_grads", "register_weight_grad_split", "WeightGradStash")}}
 
 
 def __getattr__(name: str):
