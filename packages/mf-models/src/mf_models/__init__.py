@@ -13,7 +13,7 @@
 The OpenAI-compatible HTTP server is `mf_models.serving` (extra `serve`: starlette, uvicorn).
 """
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 from .common.args import BaseArgs
 from .common.attention import KVCache
