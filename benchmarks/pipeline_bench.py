@@ -5,7 +5,8 @@ measured idle time against the simulator's prediction for the costs measured in 
 
 Model: mf-models' llama (d 128, 4 layers, seq 64, vocab 512, tied embeddings), 8 micro-batches of 2
 sequences per step, PyNative (the executor's mode). The one-process reference runs the same
-micro-batches on rank 0 while rank 1 waits. Medians of TIMED steps after WARMUP.
+micro-batches in the launching process before the ranks start (alone on the machine, as a rank
+waiting in a collective may keep a core busy). Medians of TIMED steps after WARMUP.
 
 On CPU the ranks share two cores and MCCL's p2p is a blocking all-reduce (no overlap), so the
 ratio shows the cost of pipelining here (recomputed forwards, rendezvous waits), not a speed-up.
@@ -72,15 +73,6 @@ def worker() -> None:
     mesh = mp.init_mesh(mp.ParallelDims(2, pp=2))
     rank = mesh.rank
     mbs = micro_batches()
-    times = []
-    for i in range(WARMUP + TIMED):
-        mp.barrier(mesh["world"])
-        if rank == 0:
-            seconds = one_process_step(mf_models.build_model(MODEL, seed=0), mbs)
-            times.append(seconds) if i >= WARMUP else None
-        mp.barrier(mesh["world"])
-    if rank == 0:
-        print("BENCH " + json.dumps({"name": "one_process", "seconds": statistics.median(times)}), flush=True)
     for name, (schedule, interleave, flags) in SCHEDULES.items():
         spec = mp.resolve_pipeline(2, schedule, interleave, **flags)
         layout = mp.StageLayout.build(spec, mf_config.pipeline_layer_placement(
@@ -107,7 +99,16 @@ def worker() -> None:
                                      "recomputed": M * plan.chunks - len(executor.keep_tape)}), flush=True)
 
 
+def reference_step_time() -> float:
+    """One process, no peers (a rank waiting in a collective may spin a core): median step time."""
+    ms.set_context(mode=ms.PYNATIVE_MODE, pynative_synchronize=True)
+    model, mbs = mf_models.build_model(MODEL, seed=0), micro_batches()
+    times = [one_process_step(model, mbs) for _ in range(WARMUP + TIMED)][WARMUP:]
+    return statistics.median(times)
+
+
 def main() -> int:
+    ref = reference_step_time()
     with tempfile.TemporaryDirectory() as tmp:
         quiet = open(os.devnull, "w")
         rc = mp.launch(2, [__file__], Path(tmp) / "logs", env={**os.environ, "MF_BENCH_WORKER": "1"},
@@ -117,7 +118,6 @@ def main() -> int:
         print(logs[0][-3000:], logs[1][-3000:])
         return rc
     results = [json.loads(line.split("BENCH ", 1)[1]) for log in logs for line in log.splitlines() if "BENCH " in line]
-    ref = next(r["seconds"] for r in results if r["name"] == "one_process")
     for name in SCHEDULES:
         rows = sorted((r for r in results if r["name"] == name), key=lambda r: r["rank"])
         step = max(r["seconds"] for r in rows)
