@@ -88,12 +88,13 @@ def worker() -> None:
             if i >= WARMUP:
                 steps.append((time.perf_counter() - t0, result))
         seconds, result = sorted(steps, key=lambda s: s[0])[len(steps) // 2]
-        spans = {"F": [], "B": [], "W": []}
-        for label, start, end in result.actions:
-            if label[0] in spans and "[" not in label and "+" not in label:
-                spans[label[0]].append(end - start)
-        costs = mp.Costs(*(float(np.mean(v)) if v else 1e-9 for v in spans.values()))
-        sim = {mode: mp.simulate_schedule(plan, costs, mode).ranks[rank] for mode in ("async", "rendezvous")}
+        table = np.zeros((plan.pp * plan.chunks, 3), np.float32)
+        for stage, c in result.stage_costs().items():
+            table[stage] = (c.F, c.B, c.W)
+        table = mp.all_reduce(Tensor(table), mesh["world"]).asnumpy()     # every stage's measured costs
+        costs = {v: mp.Costs(*(float(max(x, 1e-9)) for x in row)) for v, row in enumerate(table)}
+        sim = {mode: mp.simulate_schedule(plan, p2p=mode, stage_costs=costs).ranks[rank]
+               for mode in ("async", "rendezvous")}
         print("BENCH " + json.dumps({"name": name, "rank": rank, "seconds": seconds, "idle": result.idle_seconds,
                                      "span": result.span_seconds, "sim_idle": {k: float(v.idle) for k, v in sim.items()},
                                      "recomputed": M * plan.chunks - len(executor.keep_tape)}), flush=True)

@@ -141,14 +141,13 @@ def sgd(params, grads) -> None:
         p.set_data(p - LR * (g if isinstance(g, Tensor) else Tensor(g)))
 
 
-def measured_costs(result: mp.StepResult) -> mp.Costs:
-    """Mean time of this rank's F, B, W actions in the run (seconds)."""
-    spans = {"F": [], "B": [], "W": []}
-    for label, start, end in result.actions:
-        if label[0] in spans and "+" not in label and "[" not in label:
-            spans[label[0]].append(end - start)
-    mean = {k: (float(np.mean(v)) if v else 1e-9) for k, v in spans.items()}
-    return mp.Costs(mean["F"], mean["B"], mean["W"])
+def measured_stage_costs(result: mp.StepResult, schedule, world_group) -> dict[int, mp.Costs]:
+    """Every virtual stage's mean F, B, W seconds in this step (each rank measures its own)."""
+    table = np.zeros((schedule.pp * schedule.chunks, 3), np.float32)
+    for stage, c in result.stage_costs().items():
+        table[stage] = (c.F, c.B, c.W)
+    table = mp.all_reduce(Tensor(table), world_group).asnumpy()
+    return {v: mp.Costs(*(float(max(x, 1e-9)) for x in table[v])) for v in range(len(table))}
 
 
 def run_case(name: str, mesh, rank: int) -> None:
@@ -185,11 +184,11 @@ def run_case(name: str, mesh, rank: int) -> None:
          f"equal to the one-process table after two SGD steps: {tied_equal}",
          worst=worst, params=names, losses=losses, tied=len(stage.tied))
     # Timing of the second step: measured per rank vs the simulator for the costs measured in it.
-    costs = measured_costs(result)
-    sims = {mode: mp.simulate_schedule(schedule, costs, mode) for mode in ("async", "rendezvous")}
+    costs = measured_stage_costs(result, schedule, mesh["world"])
+    sims = {mode: mp.simulate_schedule(schedule, p2p=mode, stage_costs=costs) for mode in ("async", "rendezvous")}
     emit(f"pp_time[{name}]", True, "", step_seconds=seconds / 2, one_process_seconds=ref_seconds,
          compute=result.compute_seconds, comm=result.comm_seconds, span=result.span_seconds,
-         idle=result.idle_seconds, costs=[costs.F, costs.B, costs.W],
+         idle=result.idle_seconds, costs={v: [c.F, c.B, c.W] for v, c in costs.items()},
          sim_idle={mode: float(s.ranks[rank].idle) for mode, s in sims.items()},
          sim_span={mode: float(s.ranks[rank].span) for mode, s in sims.items()},
          recomputed=schedule.microbatches * schedule.chunks - len(executor.keep_tape))

@@ -246,3 +246,13 @@ def test_planning_imports_no_mindspore():
             "mp.validate_schedule(s); mp.simulate_schedule(s); mp.text_timeline(mp.simulate_schedule(s)); "
             "assert 'mindspore' not in sys.modules, sorted(m for m in sys.modules if 'mindspore' in m)[:3]")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_per_stage_costs():
+    s = _schedule(4, 8)
+    uniform = simulate(s, Costs(1, 2, 1))
+    same = simulate(s, Costs(5, 5, 5), stage_costs={v: Costs(1, 2, 1) for v in range(4)})
+    assert [r.idle for r in same.ranks] == [r.idle for r in uniform.ranks]
+    # a last stage twice as slow (head + loss): the others wait for it, it never waits
+    heavy = simulate(s, Costs(1, 2, 1), stage_costs={3: Costs(2, 4, 2)})
+    assert heavy.ranks[3].idle == 0 and heavy.ranks[0].idle > uniform.ranks[0].idle

@@ -52,6 +52,7 @@ from mf_parallel.collectives import AllReduce
 from mf_parallel.errors import ParallelConfigError
 from mf_parallel.mesh import Group, make_group
 from mf_parallel.pipeline.actions import Combined, Comm, Compute, Message, Schedule
+from mf_parallel.pipeline.dataflow import Costs
 from mf_parallel.pipeline.p2p import PairChannel
 from mf_parallel.pipeline.stages import Placement
 from mf_parallel.pipeline.weight_grad import WeightGradStash, defer_weight_grads
@@ -88,7 +89,20 @@ class StepResult:
     compute_seconds: float = 0.0                 # inside F / B / W
     comm_seconds: float = 0.0                    # inside Comms: waiting for the peer and moving data
     span_seconds: float = 0.0                    # first computation's start .. last one's end
-    actions: list[tuple[str, float, float]] = field(default_factory=list)   # (label, start, end), s from step start
+    actions: list[tuple[Any, float, float]] = field(default_factory=list)   # (action, start, end), s from step start
+
+    def stage_costs(self) -> dict[int, Costs]:
+        """Mean seconds of this rank's F, B, W per local virtual stage, as simulator costs (a
+        backward that recomputes its forward counts whole; unsplit, B is the whole backward)."""
+        spans: dict[tuple[int, str], list[float]] = {}
+        for action, start, end in self.actions:
+            if isinstance(action, Compute):
+                spans.setdefault((action.stage, action.op), []).append(end - start)
+        out, tiny = {}, 1e-9                     # Costs must be positive; an unsplit step has no W
+        for stage in sorted({s for s, _ in spans}):
+            mean = {op: sum(v) / len(v) for (s, op), v in spans.items() if s == stage}
+            out[stage] = Costs(mean.get("F", tiny), mean.get("B", tiny), mean.get("W", tiny))
+        return out
 
     @property
     def idle_seconds(self) -> float:
@@ -215,7 +229,7 @@ class PipelineExecutor:
                 result.compute_seconds += t1 - t0
                 first = t0 if first is None else first
                 last = t1
-            result.actions.append((action.label(), t0 - start, t1 - start))
+            result.actions.append((action, t0 - start, t1 - start))
         leftovers = {name: len(d) for name, d in (("activations", self.tapes), ("received", self.inbox),
                                                     ("unsent", self.outbox)) if d}
         if leftovers or len(self.stash):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from mf_parallel.errors import ParallelConfigError
 from mf_parallel.pipeline.actions import Combined, Comm, Compute, Schedule, computes
-from mf_parallel.pipeline.dataflow import Costs, action_cost
+from mf_parallel.pipeline.dataflow import Costs
 from mf_parallel.pipeline.stages import Placement
 
 P2P_MODES = ("async", "blocking", "rendezvous")
@@ -82,9 +82,12 @@ def _input_messages(placement: Placement, c: Compute, rank: int) -> list[tuple]:
     return []
 
 
-def simulate(schedule: Schedule, costs: Costs | None = None, p2p: str = "async") -> Simulation:
-    """Time `schedule`'s action lists (see the module docstring)."""
+def simulate(schedule: Schedule, costs: Costs | None = None, p2p: str = "async",
+             stage_costs: dict[int, Costs] | None = None) -> Simulation:
+    """Time `schedule`'s action lists (see the module docstring). `stage_costs` gives some virtual
+    stages their own costs (e.g. measured ones: the last stage also runs the head and the loss)."""
     costs = costs or Costs()
+    stage_costs = stage_costs or {}
     if p2p not in P2P_MODES:
         raise ParallelConfigError(f"simulate: p2p must be one of {', '.join(P2P_MODES)}, got {p2p!r}")
     placement = Placement(schedule.pp, schedule.chunks, schedule.style)
@@ -104,7 +107,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, p2p: str = "async")
         if p2p == "async" and any(k not in sent_at for k in needs):
             return False
         start = max([clock[r], *(sent_at[k] for k in needs)]) if p2p == "async" else clock[r]
-        cost = action_cost(action, costs, split)
+        cost = sum(stage_costs.get(c.stage, costs).of(c.op, split) for c in parts)
         line = out[r]
         if not line.intervals:
             line.first = start
