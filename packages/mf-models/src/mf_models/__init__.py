@@ -8,6 +8,7 @@ and generation.
     model = mf_models.load_hf("path/to/hf_dir")     # config.json + safetensors via mf-ckpt
     out = mf_models.generate(model, prompt, max_new_tokens=20)
     mf_models.parallelize_model(model, mf_parallel.init_mesh(dims), mf_models.ParallelOptions())  # TP/SP, FSDP
+    stage = mf_models.pipeline_stage(model, layout, pp_rank)   # a pipeline rank's chunks (common/pipeline.py)
     adapted = mf_models.apply_lora(model, ".*w[qv]", rank=8, alpha=16.0)   # LoRA adapters (mf_models.lora)
     engine = mf_models.InferenceEngine(model, max_slots=8)   # continuous batching (mf_models.inference)
     done = engine.generate([[1, 5, 9], [1, 7]], mf_models.SamplingParams(max_new_tokens=32))
@@ -50,6 +51,7 @@ __all__ = [
     "tiny_model_section", "LoraLinear", "adapter_state", "apply_lora", "describe_lora_modules", "linear_modules",
     "load_adapter_state", "lora_modules",
     "ParallelOptions", "parallelize_model", "tensor_parallel_problems",
+    "PipelineChunk", "PipelineStage", "pipeline_stage",
 ]
 
 # name -> (module, attribute): the parts that need MindSpore, imported on first use.
@@ -76,6 +78,7 @@ _LAZY = {
     "tiny_model_section": ("presets", "tiny_model_section"),
     **{name: ("state", name) for name in ("load_hf", "load_state", "model_state")},
     "load_weights": ("weights", "load_weights"),
+    **{name: ("common.pipeline", name) for name in ("PipelineChunk", "PipelineStage", "pipeline_stage")},
 }
 
 

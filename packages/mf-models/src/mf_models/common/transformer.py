@@ -83,16 +83,7 @@ class CausalLM(nn.Cell):
     def trunk(self, input_ids, position_ids, attention_mask, cache, train):
         """(hidden states, logits | None, aux_loss, tokens_per_expert, dispatch_counts); `train` is
         a Python constant (the logits and statistics are built only when it is True)."""
-        batch, seq = input_ids.shape
-        if cache is None:
-            query_positions = ops.arange(0, seq, dtype=ms.int32)
-            mask = causal_mask(seq, seq, attention_mask)
-        else:
-            query_positions = cache.begin(seq)
-            mask = cache.causal_mask(query_positions, attention_mask)
-        if position_ids is None:
-            position_ids = ops.broadcast_to(query_positions.reshape(1, seq), (batch, seq))
-        cos, sin = self.rope(position_ids)
+        cos, sin, mask = self.rotary_and_mask(input_ids, position_ids, attention_mask, cache)
         h = self.tok_embeddings(input_ids).astype(self.compute_dtype)
         loads, counts, aux_counts, aux_sums = [], [], [], []
         for layer in self.layers:
@@ -110,12 +101,28 @@ class CausalLM(nn.Cell):
         logits = self.head(h)
         if not loads:
             return h, logits, ops.zeros((), ms.float32), ops.zeros((0, 1), ms.float32), ops.zeros((0, 2), ms.float32)
+        seq = input_ids.shape[1]
         aux = balance_loss(self.balance, self.num_experts, self.top_k, seq, ops.stack(aux_counts), ops.stack(aux_sums))
         return h, logits, aux, ops.stack(loads), ops.stack(counts)
 
     def moe_layer_ids(self) -> list[int]:
         """Decoder layers with a routed MoE (the rows of `forward_train`'s statistics)."""
         return [i for i, layer in enumerate(self.layers) if layer.moe_enabled]
+
+    def rotary_and_mask(self, input_ids, position_ids=None, attention_mask=None, cache=None):
+        """(cos, sin, mask) every decoder block takes, from the batch's ids, positions and mask (a
+        pipeline stage computes them for its own blocks: only hidden states travel between stages)."""
+        batch, seq = input_ids.shape
+        if cache is None:
+            query_positions = ops.arange(0, seq, dtype=ms.int32)
+            mask = causal_mask(seq, seq, attention_mask)
+        else:
+            query_positions = cache.begin(seq)
+            mask = cache.causal_mask(query_positions, attention_mask)
+        if position_ids is None:
+            position_ids = ops.broadcast_to(query_positions.reshape(1, seq), (batch, seq))
+        cos, sin = self.rope(position_ids)
+        return cos, sin, mask
 
     def head(self, h):
         """Logits (float32) of hidden states [..., H]."""
