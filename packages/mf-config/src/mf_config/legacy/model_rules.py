@@ -39,8 +39,8 @@ def migrate_model(m: Migration) -> None:
         return  # the engine reports a missing model section
     _identify(m)
     _variant(m)
-    _hyper_parameters(m)
     _params_dtype(m)
+    _hyper_parameters(m)
     _structure_switches(m)
     _intermediate_size(m)
     _rope_scaling(m)
