@@ -323,7 +323,6 @@ def _dry_run(args) -> int:
     Without prompts (neither flags nor inference.prompts / input_file) the config is checked as
     `mf serve` checks it, with the prompts left to the real run."""
     import mf_config
-
     from mf_cli.checks import check, load_config
 
     if not os.path.isfile(args.source):

@@ -8,7 +8,6 @@ up) get one summary line; renames and derivations get a line each.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from mf_config.errors import ConfigError, fmt_value
