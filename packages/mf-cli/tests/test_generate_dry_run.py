@@ -42,8 +42,8 @@ def test_dry_run_imports_no_mindspore(tmp_path):
     import subprocess
 
     path = _write(tmp_path, PREDICT)
-    code = ("import sys; from mf_cli.main import main; rc = main(['generate', %r, '--dry-run']); "
-            "print('mindspore' in sys.modules); sys.exit(rc)" % path)
+    code = (f"import sys; from mf_cli.main import main; rc = main(['generate', {path!r}, '--dry-run']); "
+            "print('mindspore' in sys.modules); sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "False", done.stderr
 
