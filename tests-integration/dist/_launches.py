@@ -20,7 +20,7 @@ WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", "fsdp2_tp2_f
 # Context parallelism (_cp_worker.py): attention Cells first, then these model cases, one launch each.
 CP_WORKER = HERE / "_cp_worker.py"
 CP_WORLD2_CASES = ("llama_cp2_colossal", "qwen3_cp2_colossal", "llama_cp2_ulysses", "qwen3_cp2_ulysses",
-                   "llama_cp2_packed", "qwen3_cp2_packed", "deepseek_v3_cp2_colossal", "llama_cp2_colossal_graph")
+                   "llama_cp2_packed_graph", "qwen3_cp2_packed", "deepseek_v3_cp2_packed")
 CP_WORLD4_CASES = ("llama_cp4_hybrid", "qwen3_cp4_hybrid", "llama_cp2_tp2", "qwen3_cp2_tp2", "llama_cp2_fsdp2",
                    "qwen3_cp2_fsdp2")
 
