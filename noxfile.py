@@ -111,14 +111,36 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "packages", "tests-integration", "benchmarks", "noxfile.py", "conftest.py")
 
 
+REFERENCE_VENV = ROOT / "benchmarks" / ".work" / "torchvenv"
+
+
+def _reference_venv(session: nox.Session) -> Path:
+    """The benchmarks' references (torch CPU, megatron-core) in their own venv, made with pip.
+
+    pip, not uv: this machine's pip configuration finds the CPU wheel of torch on local disk,
+    where uv would fetch a multi-GB CUDA build. Reinstalled when the requirements file changes.
+    """
+    requirements = ROOT / "benchmarks" / "requirements-reference.txt"
+    python = REFERENCE_VENV / "bin" / "python"
+    stamp = REFERENCE_VENV / ".mf-requirements"
+    wanted = requirements.read_text()
+    if not python.exists():
+        session.run("python3", "-m", "venv", str(REFERENCE_VENV), external=True)
+    if not stamp.exists() or stamp.read_text() != wanted:
+        session.run(str(python), "-m", "pip", "install", "--quiet", "-r", str(requirements), external=True)
+        stamp.write_text(wanted)
+    return python
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks: each prints `name: ours X, reference Y, ratio Z`. Not in the default suite."""
     _install_local(session, _all_packages(), with_tests=[])
     session.install("-r", str(ROOT / "benchmarks" / "requirements.txt"))
+    reference = _reference_venv(session)
     scripts = session.posargs or sorted(str(p) for p in (ROOT / "benchmarks").glob("*_bench.py"))
     for script in scripts:
-        session.run("python", script, env={"GLOG_v": "3"})
+        session.run("python", script, env={"GLOG_v": "3", "MF_BENCH_TORCH_PYTHON": str(reference)})
 
 
 nox.options.sessions = ["lint", *PACKAGE_ORDER, "integration", "dist"]

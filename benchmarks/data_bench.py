@@ -1,10 +1,16 @@
 """mf-data benchmarks: each line is `name: ours X, reference Y, ratio Z`, measured side by side.
 
-1. index_build: GPTDataset's document/sample/shuffle indices for 100M tokens, seq 4096, 3 epochs.
-   Reference: the same build with the sample index computed by a Python loop that follows
-   Megatron's C++ walk step by step (`mf_data._reference`), and Megatron-Core's compiled helpers
-   when `megatron.core` is importable (skipped, with the reason, otherwise).
-   ratio = reference time / ours (> 1: ours is faster). Target: at least Megatron's speed.
+1. Index building against Megatron-Core 0.16.1's compiled helpers (`megatron.core.datasets.
+   helpers_cpp`, run in the reference venv: see _references.py), on the same inputs, with the
+   arrays checked identical to Megatron's before anything is timed:
+   - sample_index: `build_sample_idx` alone (Megatron's Python wrapper around its C++ walk, as
+     GPTDataset calls it) for 100M tokens, seq 4096, 3 epochs;
+   - index_build: the whole GPTDataset build (document index, sample index, shuffle index; the
+     two shuffles are numpy's RandomState in both, Megatron's own functions on its side);
+   - blend_indices / blend_indices_exhaustive: BlendedDataset's indices (arrays allocated and
+     filled as Megatron's BlendedDataset does), 3 datasets and 12 datasets.
+   ratio = reference time / ours (> 1: ours is faster). Target >= 1. mf-data's numpy fallback
+   (what runs when its C extension was not built) is timed too, for information.
 2. sample_reads: random samples (seq 4096, batches of 8) read through the dataset's indices,
    vs raw `np.memmap` slicing of exactly the same bytes with the offsets precomputed.
    ratio = ours samples/s / reference samples/s. Target >= 0.7. `sample_columns` adds the cost
@@ -29,16 +35,18 @@ import multiprocessing
 import os
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import redirect_stderr
+from contextlib import contextmanager, redirect_stderr
+from pathlib import Path
 
 import numpy as np
+from _references import SETUP_HINT, reference_python
 
 from mf_data import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig, IndexedDatasetBuilder, helpers
-from mf_data._reference import build_sample_idx_loop
 
 
 def line(name: str, ours: str, reference: str, ratio: float, note: str = "") -> None:
@@ -76,7 +84,50 @@ def write_index_only(prefix: str, lengths: np.ndarray, dtype=np.uint16) -> None:
         f.truncate(int(lengths.sum()) * itemsize)
 
 
-def bench_index_build(workdir: str, total_tokens: int, seq: int, n_rounds: int) -> None:
+MEGATRON_PROBE = "import megatron.core.datasets.helpers_cpp"
+
+
+class MegatronWorker:
+    """Megatron-Core's index builders in the reference interpreter, timed there (no IPC inside
+    the clock); requests and replies are JSON lines, arrays go through .npy files."""
+
+    def __init__(self, python: str, workdir: str) -> None:
+        self.workdir = workdir
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        self.proc = subprocess.Popen([python, str(Path(__file__).with_name("_megatron_worker.py"))], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        self.info = json.loads(self.proc.stdout.readline() or '{"ready": false, "error": "worker died"}')
+
+    def call(self, op: str, **kwargs) -> dict:
+        self.proc.stdin.write(json.dumps({"op": op, **kwargs}) + "\n")
+        self.proc.stdin.flush()
+        reply = json.loads(self.proc.stdout.readline() or '{"error": "worker died"}')
+        if "error" in reply:
+            raise RuntimeError(f"megatron worker: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+@contextmanager
+def _numpy_helpers():
+    """mf_data.helpers on its numpy versions (its C extension set aside) inside the block."""
+    saved = helpers._compiled
+    helpers._compiled = None
+    try:
+        yield
+    finally:
+        helpers._compiled = saved
+
+
+def _same(ours: dict[str, np.ndarray], path: str) -> list[str]:
+    with np.load(path) as theirs:
+        return [k for k in theirs.files if not (ours[k].dtype == theirs[k].dtype and np.array_equal(ours[k], theirs[k]))]
+
+
+def bench_index_build(workdir: str, total_tokens: int, seq: int, n_rounds: int, mega: MegatronWorker | None) -> None:
     rng = np.random.default_rng(0)
     lengths = np.clip(rng.lognormal(6.5, 1.0, size=total_tokens // 500), 16, 32000).astype(np.int64)
     lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), total_tokens)) + 1]
@@ -90,50 +141,88 @@ def bench_index_build(workdir: str, total_tokens: int, seq: int, n_rounds: int) 
     plan = gpt._plan()
     assert plan["epochs"] == 3, plan
     sizes = gpt.dataset.sequence_lengths
+    doc = np.asarray(gpt.document_index)
+    inputs = os.path.join(workdir, "index_inputs.npz")
+    np.savez(inputs, sizes=sizes, documents=gpt.indices, document_index=doc)
+    args = {"inputs": inputs, "seq": seq, "epochs": plan["epochs"], "tokens": plan["tokens"], "seed": cfg.random_seed,
+            "separate": int(plan["separate"]), "first": plan["sans_final"]}
 
-    def build(sample_idx: Callable[..., np.ndarray]) -> tuple[np.ndarray, ...]:
-        rs = np.random.RandomState(cfg.random_seed)
-        doc = helpers.build_document_index(gpt.indices, plan["epochs"], rs, plan["separate"])
-        sample = sample_idx(sizes, doc, seq, plan["epochs"], plan["tokens"], True, True)
-        n = sample.shape[0] - 1
-        shuffle = helpers.build_shuffle_index(plan["sans_final"] if plan["separate"] else n, n, rs)
-        return doc, sample, shuffle
+    def sample_index() -> np.ndarray:
+        return helpers.build_sample_idx(sizes, doc, seq, plan["epochs"], plan["tokens"], True, True)
 
-    ours_out = build(helpers.build_sample_idx)
-    ref_out = build(build_sample_idx_loop)
-    assert all(np.array_equal(a, b) for a, b in zip(ours_out, ref_out)), "vectorised and loop indices differ"
-    assert all(np.array_equal(a, b) for a, b in zip(ours_out, (gpt.document_index, gpt.sample_index, gpt.shuffle_index)))
-    ours_t, ref_t = rounds([lambda: timed(lambda: build(helpers.build_sample_idx)),
-                            lambda: timed(lambda: build(build_sample_idx_loop))], n_rounds)
-    name = f"index_build ({tokens / 1e6:.0f}M tokens, {lengths.size} docs, seq {seq}, 3 epochs, {len(gpt)} samples)"
-    o, r = statistics.median(ours_t), statistics.median(ref_t)
-    line(f"{name} vs python-loop baseline", f"{o:.3f} s", f"{r:.3f} s", r / o, "(reference time / ours)")
-    try:
-        from megatron.core.datasets import helpers as megatron_helpers  # type: ignore[import-not-found]
+    def full_build() -> dict[str, np.ndarray]:
+        return gpt._build(plan)
 
-        mega_out = build(megatron_helpers.build_sample_idx)
-        assert all(np.array_equal(a, b) for a, b in zip(ours_out, mega_out)), "Megatron's indices differ"
-        ours_t, mega_t = rounds([lambda: timed(lambda: build(helpers.build_sample_idx)),
-                                 lambda: timed(lambda: build(megatron_helpers.build_sample_idx))], n_rounds)
-        o, m = statistics.median(ours_t), statistics.median(mega_t)
-        line(f"{name} vs megatron-core helpers", f"{o:.3f} s", f"{m:.3f} s", m / o, "(reference time / ours, target >= 1)")
-    except Exception as err:  # ImportError, or megatron present but its C++ helpers not built
-        print(f"{name} vs megatron-core helpers: skipped ({type(err).__name__}: {str(err).splitlines()[0][:100]})", flush=True)
+    built = full_build()
+    for k in ("document_index", "sample_index", "shuffle_index"):
+        assert np.array_equal(built[k], getattr(gpt, k)), k
+    with _numpy_helpers():
+        assert all(np.array_equal(built[k], v) for k, v in full_build().items()), "compiled and numpy indices differ"
+    name = f"({tokens / 1e6:.0f}M tokens, {lengths.size} docs, seq {seq}, 3 epochs, {len(gpt)} samples)"
+    if mega is None:
+        print(f"index_build {name}: reference missing (megatron-core not importable; {SETUP_HINT})", flush=True)
+        return
+    for op in ("sample_index", "index_build"):
+        saved = os.path.join(workdir, f"megatron_{op}.npz")
+        mega.call(op, save=saved, **args)
+        differ = _same(built, saved)
+        assert not differ, f"{op}: Megatron's {differ} differ from ours"
+
+    def ours_numpy(fn: Callable[[], object]) -> float:
+        with _numpy_helpers():
+            return timed(fn)
+
+    for op, fn in (("sample_index", sample_index), ("index_build", full_build)):
+        ours_t, numpy_t, mega_t = rounds([lambda fn=fn: timed(fn), lambda fn=fn: ours_numpy(fn),
+                                          lambda op=op: mega.call(op, **args)["seconds"]], n_rounds)
+        o, n, m = statistics.median(ours_t), statistics.median(numpy_t), statistics.median(mega_t)
+        what = "build_sample_idx alone" if op == "sample_index" else "document + sample + shuffle indices"
+        line(f"{op} {name}, {what}", f"{o * 1e3:.2f} ms", f"{m * 1e3:.2f} ms (megatron-core {mega.info['version']} helpers_cpp)",
+             m / o, "(reference time / ours, target >= 1; arrays identical)")
+        line(f"{op} {name}, mf-data's numpy fallback", f"{n * 1e3:.2f} ms", f"{m * 1e3:.2f} ms (megatron-core)", m / n,
+             "(reference time / ours; for information: used when the C extension is not built)")
 
 
-def bench_blending(n_samples: int, n_rounds: int) -> None:
-    """Not one of the three targets: the blend indices' greedy loop, vectorised speculatively."""
-    from mf_data._reference import blending_indices_loop
+def bench_blending(workdir: str, n_samples: int, n_rounds: int, mega: MegatronWorker | None) -> None:
+    """BlendedDataset's indices: the greedy blend over `size` samples, and the exhaustive one."""
+    cases = [("blend_indices", [0.2, 0.3, 0.5], n_samples)]
+    w12 = np.random.default_rng(3).random(12) + 0.1
+    cases.append(("blend_indices", (w12 / w12.sum()).tolist(), n_samples))
+    caps = [int(n_samples * x) for x in (0.2, 0.3, 0.5)]
+    cases.append(("blend_indices_exhaustive", caps, None))
+    for name, weights, size in cases:
+        if size is None:
+            def ours(weights=weights):
+                return helpers.build_exhaustive_blending_indices(weights)
+            op, label = "exhaustive", f"{name} ({sum(weights)} samples, {len(weights)} datasets)"
+        else:
+            def ours(weights=weights, size=size):
+                return helpers.build_blending_indices(weights, size)
+            op, label = "blend", f"{name} ({size} samples, {len(weights)} datasets)"
+        di, dsi = ours()
+        with _numpy_helpers():
+            ndi, ndsi = ours()
+        assert np.array_equal(di, ndi) and np.array_equal(dsi, ndsi), "compiled and numpy blends differ"
+        if mega is None:
+            print(f"{label}: reference missing (megatron-core not importable; {SETUP_HINT})", flush=True)
+            continue
+        saved = os.path.join(workdir, "megatron_blend.npz")
+        kwargs = {"weights": weights, "size": size}
+        mega.call(op, save=saved, **kwargs)
+        differ = _same({"dataset_index": di, "dataset_sample_index": dsi}, saved)
+        assert not differ, f"{label}: Megatron's {differ} differ from ours"
 
-    weights = [0.2, 0.3, 0.5]
-    ours = helpers.build_blending_indices(weights, n_samples)
-    ref = blending_indices_loop(weights, n_samples)
-    assert np.array_equal(ours[0], ref[0]) and np.array_equal(ours[1], ref[1])
-    ours_t, ref_t = rounds([lambda: timed(lambda: helpers.build_blending_indices(weights, n_samples)),
-                            lambda: timed(lambda: blending_indices_loop(weights, n_samples))], n_rounds)
-    o, r = statistics.median(ours_t), statistics.median(ref_t)
-    line(f"blend_indices ({n_samples} samples, 3 datasets) vs python-loop baseline", f"{o:.3f} s", f"{r:.3f} s", r / o,
-         "(reference time / ours)")
+        def ours_numpy(ours=ours) -> float:
+            with _numpy_helpers():
+                return timed(ours)
+
+        ours_t, numpy_t, mega_t = rounds([lambda ours=ours: timed(ours), ours_numpy,
+                                          lambda op=op, kwargs=kwargs: mega.call(op, **kwargs)["seconds"]], n_rounds)
+        o, n, m = statistics.median(ours_t), statistics.median(numpy_t), statistics.median(mega_t)
+        line(label, f"{o * 1e3:.2f} ms", f"{m * 1e3:.2f} ms (megatron-core helpers_cpp)", m / o,
+             "(reference time / ours, target >= 1; arrays identical)")
+        line(f"{label}, mf-data's numpy fallback", f"{n * 1e3:.2f} ms", f"{m * 1e3:.2f} ms (megatron-core)", m / n,
+             "(reference time / ours; for information)")
 
 
 # --- 2. random-access reads -------------------------------------------------------------------
@@ -288,10 +377,20 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"# {os.cpu_count()} cores, load average {load:.1f}: figures are medians of {n_rounds} interleaved rounds; "
           "absolute numbers are noisy on a shared machine, ratios less so", flush=True)
+    print(f"# mf_data.helpers runs its {helpers.BACKEND} loops", flush=True)
     with tempfile.TemporaryDirectory(prefix="mf-data-bench-") as workdir:
         if "index" in parts:
-            bench_index_build(workdir, 10_000_000 if small else 100_000_000, 4096, n_rounds)
-            bench_blending(200_000 if small else 1_000_000, max(1, n_rounds // 2))
+            python = reference_python(MEGATRON_PROBE)
+            mega = MegatronWorker(python, workdir) if python else None
+            if mega is not None and not mega.info["ready"]:
+                print(f"# megatron worker failed: {mega.info['error']}", flush=True)
+                mega = None
+            try:
+                bench_index_build(workdir, 10_000_000 if small else 100_000_000, 4096, 3 * n_rounds, mega)
+                bench_blending(workdir, 200_000 if small else 1_000_000, 3 * n_rounds, mega)
+            finally:
+                if mega is not None:
+                    mega.close()
         if "reads" in parts:
             bench_reads(workdir, 5_000_000 if small else 20_000_000, 4096, 400 if small else 2000, n_rounds)
         if "preprocess" in parts:

@@ -1,29 +1,29 @@
-"""Training throughput: mf's compiled step vs a plain PyTorch eager fp32 loop, side by side.
+"""Training throughput: mf's compiled step vs a hand-written MindSpore step vs PyTorch eager.
 
 One llama (hidden 256, 4 layers, 4 heads, seq 256, batch 4, vocab 32000, untied head, ~20M
 parameters) trained with AdamW (betas 0.9/0.95, weight decay 0.01 off norms) and global-norm
-clipping at 1.0 on random tokens, by
+clipping at 1.0 on random tokens, from the same initial weights (mf's), by
 
-  ours       mf-trainer's `StepRunner`: forward + backward + clip + AdamW compiled as one
+  mf         mf-trainer's `StepRunner`: forward + backward + clip + AdamW compiled as one
              GRAPH_MODE graph (mf-models' LlamaForCausalLM, masked sparse cross entropy)
-  reference  the same architecture in PyTorch eager fp32: nn.Linear / SDPA attention (what HF's
-             llama uses by default) / F.cross_entropy / torch.optim.AdamW / clip_grad_norm_,
-             started from ours' initial weights (so the first losses must agree)
+  ms-hand    the same step written in plain MindSpore without any mf import (_ms_handwritten.py:
+             plain Cells, SparseSoftmaxCrossEntropyWithLogits, ops.clip_by_global_norm,
+             mindspore.experimental.optim.AdamW), compiled whole in GRAPH_MODE: what MindSpore
+             itself can do, the bar for mf's structure
+  torch      the same architecture in PyTorch eager fp32: nn.Linear / SDPA attention (what HF's
+             llama uses by default) / F.cross_entropy / torch.optim.AdamW / clip_grad_norm_
 
 Each side runs in its own worker process; the parent alternates rounds of steps between them so
-load on a shared machine hits both alike, and only one computes at a time. The machine's peak
+load on a shared machine hits all alike, and only one computes at a time. The machine's peak
 fp32 GEMM rate is measured in the same run by numpy in a subprocess whose environment lacks
 OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (with them set OpenBLAS picks a slower kernel); MFU uses
-mf-models' FLOPs per token (PaLM: 6N + attention) for both sides.
+mf-models' FLOPs per token (PaLM: 6N + attention) for every side.
 
-Targets (issue 5): tokens/s ratio >= 1.3, MFU >= 35%.
+Targets (issue 15): mf >= 1.1x ms-hand and >= 1.3x torch in tokens/s, MFU >= 40%.
 
-PyTorch is optional. The worker needs an interpreter with torch==2.13.0 (CPU wheel in /opt/wheels:
-install it with pip, which finds it; uv would download a CUDA build):
-    python3 -m venv benchmarks/.work/torchvenv
-    benchmarks/.work/torchvenv/bin/pip install torch==2.13.0 "numpy<2"
-and point MF_BENCH_TORCH_PYTHON at benchmarks/.work/torchvenv/bin/python (the default when it
-exists), or install torch in the interpreter running this script. Without it only ours is printed.
+PyTorch runs in the reference venv (benchmarks/.work/torchvenv, made by the nox bench session
+with pip from requirements-reference.txt: see _references.py); without it the torch side is
+skipped.
 
     python benchmarks/train_bench.py [--rounds 4] [--steps 5]
 """
@@ -38,9 +38,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from _references import SETUP_HINT, reference_python
+
 MODEL = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 256, "intermediate_size": 688,
          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 256,
          "seq_length": 256, "tie_word_embeddings": False, "rms_norm_eps": 1e-6}
@@ -85,14 +85,43 @@ class MfWorker:
             ids, labels = batch(self.step)
             mb = {"input_ids": ids, "labels": labels, "loss_mask": np.ones(ids.shape, np.float32)}
             t0 = time.perf_counter()
-            loss, _, _ = self.runner([mb], LR)
+            loss = self.runner([mb], LR).loss
             times.append(time.perf_counter() - t0)
             losses.append(loss)
             self.step += 1
         return {"times": times, "losses": losses}
 
 
-# ----------------------------------------------------------------------------------- reference
+# ------------------------------------------------------------------------ hand-written MindSpore
+class MsHandWorker:
+    def __init__(self, weights_path: str):
+        os.environ.setdefault("GLOG_v", "3")
+        import mindspore as ms
+        import numpy as np
+        from _ms_handwritten import build_step
+
+        ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+        state = dict(np.load(weights_path))
+        self.ms, self.np = ms, np
+        self.step_cell = build_step(MODEL, state, LR, BETAS, EPS, WD, MAX_NORM)
+        self.step = 0
+        self.version = ms.__version__
+
+    def run(self, n: int):
+        ms, np = self.ms, self.np
+        times, losses = [], []
+        for _ in range(n):
+            ids, labels = batch(self.step)
+            t0 = time.perf_counter()
+            loss = self.step_cell(ms.Tensor(ids.astype(np.int32)), ms.Tensor(labels.astype(np.int32)))
+            value = float(loss.asnumpy())
+            times.append(time.perf_counter() - t0)
+            losses.append(value)
+            self.step += 1
+        return {"times": times, "losses": losses}
+
+
+# ---------------------------------------------------------------------------------- PyTorch eager
 class TorchWorker:
     def __init__(self, weights_path: str):
         import numpy as np
@@ -205,7 +234,7 @@ def worker_main(kind: str, weights_path: str) -> None:
     out = sys.stdout
     sys.stdout = sys.stderr  # library chatter must not corrupt the protocol
     try:
-        w = MfWorker(weights_path) if kind == "mf" else TorchWorker(weights_path)
+        w = {"mf": MfWorker, "ms-hand": MsHandWorker, "torch": TorchWorker}[kind](weights_path)
         info = {"ready": True}
         if kind == "mf":
             info.update(flops_per_token=w.flops_per_token, params=int(w.params))
@@ -258,17 +287,6 @@ class Worker:
         self.proc.wait(timeout=60)
 
 
-def torch_python() -> str | None:
-    candidates = [os.environ.get("MF_BENCH_TORCH_PYTHON"), sys.executable,
-                  str(HERE / ".work" / "torchvenv" / "bin" / "python")]
-    for python in candidates:
-        if python and Path(python).exists():
-            ok = subprocess.run([python, "-c", "import torch, numpy"], capture_output=True).returncode == 0
-            if ok:
-                return python
-    return None
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4, help="alternating rounds per side")
@@ -277,53 +295,60 @@ def main() -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         weights = os.path.join(tmp, "init.npz")
-        mf = Worker(sys.executable, "mf", weights)
+        mf = Worker(sys.executable, "mf", weights)  # writes the initial weights the others load
         if not mf.info["ready"]:
             print(f"train_bench: mf worker failed: {mf.info['error']}")
             return 1
-        tp = torch_python()
-        ref = Worker(tp, "torch", weights) if tp else None
-        if ref is not None and not ref.info["ready"]:
-            print(f"train_bench: torch worker failed: {ref.info['error']}")
-            ref = None
+        sides = {"mf": mf}
+        hand = Worker(sys.executable, "ms-hand", weights)
+        if hand.info["ready"]:
+            sides["ms-hand"] = hand
+        else:
+            print(f"train_bench: hand-written MindSpore worker failed: {hand.info['error']}")
+        tp = reference_python("import torch, numpy")
+        if tp:
+            ref = Worker(tp, "torch", weights)
+            if ref.info["ready"]:
+                sides["torch"] = ref
+            else:
+                print(f"train_bench: torch worker failed: {ref.info['error']}")
         t0 = time.perf_counter()
-        warm = mf.run(2)  # the first step compiles the graph
-        compile_s = warm["times"][0]
-        ref_warm = ref.run(2) if ref else None
+        warm = {k: w.run(2) for k, w in sides.items()}  # the first step compiles the graphs
         peaks = [peak_flops()]
-        ours, theirs = [], []
+        times: dict[str, list[float]] = {k: [] for k in sides}
         for _ in range(args.rounds):
-            ours += mf.run(args.steps)["times"]
-            if ref:
-                theirs += ref.run(args.steps)["times"]
+            for k, w in sides.items():
+                times[k] += w.run(args.steps)["times"]
         peaks.append(peak_flops())
-        mf.close()
-        if ref:
-            ref.close()
+        for w in sides.values():
+            w.close()
     tokens = BATCH * SEQ
-    ours_tps = tokens / statistics.median(ours)
+    tps = {k: tokens / statistics.median(v) for k, v in times.items()}
     peak = max(peaks)
-    mfu = mf.info["flops_per_token"] * ours_tps / peak
+    fpt = mf.info["flops_per_token"]
     load_after = os.getloadavg()
     print(f"train_bench: llama {mf.info['params'] / 1e6:.1f}M params, batch {BATCH} x seq {SEQ}, fp32, "
-          f"{args.rounds} rounds x {args.steps} steps per side, compile {compile_s:.1f} s, "
-          f"wall {time.perf_counter() - t0:.0f} s")
+          f"{args.rounds} rounds x {args.steps} steps per side, first step (compile) "
+          + ", ".join(f"{k} {warm[k]['times'][0]:.1f} s" for k in sides) + f", wall {time.perf_counter() - t0:.0f} s")
     print(f"train_bench: load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
-          "(a shared machine: figures are noisy; the ratio is measured side by side)")
-    print(f"train_bench: step time median: ours {statistics.median(ours):.3f} s"
-          + (f", reference {statistics.median(theirs):.3f} s" if ref else ""))
-    print(f"train_bench: first losses: ours {[round(x, 4) for x in warm['losses']]}"
-          + (f", reference {[round(x, 4) for x in ref_warm['losses']]}" if ref else ""))
-    if ref:
-        ref_tps = tokens / statistics.median(theirs)
-        print(f"train tokens/s: ours {ours_tps:.0f}, reference {ref_tps:.0f} (PyTorch {ref.info['version']} "
-              f"eager fp32), ratio {ours_tps / ref_tps:.2f} (target >= 1.3)")
-        print(f"train MFU: ours {100 * mfu:.1f}%, reference {100 * mf.info['flops_per_token'] * ref_tps / peak:.1f}% "
-              f"of {peak / 1e9:.0f} GFLOP/s peak fp32 GEMM (numpy, OPENBLAS_* unset) (target >= 35%)")
-    else:
-        print(f"train tokens/s: ours {ours_tps:.0f}, reference missing (no interpreter with torch: see this "
-              "script's docstring for `pip install torch==2.13.0`)")
-        print(f"train MFU: ours {100 * mfu:.1f}% of {peak / 1e9:.0f} GFLOP/s peak fp32 GEMM (target >= 35%)")
+          "(a shared machine: figures are noisy; the ratios are measured side by side)")
+    print("train_bench: step time median: " + ", ".join(f"{k} {statistics.median(v):.3f} s" for k, v in times.items()))
+    print("train_bench: first losses: " + ", ".join(f"{k} {[round(x, 4) for x in warm[k]['losses']]}" for k in sides))
+    names = {"ms-hand": f"hand-written MindSpore {sides['ms-hand'].info['version']} GRAPH_MODE step" if "ms-hand" in sides else "",
+             "torch": f"PyTorch {sides['torch'].info['version']} eager fp32" if "torch" in sides else ""}
+    for ref, target in (("ms-hand", 1.1), ("torch", 1.3)):
+        if ref in tps:
+            print(f"train tokens/s vs {ref}: ours {tps['mf']:.0f}, reference {tps[ref]:.0f} ({names[ref]}), "
+                  f"ratio {tps['mf'] / tps[ref]:.2f} (target >= {target})")
+        else:
+            hint = f" ({SETUP_HINT})" if ref == "torch" else ""
+            print(f"train tokens/s vs {ref}: ours {tps['mf']:.0f}, reference missing{hint}")
+    if "ms-hand" in tps and "torch" in tps:
+        print(f"train tokens/s, hand-written MindSpore vs PyTorch (for information): {tps['ms-hand']:.0f} vs "
+              f"{tps['torch']:.0f}, ratio {tps['ms-hand'] / tps['torch']:.2f}")
+    mfus = ", ".join(f"{k} {100 * fpt * v / peak:.1f}%" for k, v in tps.items())
+    print(f"train MFU: ours {100 * fpt * tps['mf'] / peak:.1f}% of {peak / 1e9:.0f} GFLOP/s peak fp32 GEMM "
+          f"(numpy, OPENBLAS_* unset, measured in this run); all sides: {mfus} (target >= 40%)")
     return 0
 
 

@@ -121,3 +121,8 @@ def test_demo_yaml_builds_its_corpus_trains_and_samples(tmp_path):
     assert (cache / "pydoc_text_document.bin").stat().st_size > 100_000
     assert out.stdout.count("[mf_trainer] sample: ") == 2
     assert (tmp_path / "ckpt" / "iteration_00000002").is_dir()
+    # `mf report` on the demo's run directory: its summary and its PNG.
+    report = mf("report", str(tmp_path / "out"), "--out", str(tmp_path / "demo.png"))
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert report.stdout.startswith(f"out ({tmp_path / 'out'}): steps 1-2 (2 recorded, 0 skipped); ")
+    assert (tmp_path / "demo.png").stat().st_size > 10_000

@@ -135,7 +135,7 @@ def test_destination_mismatches(ckpt):
 
 def test_marker_problems(ckpt):
     (ckpt / "latest_checkpointed_iteration.txt").write_text("seven")
-    assert_fails_cleanly(ckpt, "expected an iteration number, found 'seven'")
+    assert_fails_cleanly(ckpt, r"does not hold an iteration number \(expected up to 18 ASCII digits, found something else\)$")
     (ckpt / "latest_checkpointed_iteration.txt").write_text("8\n")
     assert_fails_cleanly(ckpt, "checkpoint directory iteration_00000008 is missing")
     assert_fails_cleanly(ckpt / "nowhere", "does not exist")

@@ -198,7 +198,11 @@ def test_layout_cache_skips_the_gather_while_structure_is_unchanged(tmp_path):
 
     assert run_threaded(3, body) == [[False, True, False, True]] * 3
     meta = [json.loads((tmp_path / f"iteration_0000000{i}" / "metadata.json").read_text()) for i in (1, 2, 3)]
+    sums = [m.pop("checksums") for m in meta]
     assert meta[0] == meta[1] and "extra" in meta[2]["model"]
+    # the layout is the same, the checksums follow the data: only norm.weight's changed
+    changed = {n for n in sums[0]["model"] if sums[0]["model"][n] != sums[1]["model"][n]}
+    assert changed == {"norm.weight"}
     out = {"norm.weight": np.zeros(8, np.float32)}
     load(LoadOptions(load_path=str(tmp_path)), out, iteration=2)
     np.testing.assert_array_equal(out["norm.weight"], GLOBAL["norm.weight"] + 1)
@@ -287,8 +291,15 @@ def test_load_reads_only_the_needed_byte_ranges(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "preadv", counting)
     # One destination row block that straddles two stored chunks: rows 14..21.
     dest = ShardedTensor(np.zeros((8, 32), np.float32), (64, 32), (14, 0))
-    result = load(str(tmp_path), {"w": dest})
+    result = load(LoadOptions(load_path=str(tmp_path), verify_checksums=False), {"w": dest})
     assert sum(read) == 8 * 32 * 4 == result.bytes_read and result.regions_read == 2
+    np.testing.assert_array_equal(dest.data, big["w"][14:22])
+    # With checksums checked (the default), each chunk read in part is read whole once: the
+    # checksum covers all of it.
+    read.clear()
+    dest.data[...] = 0
+    result = load(str(tmp_path), {"w": dest})
+    assert sum(read) == 2 * 16 * 32 * 4 and result.checksums_verified == 2
     np.testing.assert_array_equal(dest.data, big["w"][14:22])
 
 

@@ -132,12 +132,12 @@ def test_predict_config_follows_its_inference_section(tiny, tmp_path):
     # flags override the YAML's keys; sampling is seeded by training.seed (prompt i: seed + i)
     sampled = write_config(tmp_path / "sample.yaml", tiny, output_file=str(out), do_sample=True, temperature=1.5,
                            top_k=40, top_p=0.95, batch_size=2)
-    assert main(["generate", sampled, "--max-new-tokens", "6"]) == 0
+    assert main(["generate", sampled, "--max-new-tokens", "6", "--force"]) == 0
     first = read_jsonl(out)
     assert all(r["completion_tokens"] <= 6 for r in first)
-    assert main(["generate", sampled, "--max-new-tokens", "6"]) == 0
+    assert main(["generate", sampled, "--max-new-tokens", "6", "--force"]) == 0
     assert read_jsonl(out) == first
-    assert main(["generate", sampled, "--max-new-tokens", "6", "--seed", "8"]) == 0
+    assert main(["generate", sampled, "--max-new-tokens", "6", "--seed", "8", "--force"]) == 0
     assert read_jsonl(out) != first
     engine = mf_models.InferenceEngine(tiny["model"], max_slots=1, max_len=40, eos_token_ids=[tiny["tok"].eod])
     params = mf_models.SamplingParams(max_new_tokens=6, do_sample=True, temperature=1.5, top_k=40, top_p=0.95, seed=9)
@@ -164,6 +164,16 @@ BAD = [
     (["generate", "{config}", "--prompt-ids", "1,2"], "--prompt-ids: with a CONFIG"),
     (["generate", "{config}", "--top-p", "2"], "inference.top_p"),
     (["generate", "{no_load}"], "checkpoint.load_path: run_mode predict needs the weights"),
+    # outputs: an existing file needs --force, an input is never overwritten
+    (["generate", "{hf}", "--prompt-ids", "1,2", "--output", "{existing}"], "--output: {existing} exists; pass --force"),
+    (["generate", "{hf}", "--input", "{good_jsonl}", "--output", "{good_jsonl}"], "is also an input"),
+    (["generate", "{hf}", "--input", "{good_jsonl}", "--output", "{good_jsonl}", "--force"], "is also an input"),
+    (["generate", "{config}", "--output", "{config}", "--force"], "is also an input"),
+    # argparse: one line naming the sub-command, and negative ids are values, not options
+    (["generate", "{hf}", "--max-new-tokens", "abc"], "argument --max-new-tokens: invalid int value: 'abc' (see 'mf generate --help')"),
+    (["generate", "{hf}", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["generate", "{hf}", "--prompt-ids"], "argument --prompt-ids: expected one argument"),
+    (["generate", "{hf}", "--prompt-ids", "-1,2"], "prompt token id -1 is outside the vocabulary"),
 ]
 
 
@@ -174,12 +184,18 @@ def test_bad_input_is_one_line_and_exit_2(hf_fixtures, tiny, tmp_path, capsys, a
     config = write_config(tmp_path / "predict.yaml", tiny, output_file=str(tmp_path / "never.jsonl"))
     no_load = tmp_path / "no_load.yaml"
     no_load.write_text(Path(config).read_text().replace(f"load_path: {tiny['ckpt']}", "load_path: ''"))
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt_ids": [1, 2]}\n')
+    existing = tmp_path / "existing.jsonl"
+    existing.write_text("keep me\n")
     values = {"hf": str(hf_fixtures / "llama"), "bad_jsonl": str(bad), "config": config, "train_yaml": str(REPO / "examples" / "tiny" / "train.yaml"),
-              "no_load": str(no_load)}
+              "no_load": str(no_load), "good_jsonl": str(good), "existing": str(existing)}
     capsys.readouterr()
     assert main([a.format(**values) for a in argv]) == 2
-    assert message in one_error_line(capsys)
+    assert message.format(**values) in one_error_line(capsys)
     assert not (tmp_path / "never.jsonl").exists()
+    assert existing.read_text() == "keep me\n" and good.read_text() == '{"prompt_ids": [1, 2]}\n'
+    assert Path(config).read_text().startswith("checkpoint:")
 
 
 def test_failure_while_generating_exits_1(tiny, tmp_path, monkeypatch, capsys):

@@ -15,6 +15,7 @@ def _yaml(tmp_path, **sections) -> str:
            "training": {"steps": 2, "local_batch_size": 1, "global_batch_size": 4},
            "train_dataset": {"dataloader": {
                "type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset", "sizes": [100, 0, 0],
+               "column_names": ["input_ids", "labels", "loss_mask"],
                "config": {"seq_length": 16, "split": "1,0,0", "data_path": ["1", str(tmp_path / "none")]}}},
            "model": {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
                      "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 32},

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import yaml
 
@@ -18,21 +17,6 @@ def _mf(*args, cwd=None):
     env = {**os.environ, "GLOG_v": "3"}
     return subprocess.run([sys.executable, "-m", "mf_cli.main", *args], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    import mf_data
-
-    prefix = str(tmp_path_factory.mktemp("data") / "toy_text_document")
-    rng = np.random.RandomState(0)
-    builder = mf_data.IndexedDatasetBuilder(mf_data.get_bin_path(prefix), dtype=np.uint16)
-    for _ in range(40):
-        start, length = rng.randint(0, 60), rng.randint(40, 100)
-        builder.add_item(np.append((start + np.arange(length) * 3) % 61 + 2, 1).astype(np.uint16))
-        builder.end_document()
-    builder.finalize(mf_data.get_idx_path(prefix))
-    return prefix
 
 
 def _yaml(tmp_path, corpus, **changes) -> str:
@@ -109,3 +93,83 @@ def test_data_commands_are_delegated(tmp_path):
     assert (tmp_path / "demo" / "corpus.jsonl").stat().st_size > 100_000
     out = _mf("data", "no-such-tool")
     assert out.returncode == 2
+
+
+class _CreatesAFile:
+    """Unpickling this calls open(path, "w"): the file appearing would prove the state was unpickled."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_pickled_rng_state_is_refused_never_unpickled(tmp_path, corpus, capsys):
+    import base64
+    import glob
+    import pickle
+
+    path = _yaml(tmp_path, corpus)
+    assert main(["train", path]) == 0
+    capsys.readouterr()
+    ckpt = tmp_path / "out" / "checkpoint"
+    common_path = glob.glob(str(ckpt / "iteration_*" / "common.json"))[0]
+    stored = json.loads(open(common_path).read())          # mf-ckpt's envelope: the trainer's dict is "common"
+    rng = stored["common"]["rng"]
+    assert isinstance(rng["python"]["state"], list) and isinstance(rng["numpy"]["keys"], list)   # JSON data now
+    # What mf-trainer < 0.4 wrote: base64 pickles; this one would create a file when unpickled.
+    marker = tmp_path / "unpickled"
+    rng["python"] = base64.b64encode(pickle.dumps(_CreatesAFile(str(marker)))).decode("ascii")
+    with open(common_path, "w") as f:
+        json.dump(stored, f)
+    resume = ["train", path, "--set", "training.steps=3", "--set", f"checkpoint.load_path={ckpt}",
+              "--set", f"output_dir={tmp_path / 'resumed'}"]
+    assert main(resume) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"mf train: error: checkpoint.load_path: {os.path.dirname(common_path)}/common.json: rng: "
+                          "stored pickled (written by mf-trainer < 0.4), which is never unpickled")
+    assert "checkpoint.load_rng_state: false" in err
+    assert not marker.exists()
+    # the explicit option resumes without the RNG state (and still never reads the pickle)
+    assert main([*resume, "--set", "checkpoint.load_rng_state=false"]) == 0
+    assert "done at step 3" in capsys.readouterr().out
+    assert not marker.exists()
+
+
+def test_resume_from_a_damaged_checkpoint_is_one_line_exit_2(tmp_path, corpus, capsys):
+    """`mf train` resuming (issue 17): a damaged counter in common.json and a flipped byte in the
+    tensor data are each one line naming the file (and the field), exit 2; nothing trains."""
+    import shutil
+    import struct
+
+    (tmp_path / "a").mkdir()
+    assert main(["train", _yaml(tmp_path / "a", corpus)]) == 0
+    ckpt = tmp_path / "a" / "out" / "checkpoint"
+    it = ckpt / "iteration_00000002"
+    capsys.readouterr()
+
+    def resume(name: str) -> str:
+        copy = tmp_path / name
+        copy.mkdir(exist_ok=True)
+        path = _yaml(copy, corpus, checkpoint={"load_path": str(copy / "ck")}, training={"steps": 3})
+        assert main(["train", path]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err and not (copy / "out" / "metrics.jsonl").exists(), err
+        return err
+
+    shutil.copytree(ckpt, tmp_path / "step" / "ck")
+    common = tmp_path / "step" / "ck" / it.name / "common.json"
+    info = json.loads(common.read_text())
+    info["common"]["step"] = "abc"
+    common.write_text(json.dumps(info))
+    assert f"{common}: step: must be a non-negative integer, got 'abc'" in resume("step")
+
+    shutil.copytree(ckpt, tmp_path / "flip" / "ck")
+    shard = tmp_path / "flip" / "ck" / it.name / "checkpoint-model-0000000-0000001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[8 + struct.unpack("<Q", data[:8])[0] + 40] ^= 0x01
+    shard.write_bytes(bytes(data))
+    err = resume("flip")
+    assert err.startswith("mf train: error: checkpoint.load_path: ") and "checksum mismatch" in err

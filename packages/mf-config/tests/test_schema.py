@@ -22,7 +22,7 @@ SEED_DEFAULTS = {
         "enable_save": True, "save_path": "", "save_max": 5, "save_interleaved_steps": 1000,
         "no_save_optim": False, "async_save": False, "prefix": "checkpoint", "remove_redundancy": False,
         "load_path": "", "load_balanced": False, "no_load_optim": False, "load_worker_number": 1,
-        "save_global_layout_cache": True,
+        "save_global_layout_cache": True, "load_rng_state": True,
     },
     "training": {
         "steps": 1000, "local_batch_size": 1, "global_batch_size": 1, "max_norm": 1.0, "seed": 42,

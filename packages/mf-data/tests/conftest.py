@@ -42,14 +42,40 @@ def megatron_cases(megatron_fixtures: Path) -> dict[str, dict]:
         return json.load(f)
 
 
-@pytest.fixture(scope="session")
-def built_cases(megatron_fixtures: Path, megatron_cases: dict, tmp_path_factory) -> dict[str, list]:
-    """Every reference case built once: name -> [train, valid, test]."""
+def use_helpers(backend: str) -> pytest.MonkeyPatch:
+    """A MonkeyPatch that makes mf_data.helpers run `backend` ("compiled" or "numpy"); skips the
+    test when the compiled extension was not built (test_compiled_helpers_are_built fails then)."""
+    from mf_data import helpers
+
+    compiled = helpers._compiled
+    if backend == "compiled" and compiled is None:
+        pytest.skip("mf_data._chelpers was not built")
+    patch = pytest.MonkeyPatch()
+    patch.setattr(helpers, "_compiled", compiled if backend == "compiled" else None)
+    return patch
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def helpers_backend(request) -> str:
+    """Runs the test once with each implementation of the index loops."""
+    patch = use_helpers(request.param)
+    yield request.param
+    patch.undo()
+
+
+@pytest.fixture(scope="session", params=["compiled", "numpy"])
+def built_cases(request, megatron_fixtures: Path, megatron_cases: dict, tmp_path_factory) -> dict[str, list]:
+    """Every reference case built once per implementation of the index loops:
+    name -> [train, valid, test]."""
+    patch = use_helpers(request.param)
     out = {}
-    for name, case in megatron_cases.items():
-        cache = tmp_path_factory.mktemp(f"cache-{name}")
-        config = case_config(megatron_fixtures, case, cache)
-        out[name] = BlendedMegatronDatasetBuilder(GPTDataset, case["sizes"], lambda: True, config).build()
+    try:
+        for name, case in megatron_cases.items():
+            cache = tmp_path_factory.mktemp(f"cache-{request.param}-{name}")
+            config = case_config(megatron_fixtures, case, cache)
+            out[name] = BlendedMegatronDatasetBuilder(GPTDataset, case["sizes"], lambda: True, config).build()
+    finally:
+        patch.undo()
     return out
 
 

@@ -104,7 +104,7 @@ def test_builder_refuses_to_overwrite_and_never_leaves_partial_files(tmp_path, w
         b.add_document([70000], [1])
     b.abort()
     assert (open(prefix + ".bin", "rb").read(), open(prefix + ".idx", "rb").read()) == before
-    assert sorted(os.listdir(tmp_path)) == ["d.bin", "d.idx"]
+    assert sorted(os.listdir(tmp_path)) == ["d.bin", "d.idx", "d.stats.json"]
     with pytest.raises(ValueError, match="add up"):
         IndexedDatasetBuilder(str(tmp_path / "e.bin"), dtype=np.uint16).add_document([1, 2, 3], [2])
 

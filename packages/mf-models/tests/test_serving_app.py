@@ -157,12 +157,36 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "response_format": {"type": "json_object"}}, 400, "response_format"),
+    # bounds and types of every sampling field, checked before anything reaches the engine thread
+    ("/v1/completions", {"prompt": "x", "top_k": 100000000000000000000}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "x", "top_k": 101}, 400, "top_k"),           # above the vocabulary (100)
+    ("/v1/completions", {"prompt": "x", "top_k": -2}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "x", "top_k": 2.5}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "x", "temperature": float("nan")}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "x", "temperature": float("inf")}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "x", "temperature": 10**400}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "x", "top_p": float("nan")}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "x", "seed": 2**64}, 400, "seed"),
+    ("/v1/completions", {"prompt": "x", "seed": -1}, 400, "seed"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 10**30}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "n": 10**30}, 400, "n"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [10**30]}, 400, "stop_token_ids"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [-1]}, 400, "stop_token_ids"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": list(range(65))}, 400, "stop_token_ids"),
+    ("/v1/completions", {"prompt": [99999]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [-1]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [10**30]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [[5], [6, 10**30]]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [5], "echo": True, "max_tokens": 2, "top_k": [3]}, 400, "top_k"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_p": float("nan")}, 400, "top_p"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_k": 10**20}, 400, "top_k"),
 ]
 
 
 @pytest.mark.parametrize("url,body,status,param", BAD, ids=[b[3] + str(i) for i, b in enumerate(BAD)])
 def test_bad_requests_get_openai_errors(client, url, body, status, param):
-    response = client.post(url, json=body)
+    # json.dumps writes NaN / Infinity literals, as some clients do (httpx's json= refuses them)
+    response = client.post(url, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
     assert response.status_code == status
     error = response.json()["error"]
     assert error["param"] == param and error["message"] and error["type"] == "invalid_request_error"
@@ -171,6 +195,8 @@ def test_bad_requests_get_openai_errors(client, url, body, status, param):
 def test_transport_errors_are_json_too(client):
     cases = [(client.post("/v1/completions", content=b"{nope"), 400),
              (client.post("/v1/completions", content=b"[1]"), 400),
+             (client.post("/v1/completions", content=b"[" * 1990 + b"]" * 1990), 400),   # nested too deeply
+             (client.post("/v1/completions", content=b'{"prompt": ' + b"[" * 900 + b"]" * 900 + b"}"), 400),
              (client.post("/v1/completions", json={"prompt": "y" * 5000}), 413),
              (client.get("/v1/completions"), 405),
              (client.get("/v2/anything"), 404)]
@@ -192,7 +218,8 @@ def test_without_tokenizer_ids_work_and_text_is_refused(runner, model):
 
 def test_full_queue_and_failed_engine_give_5xx(model):
     engine = InferenceEngine(model, max_slots=1, max_len=16)
-    runner = EngineRunner(engine)
+    fatal = []
+    runner = EngineRunner(engine, on_fatal=fatal.append)
     runner.start()
     try:
         with TestClient(create_app(runner, limits=ServerLimits(max_waiting=1))) as client:
@@ -203,10 +230,41 @@ def test_full_queue_and_failed_engine_give_5xx(model):
                 raise RuntimeError("device lost")
 
             engine._decode_all = broken
-            failed = client.post("/v1/completions", json={"prompt": [5], "max_tokens": 2})
-            assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
+            # Each failing step fails its own request; the engine gives up after 3 in a row.
+            for _ in range(3):
+                failed = client.post("/v1/completions", json={"prompt": [5], "max_tokens": 2})
+                assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
+            runner._thread.join(120)   # generous: the shared CI machine can be slow to schedule the thread
             health = client.get("/health")
             assert health.status_code == 503 and "device lost" in health.json()["detail"]
             assert client.post("/v1/completions", json={"prompt": [5], "max_tokens": 2}).status_code == 503
+            assert len(fatal) == 1 and "3 decode steps failed in a row" in str(fatal[0])
+    finally:
+        runner.stop()
+
+
+def test_a_failing_request_fails_alone(model):
+    """A step that raises for one request's prefill ends that request only: the others answer,
+    /health stays ok, and the engine serves the next requests."""
+    engine = InferenceEngine(model, max_slots=2, max_len=24)
+    runner = EngineRunner(engine)
+    runner.start()
+    real = engine._prefill_one
+
+    def poisoned(request):
+        if request.prompt_ids[0] == 66:
+            raise OverflowError("Python int too large to convert to C int")
+        real(request)
+
+    engine._prefill_one = poisoned
+    try:
+        with TestClient(create_app(runner)) as client:
+            for _ in range(4):  # more than max_consecutive_failures: successes in between reset it
+                bad = client.post("/v1/completions", json={"prompt": [66, 5], "max_tokens": 3, "temperature": 0})
+                assert bad.status_code == 500
+                good = client.post("/v1/completions", json={"prompt": [44, 45], "max_tokens": 3, "temperature": 0})
+                assert good.status_code == 200 and good.json()["choices"][0]["token_ids"] == greedy(model, [44, 45], 3)
+            assert client.get("/health").json()["status"] == "ok" and runner.healthy
+            assert engine.stats.failed_requests == 4
     finally:
         runner.stop()

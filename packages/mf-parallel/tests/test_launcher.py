@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mf_parallel import ParallelConfigError, launch
-from mf_parallel.launcher import _ENTRY, _exit_code, _find_failure, _finish, _Tail
+from mf_parallel.launcher import _ENTRY, _exit_code, _failure_report, _find_failure, _finish, _Tail
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -74,6 +74,29 @@ def test_entry_reports_a_nonzero_exit(tmp_path):
     assert message.startswith("exited with code 3") and _exit_code(message) == 3
 
 
+def test_entry_reports_the_error_a_cli_printed_before_exiting(tmp_path):
+    # `mf train` prints its own error line(s) and exits 2: that is the rank's error, not "2".
+    body = ("import sys\nprint('[mf_trainer] progress', file=sys.stderr)\n"
+            "print('mf train: error: model.hidden_sizee: unknown key', file=sys.stderr)\nsys.exit(2)\n")
+    proc, status = _run_entry(tmp_path, body, rank="1")
+    assert proc.returncode == 2 and "mf train: error: model.hidden_sizee" in proc.stderr   # still on stderr
+    message = (status / "rank_1.failed").read_text()
+    assert message == "exited with code 2: mf train: error: model.hidden_sizee: unknown key\n"
+    assert _exit_code(message) == 2
+    report = _failure_report("1", message, tmp_path / "logs")
+    # one line naming the rank and its error, then where the logs are; no log tail repeating it
+    assert report.strip().splitlines() == ["mf launch: rank 1 failed (exit 2): mf train: error: model.hidden_sizee: "
+                                           "unknown key", f"mf launch: stopped all ranks; logs in {tmp_path / 'logs'}"]
+
+
+def test_a_rank_is_named_rather_than_the_scheduler_running_the_same_script(tmp_path):
+    status = tmp_path / "status"
+    status.mkdir()
+    (status / "scheduler.failed").write_text("exited with code 2: mf train: error: parallelism: bad\n")
+    (status / "rank_0.failed").write_text("exited with code 2: mf train: error: parallelism: bad\n")
+    assert _find_failure(status, {}) == ("0", "exited with code 2: mf train: error: parallelism: bad\n")
+
+
 def test_entry_reports_the_scheduler_apart_from_rank_0(tmp_path):
     # msrun runs the cluster's scheduler with the workers' command and RANK_ID=0.
     proc, status = _run_entry(tmp_path, "raise RuntimeError('port 1234 in use')\n", rank="0", MS_ROLE="MS_SCHED")
@@ -130,6 +153,14 @@ def test_failure_detection(tmp_path):
     finally:
         live.kill()
         live.wait()
+
+
+def test_tail_leaves_a_cli_error_line_to_the_failure_report(tmp_path):
+    log = tmp_path / "worker_0.log"
+    out = io.StringIO()
+    log.write_text("step 1\nmf train: error: checkpoint.load_path: gone\nmf train: training failed: boom\nstep 2\n")
+    _Tail(log, out).flush()
+    assert out.getvalue() == "step 1\nstep 2\n"
 
 
 def test_tail_streams_whole_lines(tmp_path):

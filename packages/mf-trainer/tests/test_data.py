@@ -53,6 +53,36 @@ def test_demo_corpus_settings_are_checked(tmp_path, extra, tokenizer, message):
     assert not list(tmp_path.iterdir())
 
 
+def _user_dir(tmp_path, files):
+    data = tmp_path / "my_data"
+    data.mkdir()
+    for name, content in files.items():
+        (data / name).write_bytes(content)
+    return data
+
+
+@pytest.mark.parametrize("files, tokenizer_in, message", [
+    ({"mine_text_document.idx": b"MMIDIDX my index"}, "data",
+     "data_path: {data}/mine_text_document.bin is missing but {data}/mine_text_document.idx exists"),
+    ({"mine_text_document.bin": b"my tokens"}, "data",
+     "data_path: {data}/mine_text_document.idx is missing but {data}/mine_text_document.bin exists"),
+    ({"notes.txt": b"my notes", "raw.jsonl": b"{}"}, "data",
+     "{data} holds other files (notes.txt, raw.jsonl): the demo corpus writes only into a directory of its own"),
+    ({}, "elsewhere", "tokenizer.path: {tok} is missing; the demo corpus trains it only inside its own cache directory"),
+])
+def test_demo_corpus_never_writes_over_a_users_data(tmp_path, files, tokenizer_in, message):
+    """Issue 17: an .idx without its .bin used to get the demo corpus built over it (the .idx
+    replaced, corpus.jsonl written beside it, training on the wrong data with exit 0)."""
+    data = _user_dir(tmp_path, files)
+    tok = (data if tokenizer_in == "data" else tmp_path / "elsewhere") / "spm.model"
+    extra = {"config": {"data_path": ["1", str(data / "mine_text_document")]}, "demo_corpus": {"vocab_size": 300}}
+    with pytest.raises(TrainerConfigError) as error:
+        ensure_demo_corpus(extra, str(tok), model_vocab=512)
+    assert message.format(data=data, tok=tok) in str(error.value)
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == files  # nothing written, nothing replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my_data"]
+
+
 def test_deterministic_switch_reaches_mindspore():
     import mindspore as ms
 

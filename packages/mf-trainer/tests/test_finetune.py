@@ -178,4 +178,4 @@ def test_finetune_refusals(lora_run, tmp_path, tiny_corpus, tiny_config, base):
     refused(raw, "already holds checkpoint 0 of a run that is not a fine-tune")
     train = tiny_config(tmp_path / "e", tiny_corpus, checkpoint={"load_path": str(lora_run["out"] / "checkpoint")})
     refused(train, "is a LoRA adapter checkpoint: continue it with run_mode finetune")
-    refused({**train, "run_mode": "eval", "eval_dataset": _eval_section(train)}, "run it with `mf eval CONFIG`")
+    refused({**train, "run_mode": "eval", "eval_dataset": _eval_section(train)}, "is not a training mode: run `mf eval CONFIG`")

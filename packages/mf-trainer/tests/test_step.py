@@ -53,7 +53,9 @@ def test_one_step_equals_numpy_clip_then_torch_adamw(toy_lm, torch_adamw_referen
     ref_params, _, _ = torch_adamw_reference(init, [clipped], [1e-2], (0.9, 0.95), 1e-8, 0.1, decay)
 
     opt = AdamW(model.trainable_params(), weight_decay=0.1, decay=decay)
-    loss, got_norm, applied = StepRunner(MaskedLMLoss(model), opt, max_norm, 1)([batch], 1e-2)
+    done = StepRunner(MaskedLMLoss(model), opt, max_norm, 1)([batch], 1e-2)
+    loss, got_norm, applied = done.loss, done.grad_norm, done.applied
+    assert done.tokens == float(batch["loss_mask"].sum()) and done.local_norm == got_norm
     assert applied and opt.step == 1
     assert loss == pytest.approx(float(ref_loss.asnumpy()), rel=1e-6)
     assert got_norm == pytest.approx(norm, rel=1e-5)
@@ -65,7 +67,7 @@ def _train(toy_lm, accumulation, steps=3):
     model = toy_lm(0)
     opt = AdamW(model.trainable_params(), weight_decay=0.1)
     runner = StepRunner(MaskedLMLoss(model), opt, 1.0, accumulation)
-    losses = [runner(_split(_batch(10 + s), accumulation), 1e-2)[0] for s in range(steps)]
+    losses = [runner(_split(_batch(10 + s), accumulation), 1e-2).loss for s in range(steps)]
     return np.array(losses), [p.asnumpy() for p in model.trainable_params()]
 
 
@@ -90,12 +92,12 @@ def test_non_finite_step_changes_nothing(toy_lm, accumulation):
     moments = opt.state_dict()
     masked_out = _batch(2)
     masked_out["loss_mask"][:] = 0.0  # no token counts: 0 * inf = NaN loss
-    loss, _, applied = runner(_split(masked_out, accumulation), 1e-2)
-    assert not applied and np.isnan(loss) and opt.step == 1
+    done = runner(_split(masked_out, accumulation), 1e-2)
+    assert not done.applied and np.isnan(done.loss) and opt.step == 1
     for a, p in zip(before, model.trainable_params()):
         assert np.array_equal(a, p.asnumpy())
     after = opt.state_dict()
     assert all(np.array_equal(moments[k], after[k]) for k in opt.moment_names())
     # and the next good step proceeds (the accumulation buffers were cleared)
-    _, norm, applied = runner(_split(_batch(3), accumulation), 1e-2)
-    assert applied and np.isfinite(norm) and opt.step == 2
+    done = runner(_split(_batch(3), accumulation), 1e-2)
+    assert done.applied and np.isfinite(done.grad_norm) and opt.step == 2

@@ -137,3 +137,53 @@ def test_interrupted_and_resumed_run_matches_bit_for_bit(full_run, tmp_path, tin
     # metrics.jsonl holds one line per step of the combined history
     steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def _set(key, value):
+    return lambda common: common.update({key: value})
+
+
+def _drop(key):
+    return lambda common: common.pop(key)
+
+
+DAMAGED_RESUME = [
+    # (id, change to common.json's "common", the field the one line names)
+    ("step-abc", _set("step", "abc"), "step: must be a non-negative integer, got 'abc'"),
+    ("step-negative", _set("step", -3), "step: must be a non-negative integer, got -3"),
+    ("step-float", _set("step", 2.5), "step: must be a non-negative integer, got 2.5"),
+    ("step-bool", _set("step", True), "step: must be a non-negative integer, got True"),
+    ("consumed-missing", _drop("consumed_samples"), "consumed_samples: missing"),
+    ("optimizer-step-list", _set("optimizer_step", [1]), "optimizer_step: must be a non-negative integer"),
+    ("skipped-negative", _set("skipped_steps", -1), "skipped_steps: must be a non-negative integer"),
+    ("rng-missing", _drop("rng"), "rng: missing"),
+    ("rng-a-string", _set("rng", "seeded"), "rng: must be an object"),
+    ("rng-numpy-keys-short", lambda c: c["rng"]["numpy"].update(keys=[1, 2]), "rng.numpy.keys: must be a list of 624"),
+    ("rng-python-state-huge", lambda c: c["rng"]["python"]["state"].__setitem__(0, 2 ** 40),
+     "rng.python.state: must be a list of 625 integers in [0, 4294967296)"),
+    ("rng-mindspore-short", lambda c: c["rng"].update(mindspore=[1, 2, 3]), "rng.mindspore: must be a list of"),
+    ("rng-python-garbage", lambda c: c["rng"].update(python="AAAA"), "rng: stored pickled"),
+    ("rng-python-version", lambda c: c["rng"]["python"].update(version="x"), "rng: not a state mf-trainer wrote"),
+]
+
+
+@pytest.mark.parametrize("case", DAMAGED_RESUME, ids=[c[0] for c in DAMAGED_RESUME])
+def test_damaged_resume_state_is_one_keyed_line(full_run, tmp_path, tiny_corpus, tiny_config, case):
+    import shutil
+
+    from mf_trainer import TrainerConfigError
+
+    _, change, needle = case
+    _, _, out, _ = full_run
+    ckpt = tmp_path / "ck"
+    shutil.copytree(out / "checkpoint", ckpt)
+    path = ckpt / "iteration_00000006" / "common.json"
+    info = json.loads(path.read_text())
+    change(info["common"])
+    path.write_text(json.dumps(info))
+    raw = tiny_config(tmp_path / "run", tiny_corpus, training=ONE_GRAPH, checkpoint={"load_path": str(ckpt)})
+    with pytest.raises(TrainerConfigError) as error:
+        _trainer(raw)
+    message = str(error.value)
+    assert "\n" not in message and needle in message, message
+    assert message.startswith("checkpoint.load_path: ") and ("common.json: " in message)

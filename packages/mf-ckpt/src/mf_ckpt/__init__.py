@@ -20,7 +20,7 @@ from .options import LoadOptions, SaveOptions
 from .saver import Saver, SaveResult, save
 from .sharding import ShardedTensor, replicated, shard_array, split_evenly, split_padded, split_sizes
 
-__version__ = "0.2.1"
+__version__ = "0.3.0"
 
 __all__ = [
     "BF16",

@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .collectives import Collective, exchange_bytes
+from .errors import CheckpointError
+from .extract import read_region
 from .sharding import box_slices, write_box
 
 
@@ -47,7 +49,10 @@ def assign_owners(all_requests, world: int):
     return plan
 
 
-def load_balanced(comm: Collective, pool, layout, all_requests, dests, workers: int) -> tuple[int, int]:
+def load_balanced(comm: Collective, pool, layout, all_requests, dests, workers: int,
+                  verify: bool = True) -> tuple[int, int, str | None]:
+    """Returns (bytes read, regions read, this rank's read error or None). A rank whose reads fail
+    still takes part in the exchange (sending nothing), so no rank is left waiting."""
     me = comm.rank
     plan = assign_owners(all_requests, comm.world_size)
     mine = [(key, box, users, nbytes) for key, (owner, box, users, nbytes) in plan.items() if owner == me]
@@ -55,14 +60,17 @@ def load_balanced(comm: Collective, pool, layout, all_requests, dests, workers: 
     def read(item):
         (part, name, ci), box, users, _ = item
         chunk = layout.parts[part][name].chunks[ci]
-        start, stop = chunk.stored_region(*box)
-        return pool.get(layout.root / chunk.file).read(chunk.key, start, stop).reshape(box[1])
+        return read_region(pool, layout, part, name, chunk, box[0], box[1], verify).reshape(box[1])
 
-    if workers > 1 and len(mine) > 1:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mf-ckpt-reader") as ex:
-            data = list(ex.map(read, mine))
-    else:
-        data = [read(item) for item in mine]
+    error = None
+    try:
+        if workers > 1 and len(mine) > 1:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mf-ckpt-reader") as ex:
+                data = list(ex.map(read, mine))
+        else:
+            data = [read(item) for item in mine]
+    except CheckpointError as e:
+        error, mine, data = str(e), [], []
 
     outgoing: dict[int, list] = defaultdict(list)
     my_requests = all_requests[me]
@@ -79,5 +87,5 @@ def load_balanced(comm: Collective, pool, layout, all_requests, dests, workers: 
         for i, piece in pickle.loads(blob):
             req = my_requests[i]
             write_box(dests[req.part][req.name], req.offset, req.shape, piece)
-    return sum(item[3] for item in mine), len(mine)
+    return sum(item[3] for item in mine), len(mine), error
 

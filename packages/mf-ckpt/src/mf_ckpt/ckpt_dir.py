@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 from .errors import CheckpointError
@@ -21,7 +23,9 @@ COMMON = "common.json"
 FORMAT = "mf-ckpt"
 FORMAT_VERSION = 1
 
-_ITER_RE = re.compile(r"^iteration_(\d{8,})$")
+_ITER_RE = re.compile(r"^iteration_([0-9]{8,18})$")
+_MARKER_MAX = 24  # bytes: 18 digits (an int64 step) and surrounding whitespace
+_MARKER_RE = re.compile(rb"\s*[0-9]{1,18}\s*")
 
 
 def iteration_name(iteration: int) -> str:
@@ -46,17 +50,25 @@ def shard_file(prefix: str, part: str, rank: int, world: int) -> str:
 
 
 def read_marker(root: Path) -> int | None:
-    """The committed iteration, None if there is no marker; a corrupt marker is an error."""
+    """The committed iteration, None if there is no marker; a corrupt marker is an error.
+
+    The marker is a few ASCII digits. Whatever else it holds (it may be a symlink to any file)
+    is described, never quoted: an error message must not carry another file's bytes.
+    """
     path = Path(root) / MARKER
     try:
-        text = path.read_text(encoding="utf-8").strip()
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise CheckpointError(f"{path}: not a regular file (expected the committed iteration number)")
+        with open(path, "rb") as f:
+            raw = f.read(_MARKER_MAX + 1)
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: cannot read ({e})") from None
-    if not text.isdigit():
-        raise CheckpointError(f"{path}: expected an iteration number, found {text[:40]!r}")
-    return int(text)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
+    if not _MARKER_RE.fullmatch(raw):
+        what = f"more than {_MARKER_MAX} bytes" if len(raw) > _MARKER_MAX else "something else"
+        raise CheckpointError(f"{path}: does not hold an iteration number (expected up to 18 ASCII digits, found {what})")
+    return int(raw)
 
 
 def write_marker(root: Path, iteration: int, *, fsync: bool = True) -> None:
@@ -90,7 +102,7 @@ def resolve(path: Path, iteration: int | None = None) -> tuple[Path, int]:
     """(iteration directory, iteration) for a save directory or an iteration directory."""
     path = Path(path)
     if (path / METADATA).is_file():
-        m = re.match(r"^\.?iteration_(\d{8,})", path.name)
+        m = re.match(r"^\.?iteration_([0-9]{8,18})", path.name)
         found = int(m.group(1)) if m else None
         if iteration is not None and found is not None and iteration != found:
             raise CheckpointError(f"{path}: is iteration {found}, not {iteration}")

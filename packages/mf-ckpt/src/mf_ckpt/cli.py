@@ -122,8 +122,16 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "verify":
         result = verify(args.path, args.iteration, progress=progress)
+        if result["checksums_verified"] == result["chunks"]:
+            checked = "every chunk matches its crc32c checksum"
+        elif result["kind"] == "mf" and not result["checksums_verified"]:
+            checked = "no checksums recorded (written before mf-ckpt 0.3): data read back but not checked against any"
+        elif not result["checksums_verified"]:
+            checked = f"a {result['kind']} directory carries no checksums: data read back but not checked against any"
+        else:
+            checked = f"{result['checksums_verified']} of {result['chunks']} chunks checked against their checksums"
         print(f"OK: {result['tensors']} tensors, {result['chunks']} chunks, {format_size(result['bytes'])} "
-              f"read back from {result['path']}")
+              f"read back from {result['path']}; {checked}")
         return 0
     if args.command == "merge":
         merge(args.path, args.out, iteration=args.iteration, max_shard_size=args.max_shard_size,

@@ -23,3 +23,9 @@ def first_few(names, limit: int = 3) -> str:
     if len(names) > limit:
         shown += f" (and {len(names) - limit} more)"
     return shown
+
+
+def brief(value, limit: int = 60) -> str:
+    """repr(value), cut to `limit` characters: a crafted file must not fill an error line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -68,16 +68,62 @@ def write_json(path: Path, obj, *, fsync: bool = True) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"), fsync=fsync)
 
 
+# Far deeper than anything mf-ckpt writes (common.json nests a few levels); json's own limit is the
+# interpreter's recursion limit, and a RecursionError is no message for a user.
+MAX_JSON_DEPTH = 64
+
+
+def json_depth_ok(value, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when `value` nests at most `limit` containers deep (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return False
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return True
+
+
+def loads_json(raw: bytes | str, where: str, what: str):
+    """Parse JSON read from a file; any problem (syntax, encoding, nesting) is one CheckpointError."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise CheckpointError(f"{where}: {what} nests too deeply to be read") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{where}: {what} is not valid JSON ({e})") from None
+    if not json_depth_ok(value):
+        raise CheckpointError(f"{where}: {what} nests more than {MAX_JSON_DEPTH} levels deep")
+    return value
+
+
 def read_json(path: Path, what: str):
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        with open(path, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         raise CheckpointError(f"{path}: {what} not found") from None
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read {what} ({e.strerror or e})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: {what} is not valid JSON ({e})") from None
+    return loads_json(raw, str(path), what)
+
+
+def check_not_an_input(out_dir, inputs, flag: str = "OUT") -> None:
+    """Refuse an output directory that is one of the inputs, holds one, or lies inside one: with
+    --force it would be replaced (deleted) while, or before, it is read."""
+    out_real = os.path.realpath(out_dir)
+    for given in inputs:
+        if given is None:
+            continue
+        src_real = os.path.realpath(given)
+        if out_real == src_real:
+            raise CheckpointError(f"{out_dir}: {flag} is the input {given} itself; write somewhere else")
+        if os.path.commonpath([out_real, src_real]) == out_real:
+            raise CheckpointError(f"{out_dir}: {flag} contains the input {given}; replacing it would destroy the input")
+        if os.path.commonpath([out_real, src_real]) == src_real:
+            raise CheckpointError(f"{out_dir}: {flag} lies inside the input {given}; write somewhere else")
 
 
 def check_output_dir(out_dir: Path, *, overwrite: bool) -> None:

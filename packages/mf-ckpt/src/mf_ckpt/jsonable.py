@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CheckpointError
+from .errors import CheckpointError, brief
 
 _TAG = "__mf__"
 
@@ -46,17 +46,62 @@ def encode(obj: Any, path: str = "common") -> Any:
     raise CheckpointError(f"{path}: {type(obj).__name__} cannot be stored in common.json")
 
 
-def decode(obj: Any) -> Any:
+def decode(obj: Any, path: str = "common", where: str = "common.json") -> Any:
+    """The inverse of `encode`. A tagged value that does not describe what its tag says (unknown
+    dtype, data that does not fill its shape, missing fields, bad base64) is a CheckpointError
+    naming `where` (the file) and the key path."""
     if isinstance(obj, list):
-        return [decode(v) for v in obj]
+        return [decode(v, f"{path}[{i}]", where) for i, v in enumerate(obj)]
     if isinstance(obj, dict):
         tag = obj.get(_TAG)
+        if tag is None:
+            return {k: decode(v, f"{path}.{k}", where) for k, v in obj.items()}
         if tag == "ndarray":
-            data = base64.b64decode(obj["data"])
-            return np.frombuffer(data, dtype=np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
+            return _decode_array(obj, path, where)
         if tag == "bytes":
-            return base64.b64decode(obj["data"])
+            _fields(obj, {"data"}, path, where)
+            return _b64(obj["data"], path, where)
         if tag == "tuple":
-            return tuple(decode(v) for v in obj["items"])
-        return {k: decode(v) for k, v in obj.items()}
+            _fields(obj, {"items"}, path, where)
+            if not isinstance(obj["items"], list):
+                raise CheckpointError(f"{where}: {path}: a tagged tuple needs a list of items")
+            return tuple(decode(v, f"{path}[{i}]", where) for i, v in enumerate(obj["items"]))
+        raise CheckpointError(f"{where}: {path}: unknown tag {brief(tag)} (expected ndarray, bytes or tuple)")
     return obj
+
+
+def _fields(obj: dict, needed: set[str], path: str, where: str) -> None:
+    missing = sorted(needed - set(obj))
+    if missing:
+        raise CheckpointError(f"{where}: {path}: tagged {obj[_TAG]} lacks {missing[0]!r}")
+
+
+def _b64(data: Any, path: str, where: str) -> bytes:
+    if not isinstance(data, str):
+        raise CheckpointError(f"{where}: {path}.data: must be a base64 string")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (ValueError, TypeError):
+        raise CheckpointError(f"{where}: {path}.data: not valid base64") from None
+
+
+def _decode_array(obj: dict, path: str, where: str) -> np.ndarray:
+    _fields(obj, {"dtype", "shape", "data"}, path, where)
+    code, shape = obj["dtype"], obj["shape"]
+    try:
+        dtype = np.dtype(code) if isinstance(code, str) else None
+    except TypeError:
+        dtype = None
+    # Only plain numeric/bool/bytes dtypes, as encode writes them: never object or structured ones.
+    if dtype is None or dtype.hasobject or dtype.fields is not None or dtype.kind not in "biufcSU":
+        raise CheckpointError(f"{where}: {path}.dtype: {brief(code)} is not a numpy dtype mf-ckpt stores")
+    if not (isinstance(shape, list) and all(type(d) is int and 0 <= d < 2**62 for d in shape)):
+        raise CheckpointError(f"{where}: {path}.shape: must be a list of non-negative integers, got {brief(shape)}")
+    data = _b64(obj["data"], path, where)
+    count = 1
+    for d in shape:
+        count *= d
+    if count * dtype.itemsize != len(data):
+        raise CheckpointError(f"{where}: {path}: {len(data)} bytes of data do not fill a {dtype.str}{shape} array "
+                              f"({count * dtype.itemsize} bytes)")
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()

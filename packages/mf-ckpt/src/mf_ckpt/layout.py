@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes
-from .errors import CheckpointError
+from .errors import CheckpointError, brief
 
 PARTS = ("model", "optimizer")
 
@@ -29,6 +29,12 @@ class Chunk:
     key: str
     src_start: tuple[int, ...] | None = None
     squeeze: tuple[int, ...] = ()
+    checksum: int | None = None  # CRC32C of the stored tensor's bytes (None: not recorded)
+
+    def is_whole(self, offset: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+        """True when box (offset, shape) is this whole chunk and the chunk is its whole stored
+        tensor (what a checksum covers)."""
+        return self.src_start is None and offset == self.offset and shape == self.shape
 
     def stored_shape(self) -> tuple[int, ...]:
         """Shape of the region of the stored tensor this chunk occupies."""
@@ -127,12 +133,13 @@ def check_coverage(where: str, name: str, shape: tuple[int, ...], boxes: list[tu
 def _int_list(value, what: str, where: str) -> tuple[int, ...]:
     # type() rather than isinstance: bools are not sizes, and this runs per chunk on every rank.
     if type(value) is not list or not all(type(v) is int and v >= 0 for v in value):
-        raise CheckpointError(f"{where}: {what} must be a list of non-negative integers, got {value!r}")
+        raise CheckpointError(f"{where}: {what} must be a list of non-negative integers, got {brief(value)}")
     return tuple(value)
 
 
-def parse_tensors(obj, where: str) -> dict[str, TensorMeta]:
-    """Validate one part of metadata.json ({name: {dtype, shape, chunks}})."""
+def parse_tensors(obj, where: str, checksums: dict[str, list[int]] | None = None) -> dict[str, TensorMeta]:
+    """Validate one part of metadata.json ({name: {dtype, shape, chunks}}); `checksums` ({name:
+    [crc per chunk]}, when the metadata records them) must cover every chunk."""
     if not isinstance(obj, dict):
         raise CheckpointError(f"{where}: expected an object of tensors")
     out = {}
@@ -141,22 +148,28 @@ def parse_tensors(obj, where: str) -> dict[str, TensorMeta]:
             raise CheckpointError(f"{where}: tensor {name!r} entry is not an object")
         code = entry.get("dtype")
         if code not in dtypes.CODES:
-            raise CheckpointError(f"{where}: tensor {name!r} has unsupported dtype {code!r}")
+            raise CheckpointError(f"{where}: tensor {name!r} has unsupported dtype {brief(code)}")
         shape = _int_list(entry.get("shape"), f"tensor {name!r} shape", where)
         chunks_obj = entry.get("chunks")
         if type(chunks_obj) is not list:
             raise CheckpointError(f"{where}: tensor {name!r} has no chunk list")
+        sums = None if checksums is None else checksums.get(name)
+        counted = sums is None or len(sums) == len(chunks_obj)
         chunks = []
-        for c in chunks_obj:
+        for i, c in enumerate(chunks_obj):
             try:
                 file, key, offset, size = c["file"], c["key"], c["offset"], c["shape"]
             except (TypeError, KeyError):
-                raise CheckpointError(f"{where}: tensor {name!r} has a malformed chunk {c!r}") from None
+                raise CheckpointError(f"{where}: tensor {name!r} has a malformed chunk {brief(c)}") from None
             if type(file) is not str or type(key) is not str:
-                raise CheckpointError(f"{where}: tensor {name!r} has a malformed chunk {c!r}")
+                raise CheckpointError(f"{where}: tensor {name!r} has a malformed chunk {brief(c)}")
             chunks.append(Chunk(_int_list(offset, f"tensor {name!r} chunk offset", where),
-                                _int_list(size, f"tensor {name!r} chunk shape", where), file, key))
+                                _int_list(size, f"tensor {name!r} chunk shape", where), file, key,
+                                checksum=sums[i] if sums is not None and counted else None))
         check_coverage(where, name, shape, [(c.offset, c.shape) for c in chunks])
+        if checksums is not None and not (sums is not None and counted):
+            raise CheckpointError(f"{where}: tensor {name!r} has {len(chunks)} chunk(s) but "
+                                  f"{'no' if sums is None else len(sums)} checksum(s)")
         out[name] = TensorMeta(code, shape, chunks)
     return out
 

@@ -23,6 +23,7 @@ from . import dtypes
 from .balanced import load_balanced
 from .collectives import Collective, SingleProcess
 from .errors import CheckpointError, first_few
+from .extract import read_region
 from .global_layout import as_sharded
 from .layout import CheckpointLayout
 from .options import LoadOptions
@@ -55,6 +56,8 @@ class LoadResult:
     bytes_read: int = 0
     regions_read: int = 0
     seconds: float = 0.0
+    checksums_verified: int = 0  # chunks this rank read that were checked against their checksum
+    source: str = ""             # the directory loaded: the iteration directory of an mf checkpoint
 
 
 def plan_requests(layout: CheckpointLayout, dests: dict[str, dict[str, ShardedTensor]], strict: bool):
@@ -96,22 +99,22 @@ def plan_requests(layout: CheckpointLayout, dests: dict[str, dict[str, ShardedTe
     return requests, missing
 
 
-def read_request(pool: ReaderPool, layout: CheckpointLayout, req: Request, dest: ShardedTensor) -> None:
+def read_request(pool: ReaderPool, layout: CheckpointLayout, req: Request, dest: ShardedTensor,
+                 verify: bool = True) -> None:
     chunk = layout.parts[req.part][req.name].chunks[req.chunk_index]
-    start, stop = chunk.stored_region(req.offset, req.shape)
-    reader = pool.get(layout.root / chunk.file)
     view = dest.data[box_slices((req.offset, req.shape), dest.global_offset)]
     if chunk.squeeze:
         view = np.squeeze(view, axis=chunk.squeeze)
     if dtypes.code_of(view.dtype) == layout.parts[req.part][req.name].dtype:
-        reader.read(chunk.key, start, stop, out=view)  # straight into the buffer when contiguous
+        # straight into the buffer when contiguous (and checked there)
+        read_region(pool, layout, req.part, req.name, chunk, req.offset, req.shape, verify, out=view)
     else:
-        dtypes.assign(view, reader.read(chunk.key, start, stop))
+        dtypes.assign(view, read_region(pool, layout, req.part, req.name, chunk, req.offset, req.shape, verify))
 
 
-def run_requests(pool, layout, requests, dests, workers: int) -> None:
+def run_requests(pool, layout, requests, dests, workers: int, verify: bool = True) -> None:
     def one(req: Request) -> None:
-        read_request(pool, layout, req, dests[req.part][req.name])
+        read_request(pool, layout, req, dests[req.part][req.name], verify)
 
     # File order keeps each thread's reads sequential on disk.
     ordered = sorted(requests, key=lambda r: (layout.parts[r.part][r.name].chunks[r.chunk_index].file, r.name))
@@ -137,7 +140,9 @@ def load(
     Destinations are ShardedTensor (or plain arrays = the whole tensor). `iteration` picks one
     other than the marker's; `strict=False` tolerates requested tensors the checkpoint lacks
     (listed in `LoadResult.missing`). Floating dtypes convert to the destination's (BF16
-    included); any other dtype difference is an error.
+    included); any other dtype difference is an error. Every chunk read is checked against the
+    checksum metadata.json records for it (`LoadOptions.verify_checksums`, on by default; older
+    checkpoints without checksums load unchecked).
     """
     if not isinstance(options, LoadOptions):
         options = LoadOptions(load_path=os.fspath(options))
@@ -163,13 +168,29 @@ def load(
         r, msg = failures[0]
         raise CheckpointError(msg if comm.world_size == 1 else f"rank {r}: {msg}")
 
+    verify = options.verify_checksums
+    read_error = None
     with ReaderPool(headers) as pool:
         if options.load_balanced and comm.world_size > 1:
             all_requests = [[Request(*s) for s in g[1]] for g in gathered]
-            bytes_read, regions = load_balanced(comm, pool, layout, all_requests, dests, options.load_worker_number)
+            bytes_read, regions, read_error = load_balanced(comm, pool, layout, all_requests, dests,
+                                                            options.load_worker_number, verify)
         else:
-            run_requests(pool, layout, requests, dests, options.load_worker_number)
+            try:
+                run_requests(pool, layout, requests, dests, options.load_worker_number, verify)
+            except CheckpointError as e:
+                read_error = str(e)
             bytes_read, regions = sum(r.nbytes for r in requests), len(requests)
+    # A chunk's checksum can only be checked once its bytes are read: the ranks agree again, so
+    # a damaged chunk fails every rank (the destinations then hold partial data: do not use them).
+    if comm.world_size > 1:
+        failures = [(r, e) for r, e in enumerate(comm.all_gather_object(read_error)) if e]
+        if failures:
+            raise CheckpointError(f"rank {failures[0][0]}: {failures[0][1]}")
+    elif read_error:
+        raise CheckpointError(read_error)
+    checked = sum(1 for r in requests if layout.parts[r.part][r.name].chunks[r.chunk_index].checksum is not None) \
+        if verify else 0
 
     requested = set(dests["model"])
     per_rank = None
@@ -186,4 +207,6 @@ def load(
         bytes_read=bytes_read,
         regions_read=regions,
         seconds=time.perf_counter() - t0,
+        checksums_verified=checked,
+        source=str(layout.root),
     )

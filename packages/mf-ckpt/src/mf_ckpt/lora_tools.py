@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import CheckpointError
 from .extract import read_box
-from .fsutil import atomic_output_dir, check_output_dir
+from .fsutil import atomic_output_dir, check_not_an_input, check_output_dir
 from .hf.convert import plan_for
 from .hf.io import write_hf_files
 from .hf.rules import check_mf
@@ -66,6 +66,7 @@ def merge_lora_checkpoint(base, adapter, out, *, to: str = "mf", hf_config=None,
     if to == "mf" and max_shard_size is not None:
         raise CheckpointError("--max-shard-size applies to --to hf only (an mf checkpoint is one file per rank)")
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
+    check_not_an_input(out, [base, adapter, hf_config if isinstance(hf_config, (str, os.PathLike)) else None])
     check_output_dir(Path(out), overwrite=overwrite)
     adapter_layout, meta = open_lora_adapter(adapter)
     adapter_state = read_all(adapter_layout)

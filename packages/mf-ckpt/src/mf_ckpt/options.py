@@ -81,12 +81,16 @@ class LoadOptions:
     load_balanced       read each needed chunk once across ranks and share it
     no_load_optim       leave optimizer buffers untouched (model weights only)
     load_worker_number  reader threads per rank
+    verify_checksums    (extension) check every chunk read against the checksum its metadata
+                        records (a chunk read in part is read whole once to be checked); False
+                        skips the check. Checkpoints written before checksums load either way
     """
 
     load_path: str = ""
     load_balanced: bool = False
     no_load_optim: bool = False
     load_worker_number: int = 1
+    verify_checksums: bool = True
 
     def __post_init__(self) -> None:
         _check_types(self)

@@ -21,7 +21,7 @@ from .ckpt_dir import COMMON, MARKER, committed_dirs, read_marker, trash_name
 def _saved_at(path: Path) -> float:
     try:
         return float(json.loads((path / COMMON).read_text())["saved_at"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # damaged: its mtime will do
         try:
             return path.stat().st_mtime
         except OSError:

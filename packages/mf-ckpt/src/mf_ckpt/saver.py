@@ -21,6 +21,7 @@ One save, in order (all ranks call `Saver.save` together):
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -34,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from . import checksums as crc
 from . import jsonable
 from .async_writer import AsyncWriter
 from .ckpt_dir import (
@@ -83,6 +85,8 @@ class _Pending:
     # A save written by the cached plan without asking: (iteration, structure unchanged), checked
     # by every rank at commit.
     unconfirmed: tuple[int, bool] | None = None
+    metadata: bytes | None = None   # rank 0: metadata.json without its checksums (added at commit)
+    checksums: dict[str, dict[str, int]] = field(default_factory=dict)  # this rank's {file: {key: crc}}
 
 
 class _StaleLayout(Exception):
@@ -113,6 +117,18 @@ def common_info(iteration: int, world_size: int, common_json: Any, per_rank: lis
     if per_rank and any(p is not None for p in per_rank):
         info["per_rank"] = per_rank
     return info
+
+
+def with_checksums(metadata: bytes, written: dict[str, dict[str, int]]) -> bytes:
+    """metadata.json's bytes with the "checksums" entry (one per chunk) from what the ranks wrote
+    ({file: {key: crc}}). The layout part (cached between saves, possibly megabytes) is spliced,
+    not encoded again: it is a compact JSON object, so the entry goes in before its closing brace."""
+    entry = crc.for_layout(json.loads(metadata), written)
+    body = metadata.rstrip()
+    if not body.endswith(b"}") or body == b"{}":
+        raise AssertionError("metadata is not a non-empty JSON object")
+    blob = json.dumps(entry, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    return body[:-1] + b',"checksums":' + blob + b"}\n"
 
 
 def _describe_error(e: BaseException) -> str:
@@ -196,13 +212,13 @@ class Saver:
         t2 = time.perf_counter()
         result = SaveResult(iteration, staging, False, hit,
                             timings={"metadata": t1 - t0, "metadata_cpu": cpu1 - cpu0, "snapshot": t2 - t1})
-        pending = _Pending(iteration, staging, common_json, per_rank_json, result)
+        pending = _Pending(iteration, staging, common_json, per_rank_json, result, metadata=plan.metadata_bytes)
         self._pending = pending
         if self._writer is not None:
-            pending.future = self._writer.submit(lambda: self._write(plan, entries, staging, result))
+            pending.future = self._writer.submit(lambda: self._write(plan, entries, staging, result, pending))
             return result
         try:
-            self._write(plan, entries, staging, result)
+            self._write(plan, entries, staging, result, pending)
         except Exception as e:  # reported on every rank by the commit step
             pending.error = _describe_error(e)
         return self._commit(block=True)
@@ -217,27 +233,29 @@ class Saver:
         result = SaveResult(iteration, staging, False, True,
                             timings={"metadata": t1 - t0, "metadata_cpu": cpu1 - cpu0, "snapshot": 0.0})
         pending = _Pending(iteration, staging, common_json, per_rank_json, result, error=error,
-                           unconfirmed=(iteration, unchanged))
+                           unconfirmed=(iteration, unchanged), metadata=cache.plan.metadata_bytes)
         self._pending = pending
         if unchanged:
             try:
-                self._write(cache.plan, self._entries(cache.plan, states, copy=False), staging, result)
+                self._write(cache.plan, self._entries(cache.plan, states, copy=False), staging, result, pending)
             except Exception as e:  # reported on every rank by the commit step
                 pending.error = _describe_error(e)
         return self._commit(block=True)
 
-    def _write(self, plan: RankPlan, entries: dict[str, list[Entry]], staging: Path, result: SaveResult) -> int:
-        """This rank's files (and rank 0's metadata.json) into the staging directory."""
+    def _write(self, plan: RankPlan, entries: dict[str, list[Entry]], staging: Path, result: SaveResult,
+               pending: _Pending) -> int:
+        """This rank's files into the staging directory, checksummed as they are written (rank 0
+        writes metadata.json at commit, once every rank's checksums are known)."""
         opts, rank, world = self.options, self.comm.rank, self.comm.world_size
         start = time.perf_counter()
         staging.mkdir(parents=True, exist_ok=True)
         written = 0
         for part, part_entries in entries.items():
             if part_entries:
-                path = staging / shard_file(opts.prefix, part, rank, world)
-                written += write_file(path, part_entries, {"format": FORMAT}, fsync=opts.fsync)
-        if rank == 0:
-            atomic_write_bytes(staging / METADATA, plan.metadata_bytes, fsync=opts.fsync)
+                name = shard_file(opts.prefix, part, rank, world)
+                sums = pending.checksums.setdefault(name, {})
+                written += write_file(staging / name, part_entries, {"format": FORMAT}, fsync=opts.fsync,
+                                      checksums=sums)
         result.bytes_written = written
         result.timings["write"] = time.perf_counter() - start
         return written
@@ -306,7 +324,8 @@ class Saver:
             else:
                 done = False
         t0 = time.perf_counter()
-        status = self.comm.all_gather_object((done, pending.error, pending.per_rank, pending.unconfirmed))
+        sums = pending.checksums if done and not pending.error else {}
+        status = self.comm.all_gather_object((done, pending.error, pending.per_rank, pending.unconfirmed, sums))
         if not all(s[0] for s in status):
             return None
         self._pending = None
@@ -332,7 +351,8 @@ class Saver:
         outcome = None
         if rank == 0:
             try:
-                pending.result.deleted = self._publish(pending, [s[2] for s in status])
+                checksums = {file: keys for s in status for file, keys in s[4].items()}
+                pending.result.deleted = self._publish(pending, [s[2] for s in status], checksums)
             except Exception as e:
                 outcome = _describe_error(e)
         outcome = self.comm.all_gather_object(outcome)[0]
@@ -344,9 +364,11 @@ class Saver:
         result.timings["commit"] = time.perf_counter() - t0
         return result
 
-    def _publish(self, pending: _Pending, per_rank: list[Any]) -> list[int]:
-        """Rank 0: common.json, rename into place, move the marker, rotate."""
+    def _publish(self, pending: _Pending, per_rank: list[Any], checksums: dict[str, dict[str, int]]) -> list[int]:
+        """Rank 0: metadata.json (with every rank's checksums), common.json, rename into place,
+        move the marker, rotate."""
         opts, root, it = self.options, self.root, pending.iteration
+        atomic_write_bytes(pending.staging / METADATA, with_checksums(pending.metadata, checksums), fsync=opts.fsync)
         write_json(pending.staging / COMMON, common_info(it, self.comm.world_size, pending.common, per_rank),
                    fsync=opts.fsync)
         if opts.fsync:

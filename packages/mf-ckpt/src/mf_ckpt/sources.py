@@ -10,15 +10,15 @@ intact, key present, dtype and shape as the metadata says.
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
-from . import jsonable
+from . import checksums, jsonable
 from .ckpt_dir import COMMON, FORMAT, FORMAT_VERSION, MARKER, METADATA, committed_dirs, resolve
-from .errors import CheckpointError
-from .fsutil import read_json, safe_member
+from .errors import CheckpointError, brief
+from .fsutil import loads_json, read_json, safe_member
 from .hf.convert import warn_skipped
 from .hf.io import is_hf_dir, open_hf_dir
 from .layout import PARTS, CheckpointLayout, Chunk, TensorMeta, parse_tensors
@@ -70,15 +70,23 @@ def _parse_metadata(path: Path) -> tuple[dict, dict[str, dict[str, TensorMeta]]]
             _PARSED.move_to_end(key)
             return _PARSED[key]
         where = str(path)
-        try:
-            meta = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{where}: {METADATA} is not valid JSON ({e})") from None
+        meta = loads_json(raw, where, METADATA)
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise CheckpointError(f"{where}: not an mf-ckpt metadata file")
-        if not isinstance(meta.get("format_version"), int) or meta["format_version"] > FORMAT_VERSION:
-            raise CheckpointError(f"{where}: format_version {meta.get('format_version')!r} is newer than this mf-ckpt")
-        parts = {p: parse_tensors(meta[p], f"{where} [{p}]") for p in PARTS if p in meta}
+        version = meta.get("format_version")
+        if type(version) is not int or version < 1:
+            raise CheckpointError(f"{where}: format_version must be a positive integer, got {brief(version)}")
+        if version > FORMAT_VERSION:
+            raise CheckpointError(f"{where}: format_version {version} is newer than this mf-ckpt")
+        world = meta.get("world_size")
+        if world is not None and (type(world) is not int or world < 1):
+            raise CheckpointError(f"{where}: world_size must be a positive integer, got {brief(world)}")
+        files = meta.get("files", [])
+        if type(files) is not list or not all(type(f) is str for f in files):
+            raise CheckpointError(f"{where}: files must be a list of file names, got {brief(files)}")
+        sums = checksums.parse(meta["checksums"], where) if "checksums" in meta else None
+        parts = {p: parse_tensors(meta[p], f"{where} [{p}]", None if sums is None else sums.get(p, {}))
+                 for p in PARTS if p in meta}
         if "model" not in parts:
             raise CheckpointError(f"{where}: no model tensors")
         _PARSED[key] = (meta, parts)
@@ -87,14 +95,30 @@ def _parse_metadata(path: Path) -> tuple[dict, dict[str, dict[str, TensorMeta]]]
         return meta, parts
 
 
+def _common_json(path: Path) -> tuple[dict, Any, Any, dict]:
+    """(common, per_rank, iteration, raw) of a common.json, every field checked (one line naming it)."""
+    info = read_json(path, COMMON)
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{path}: must be a JSON object")
+    common = info.get("common", {})
+    if not isinstance(common, dict):
+        raise CheckpointError(f"{path}: 'common' must be an object, got {type(common).__name__}")
+    common = jsonable.decode(common, "common", str(path))
+    per_rank = info.get("per_rank")
+    if per_rank is not None:
+        if not isinstance(per_rank, list):
+            raise CheckpointError(f"{path}: 'per_rank' must be a list (one entry per rank), got {type(per_rank).__name__}")
+        per_rank = jsonable.decode(per_rank, "per_rank", str(path))
+    iteration = info.get("iteration")
+    if iteration is not None and (type(iteration) is not int or iteration < 0):
+        raise CheckpointError(f"{path}: 'iteration' must be a non-negative integer, got {brief(iteration)}")
+    return common, per_rank, iteration, info
+
+
 def open_mf(path: Path, iteration: int | None = None) -> CheckpointLayout:
     directory, iteration = resolve(path, iteration)
     meta, parts = _parse_metadata(directory / METADATA)
-    info = read_json(directory / COMMON, COMMON)
-    if not isinstance(info, dict):
-        raise CheckpointError(f"{directory / COMMON}: must be a JSON object")
-    common = jsonable.decode(info.get("common", {}))
-    per_rank = jsonable.decode(info["per_rank"]) if "per_rank" in info else None
+    common, per_rank, _, info = _common_json(directory / COMMON)
     world = meta.get("world_size")
     return CheckpointLayout("mf", directory, parts, iteration, common, per_rank, world,
                             {"metadata": meta, "common.json": info})
@@ -132,10 +156,7 @@ def open_merged(path: Path) -> CheckpointLayout:
         }
     common, per_rank, iteration = {}, None, None
     if (path / COMMON).is_file():
-        info = read_json(path / COMMON, COMMON)
-        if isinstance(info, dict):
-            common = jsonable.decode(info.get("common", {}))
-            iteration = info.get("iteration")
+        common, _, iteration, _ = _common_json(path / COMMON)
     return CheckpointLayout("safetensors", path, parts, iteration, common, per_rank, None, {"headers": headers})
 
 

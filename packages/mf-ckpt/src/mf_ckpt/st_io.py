@@ -25,8 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from . import checksums as crc
 from . import dtypes
-from .errors import CheckpointError
+from .errors import CheckpointError, brief
+from .fsutil import loads_json
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the limit safetensors itself enforces
 
@@ -67,10 +69,7 @@ def read_header(path: str | os.PathLike) -> FileHeader:
             raw = f.read(n)
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: safetensors header is not valid JSON ({e})") from None
+    header = loads_json(raw, str(path), "safetensors header")
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: safetensors header is not a JSON object")
     metadata = header.pop("__metadata__", None)
@@ -98,11 +97,11 @@ def _tensor_info(path: Path, name: str, entry, data_start: int) -> TensorInfo:
         raise CheckpointError(f"{path}: header entry {name!r} is not an object")
     code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if code not in dtypes.CODES:
-        raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {code!r}")
-    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-        raise CheckpointError(f"{path}: tensor {name!r} has an invalid shape {shape!r}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and o >= 0 for o in offsets)):
-        raise CheckpointError(f"{path}: tensor {name!r} has invalid data_offsets {offsets!r}")
+        raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {brief(code)}")
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+        raise CheckpointError(f"{path}: tensor {name!r} has an invalid shape {brief(shape)}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int and o >= 0 for o in offsets)):
+        raise CheckpointError(f"{path}: tensor {name!r} has invalid data_offsets {brief(offsets)}")
     nbytes = math.prod(shape) * dtypes.itemsize(code)
     if offsets[1] - offsets[0] != nbytes:
         raise CheckpointError(
@@ -114,6 +113,7 @@ def _tensor_info(path: Path, name: str, entry, data_start: int) -> TensorInfo:
 # ----------------------------------------------------------------------------------------- write
 
 ArraySource = np.ndarray | Callable[[], np.ndarray]
+_CRC_BLOCK = 4 << 20  # bytes written, then checksummed, at a time
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,11 @@ def write_file(
     *,
     fsync: bool = False,
     on_bytes: Callable[[int], None] | None = None,
+    checksums: dict[str, int] | None = None,
 ) -> int:
-    """Write one safetensors file; returns its size. Tensors are laid out in the given order."""
+    """Write one safetensors file; returns its size. Tensors are laid out in the given order.
+    `checksums`, when given, receives each tensor's CRC32C, computed from the buffer as it is
+    written (no second pass over the data)."""
     header: dict = {}
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -164,8 +167,17 @@ def write_file(
                     f"{path}: tensor {e.name!r} is {dtypes.code_of(arr.dtype)}{list(arr.shape)}, "
                     f"declared {e.dtype}{list(e.shape)}"
                 )
-            if arr.size:
-                _write_all(f, _bytes_view(arr))
+            if checksums is None:
+                if arr.size:
+                    _write_all(f, _bytes_view(arr))
+            else:
+                # Block by block, each checksummed right after it is written, while still in cache.
+                view, value = _bytes_view(arr), 0
+                for at in range(0, view.nbytes, _CRC_BLOCK):
+                    block = view[at : at + _CRC_BLOCK]
+                    _write_all(f, block)
+                    value = crc.update(value, block)
+                checksums[e.name] = value
             if on_bytes is not None:
                 on_bytes(e.nbytes)
         if fsync:
@@ -250,6 +262,30 @@ class FileReader:
                 return np.ascontiguousarray(data)
         dtypes.assign(out, data)
         return out
+
+    def read_whole_checked(self, key: str, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+        """The whole stored tensor `key` and the CRC32C of its bytes, computed block by block as
+        they arrive (each block checksummed while still in cache: one pass over memory). Into
+        `out` when it is C-contiguous in the stored dtype and shape."""
+        info = self.header.tensors[key]
+        dt = dtypes.numpy_dtype(info.dtype)
+        direct = out is not None and out.dtype == dt and out.flags.c_contiguous and tuple(out.shape) == info.shape
+        target = out if direct else np.empty(info.shape, dt)
+        view = memoryview(target.reshape(-1).view(np.uint8))
+        value = 0
+        for at in range(0, view.nbytes, _CRC_BLOCK):
+            block = view[at : at + _CRC_BLOCK]
+            self._pread_block(block, info.start + at)
+            value = crc.update(value, block)
+        return target, value
+
+    def _pread_block(self, view: memoryview, offset: int) -> None:
+        done = 0
+        while done < view.nbytes:
+            got = os.preadv(self._fd, [view[done:]], offset + done)
+            if got <= 0:
+                raise CheckpointError(f"{self.header.path}: unexpected end of file (truncated after validation?)")
+            done += got
 
     def _pread_into(self, out: np.ndarray, offset: int, nbytes: int) -> None:
         view = memoryview(out.reshape(-1).view(np.uint8))

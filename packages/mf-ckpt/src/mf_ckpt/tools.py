@@ -15,14 +15,14 @@ from . import jsonable
 from .ckpt_dir import COMMON, METADATA, iteration_name, shard_file, write_marker
 from .errors import CheckpointError
 from .extract import read_box
-from .fsutil import atomic_output_dir, check_output_dir, read_json
+from .fsutil import atomic_output_dir, check_not_an_input, check_output_dir, read_json
 from .global_layout import LocalEntry, build
 from .hf.convert import architecture, plan_for
 from .hf.io import read_config, write_hf_files
 from .hf.rules import check_mf
 from .layout import CheckpointLayout
 from .progress import Progress
-from .saver import common_info
+from .saver import common_info, with_checksums
 from .sources import open_source, validate_files
 from .st_dir import write_tensors
 from .st_io import Entry, ReaderPool, write_file
@@ -46,6 +46,7 @@ def merge(src, out, *, iteration: int | None = None, max_shard_size: int | str |
     plus `*.safetensors.index.json` when `max_shard_size` is given; common.json is carried over.
     The result is itself a valid `load` source."""
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
+    check_not_an_input(out, [src])
     check_output_dir(Path(out), overwrite=overwrite)
     layout = open_source(src, iteration)
     parts = [p for p in ("model", "optimizer") if p in layout.parts and (optimizer or p == "model")]
@@ -71,9 +72,10 @@ def write_single_rank_checkpoint(out: Path, layout: CheckpointLayout, pool: Read
     it_dir = out / iteration_name(iteration)
     it_dir.mkdir()
     entries = entries if entries is not None else _entries(layout, pool, "model")
-    write_file(it_dir / shard_file(prefix, "model", 0, 1), entries, {"format": "mf-ckpt"},
-               on_bytes=bar.update)
-    (it_dir / METADATA).write_bytes(global_layout.metadata_bytes)
+    file = shard_file(prefix, "model", 0, 1)
+    sums: dict[str, int] = {}
+    write_file(it_dir / file, entries, {"format": "mf-ckpt"}, on_bytes=bar.update, checksums=sums)
+    (it_dir / METADATA).write_bytes(with_checksums(global_layout.metadata_bytes, {file: sums}))
     (it_dir / COMMON).write_text(json.dumps(common_info(iteration, 1, jsonable.encode(common)), indent=2,
                                             sort_keys=True) + "\n")
     write_marker(out, iteration, fsync=False)  # the whole directory is renamed into place afterwards
@@ -82,6 +84,7 @@ def write_single_rank_checkpoint(out: Path, layout: CheckpointLayout, pool: Read
 def convert_hf_to_mf(src, dst, *, arch: str | None = None, iteration: int = 0, overwrite: bool = False,
                      progress: bool = False) -> Path:
     """HF directory -> mf checkpoint (world size 1); config.json is kept in common.json["hf_config"]."""
+    check_not_an_input(dst, [src], "DST")
     check_output_dir(Path(dst), overwrite=overwrite)
     config = read_config(src)
     if arch is not None and config.get("model_type") != arch:
@@ -102,6 +105,7 @@ def convert_mf_to_hf(src, dst, *, iteration: int | None = None, hf_config=None, 
     """mf checkpoint (any world size) -> HF directory. The config is the one carried in the
     checkpoint (common.json["hf_config"]) unless `hf_config` (a dict, config.json or its dir) is given."""
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
+    check_not_an_input(dst, [src, hf_config if isinstance(hf_config, (str, Path)) else None], "DST")
     check_output_dir(Path(dst), overwrite=overwrite)
     layout = open_source(src, iteration)
     config = _hf_config(layout, hf_config)

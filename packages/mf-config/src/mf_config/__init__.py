@@ -12,8 +12,7 @@ from mf_config.config import REQUIRED_SECTIONS, TrainConfig
 from mf_config.data_rules import split_data_path
 from mf_config.errors import ConfigError
 from mf_config.extensions import EvalDatasetConfig, InferenceConfig, LoraConfig, TokenizerConfig
-from mf_config.layer_spec import parse_layer_spec, pipeline_layer_placement
-from mf_config.legacy import MigrationResult, ReportLine, migrate_legacy
+from mf_config.layer_spec import even_layer_counts, parse_layer_spec, pipeline_chunks, pipeline_layer_placement
 from mf_config.loader import config_to_dict, dump_config, load_config
 from mf_config.overrides import apply_overrides
 from mf_config.paths import path_warnings
@@ -40,7 +39,7 @@ from mf_config.sections import (
     TrainStateConfig,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "REQUIRED_SECTIONS",
@@ -82,5 +81,22 @@ __all__ = [
     "parse_layer_spec",
     "path_warnings",
     "pipeline_layer_placement",
+    "pipeline_chunks",
+    "even_layer_counts",
     "split_data_path",
 ]
+
+
+# The MindFormers migration tables are large and only `mf config migrate` needs them: loaded on
+# first use, so `import mf_config` (every `mf` command, the trainer's preflight) stays cheap.
+_LEGACY = ("MigrationResult", "ReportLine", "migrate_legacy")
+
+
+def __getattr__(name: str):
+    if name in _LEGACY:
+        import mf_config.legacy as legacy
+
+        value = getattr(legacy, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mf_config' has no attribute {name!r}")

@@ -99,6 +99,8 @@ class CheckpointConfig(Section):
     no_load_optim: bool = fld(False, doc="do not load optimizer state (must be False to resume)")
     load_worker_number: int = fld(1, check=positive, doc="loader threads")
     save_global_layout_cache: bool = fld(True, doc="cache the global layout to speed up later loads")
+    load_rng_state: bool = fld(True, doc="extension: restore the RNG states a resumed checkpoint saved; false "
+                                         "resumes without them (the RNGs restart from training.seed)")
 
 
 # ----------------------------------------------------------------------------- training
@@ -153,8 +155,8 @@ class ParallelismConfig(Section):
     pipeline_parallel_layers_per_stage: Any = fld(
         None, pre=lambda v, p: (check_layers_per_stage_shape(v, p), v)[1],
         doc="layer placement: null/'auto', layer counts per virtual stage, or ranges per stage")
-    pipeline_parallel_schedule: Literal["1f1b", "gpipe"] = fld(
-        "1f1b", doc="PP schedule; 1f1b with pipeline_parallel_interleave_num > 1 is interleaved 1F1B")
+    pipeline_parallel_schedule: Literal["1f1b", "gpipe", "interleaved_1f1b", "zbv"] = fld(
+        "1f1b", doc="PP schedule; 1f1b with pipeline_parallel_interleave_num > 1 is interleaved 1F1B; zbv = ZB-V")
     pipeline_parallel_interleave_num: int = fld(1, check=positive, doc="model chunks per stage")
     pipeline_parallel_overlap_p2p: bool = fld(False, doc="overlap stage-to-stage communication")
     pipeline_parallel_overlap_b_f: bool = fld(False, doc="overlap backward and forward compute")

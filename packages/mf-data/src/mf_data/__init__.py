@@ -24,7 +24,16 @@ from .errors import (
 )
 from .gpt_dataset import GPTDataset
 from .hf_tokenizer import HFTokenizer
-from .indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder, get_bin_path, get_idx_path
+from .indexed_dataset import (
+    DType,
+    IndexedDataset,
+    IndexedDatasetBuilder,
+    TokenRange,
+    get_bin_path,
+    get_idx_path,
+    get_stats_path,
+    token_range,
+)
 from .loader import BlendedMegatronDatasetDataLoader, build_from_yaml_block
 from .loader_config import gpt_config_from_dict
 from .preprocess import preprocess
@@ -39,7 +48,7 @@ from .summary import summarize
 from .tokenizer import SentencePieceTokenizer, train_sentencepiece
 from .utils import Split, get_blend_from_list, parse_and_normalize_split
 
-__version__ = "0.2.1"
+__version__ = "0.3.0"
 
 __all__ = [
     "BUILTIN_TEMPLATE_DOC",
@@ -68,6 +77,7 @@ __all__ = [
     "SFTDatasetConfig",
     "SFTIndexedDataset",
     "SFTKeys",
+    "TokenRange",
     "SentencePieceTokenizer",
     "Split",
     "__version__",
@@ -77,6 +87,7 @@ __all__ = [
     "get_bin_path",
     "get_blend_from_list",
     "get_idx_path",
+    "get_stats_path",
     "gpt_config_from_dict",
     "load_tokenizer",
     "loss_mask_prefix",
@@ -88,5 +99,6 @@ __all__ = [
     "sft_config_from_dict",
     "sft_output_prefix",
     "summarize",
+    "token_range",
     "train_sentencepiece",
 ]

@@ -2,7 +2,8 @@
 make-demo-corpus, make-demo-sft.
 
 `main(argv) -> int` returns the exit status: 0 on success, 2 on bad input (one line on stderr,
-no traceback), 130 when interrupted.
+no traceback), 1 for a failure at run time (an OSError such as a full disk, one line too), 130
+when interrupted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from .errors import MFDataError
 
 EXIT_OK = 0
+EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
@@ -53,7 +55,7 @@ def build_parser(prog: str = "mf-data") -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive_int, default=1, help="encoding processes (default 1)")
     p.add_argument("--strict", action="store_true", help="stop at the first bad line instead of skipping it")
     p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
-    p.add_argument("--chunk-lines", type=_positive_int, default=512, help="lines per work unit (default 512)")
+    p.add_argument("--chunk-lines", type=_positive_int, default=128, help="lines per work unit (default 128)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     s = sub.add_parser("preprocess-sft", help="tokenize chat/instruction jsonl(.gz) into <prefix>_sft_document "
@@ -163,6 +165,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "mf-data") -> int:
     except FileExistsError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as err:  # disk full, a file gone mid-run...: one line, outputs already rolled back
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"{prog}: error: {where}{err.strerror or err}", file=sys.stderr)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -1,7 +1,12 @@
-"""The index-building hot loops, vectorised with numpy.
+"""The index-building hot loops: compiled C when available, else vectorised numpy.
 
-Megatron-Core runs these as compiled C++ (`helpers.cpp`); here they are numpy programs that give
-bit-identical arrays:
+Megatron-Core runs these as compiled C++ (`helpers.cpp`). mf_data has them twice, giving
+bit-identical arrays: the small C extension `mf_data._chelpers` (built at install time when a C
+compiler is present; faster than Megatron's loops, which it rearranges to avoid a mispredicted
+branch per sample) and the numpy programs below (always there; used when the extension is
+missing, or when the environment sets MF_DATA_HELPERS=numpy). `BACKEND` says which one runs.
+The document and shuffle indices are numpy in both (their cost is numpy's RandomState shuffle,
+which Megatron calls too). The numpy versions:
 
 * `build_document_index` / `build_shuffle_index`: tiled document ids and `arange`s shuffled by one
   `numpy.random.RandomState`, called in Megatron's order (the caller owns the state).
@@ -22,8 +27,18 @@ bit-identical arrays:
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
+
+try:
+    from . import _chelpers as _compiled
+except ImportError:  # installed without a C compiler: the numpy versions below serve
+    _compiled = None
+if os.environ.get("MF_DATA_HELPERS", "").strip().lower() == "numpy":
+    _compiled = None
+
+BACKEND = "numpy" if _compiled is None else "compiled"
 
 _INT32_MAX = np.iinfo(np.int32).max
 _DOC_CHUNK = 1 << 22  # documents per chunk of the running token count in build_sample_idx
@@ -67,8 +82,24 @@ def sample_count(
 
 
 def sample_index_dtype(num_documents_in_index: int, sizes: np.ndarray) -> type[np.integer]:
-    largest = max(int(num_documents_in_index), int(sizes.max()) if sizes.size else 0)
+    """Megatron's rule: int32 when both the document count and the largest size fit it."""
+    if num_documents_in_index > _INT32_MAX:
+        return np.int64
+    if np.issubdtype(sizes.dtype, np.integer) and np.iinfo(sizes.dtype).max <= _INT32_MAX:
+        return np.int32  # no value can be larger: skip the scan (sizes are int32 in a .idx)
+    largest = int(sizes.max()) if sizes.size else 0
     return np.int32 if largest <= _INT32_MAX else np.int64
+
+
+def _as_int32(a: np.ndarray) -> np.ndarray | None:
+    """`a` as a contiguous int32 array (no copy when it already is one), or None if it cannot be."""
+    if a.dtype == np.int32:
+        return np.ascontiguousarray(a)
+    if not np.issubdtype(a.dtype, np.integer):
+        return None
+    if a.size and (int(a.min()) < 0 or int(a.max()) > _INT32_MAX):
+        return None
+    return np.ascontiguousarray(a, dtype=np.int32)
 
 
 def build_sample_idx(
@@ -85,9 +116,16 @@ def build_sample_idx(
     seq = int(sequence_length)
     num_samples = sample_count(num_epochs, tokens_per_epoch, seq, drop_last_partial_sequence, extra)
     n_docs = int(document_indices.shape[0])
-    out = np.zeros((max(num_samples, -1) + 1, 2), dtype=sample_index_dtype(n_docs, sizes))
+    dtype = sample_index_dtype(n_docs, sizes)
     if num_samples <= 0:
-        return out
+        return np.zeros((max(num_samples, -1) + 1, 2), dtype=dtype)
+    if _compiled is not None and n_docs > 0:
+        sizes32, docs32 = _as_int32(np.asarray(sizes)), _as_int32(np.asarray(document_indices))
+        if sizes32 is not None and docs32 is not None:
+            out = np.empty((num_samples + 1, 2), dtype=dtype)
+            _compiled.sample_idx(sizes32, docs32, seq, num_samples, extra, out)
+            return out
+    out = np.zeros((num_samples + 1, 2), dtype=dtype)
     starts = np.arange(1, num_samples + 1, dtype=np.int64) * seq
     targets = starts + extra  # sample i needs tokens up to and including global position starts[i]
     done = 0
@@ -118,7 +156,9 @@ def build_sample_idx(
 
 def build_blending_indices(weights: list[float] | np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """(dataset_index int16, dataset_sample_index int64) of `size` samples drawn per `weights`."""
-    w = np.asarray(weights, dtype=np.float64)
+    w = np.ascontiguousarray(weights, dtype=np.float64)
+    if _compiled is not None and size > 0:
+        return _compiled_greedy(w, int(size), None)
     picks = _greedy_picks(w, int(size), None)
     return picks, _per_dataset_counter(picks, w.size)
 
@@ -128,8 +168,17 @@ def build_exhaustive_blending_indices(sizes: list[int] | np.ndarray) -> tuple[np
     caps = np.asarray(sizes, dtype=np.int64)
     total = int(caps.sum())
     w = caps / np.float64(total) if total else caps.astype(np.float64)
+    if _compiled is not None and total > 0:
+        return _compiled_greedy(w, total, np.ascontiguousarray(caps))
     picks = _greedy_picks(w, total, caps)
     return picks, _per_dataset_counter(picks, caps.size)
+
+
+def _compiled_greedy(w: np.ndarray, size: int, caps: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    picks = np.empty(size, dtype=np.int16)
+    counter = np.empty(size, dtype=np.int64)
+    _compiled.blending(w, caps, picks, counter)
+    return picks, counter
 
 
 def _per_dataset_counter(picks: np.ndarray, num_datasets: int) -> np.ndarray:

@@ -15,21 +15,29 @@ Layout of `<prefix>.idx` (little endian), exactly as Megatron-Core writes it:
 `<prefix>.bin` is the tokens of every sequence back to back. Reading validates the whole index
 (sizes, monotonic pointers, that `.bin` holds what the index points at) so that a damaged file
 fails at open time with one line naming it, never later with a crash or garbage samples.
+
+Token range (an mf-data extension; the `.idx` stays byte-identical to Megatron's): the builder
+records the smallest and largest token id it wrote in `<prefix>.stats.json` beside the pair, with
+the size and mtime of both files. `IndexedDataset.token_range()` reads it when it still describes
+the files, and otherwise (a pair Megatron wrote, or one changed since) scans the `.bin` once and
+caches the result there (when the directory is writable), so checking a dataset against a
+vocabulary costs a small JSON read.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import struct
 from array import array
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .errors import DataFileError, DataFileNotFoundError
-from .fsutil import tmp_path_beside
+from .fsutil import atomic_write_bytes, tmp_path_beside
 
 _INDEX_HEADER = b"MMIDIDX\x00\x00"
 _HEADER_SIZE = 9 + 8 + 1 + 8 + 8
@@ -71,6 +79,59 @@ class DType(Enum):
 
 def get_idx_path(path_prefix: str) -> str:
     return path_prefix + ".idx"
+
+
+def get_stats_path(path_prefix: str) -> str:
+    return path_prefix + ".stats.json"
+
+
+class TokenRange(NamedTuple):
+    """Smallest and largest token id stored in a dataset."""
+
+    min: int
+    max: int
+
+
+_STATS_FORMAT = "mf-data token stats"
+_SCAN_BLOCK = 1 << 24  # tokens per block when scanning a .bin for its range
+
+
+def _fingerprint(path_prefix: str) -> dict[str, list[int]]:
+    out = {}
+    for ext, path in (("bin", get_bin_path(path_prefix)), ("idx", get_idx_path(path_prefix))):
+        st = os.stat(path)
+        out[ext] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _write_stats(path_prefix: str, token_range: TokenRange | None, num_tokens: int) -> bool:
+    """Record the range beside the pair; False when it cannot be written (a read-only directory)."""
+    stats = {"format": _STATS_FORMAT, "version": 1, "files": _fingerprint(path_prefix), "num_tokens": num_tokens,
+             "min_token": None if token_range is None else token_range.min,
+             "max_token": None if token_range is None else token_range.max}
+    try:
+        atomic_write_bytes(get_stats_path(path_prefix), (json.dumps(stats, sort_keys=True) + "\n").encode())
+    except OSError:
+        return False
+    return True
+
+
+def _read_stats(path_prefix: str) -> tuple[bool, TokenRange | None]:
+    """(found, range) from `<prefix>.stats.json` if it describes the files as they are now."""
+    try:
+        with open(get_stats_path(path_prefix), "rb") as f:
+            stats = json.loads(f.read(1 << 16))
+        if not (isinstance(stats, dict) and stats.get("format") == _STATS_FORMAT and stats.get("version") == 1
+                and stats.get("files") == _fingerprint(path_prefix)):
+            return False, None
+        lo, hi = stats.get("min_token"), stats.get("max_token")
+        if lo is None and hi is None:
+            return True, None
+        if type(lo) is int and type(hi) is int and lo <= hi:
+            return True, TokenRange(lo, hi)
+    except (OSError, ValueError, RecursionError):
+        pass  # absent, stale or damaged: computed again
+    return False, None
 
 
 def get_bin_path(path_prefix: str) -> str:
@@ -302,6 +363,25 @@ class IndexedDataset:
         """The whole `.bin` as one read-only array (None when not memory-mapped)."""
         return self._tokens
 
+    def token_range(self) -> TokenRange | None:
+        """Smallest and largest token id in the `.bin` (None when it holds no token): from
+        `<prefix>.stats.json` when that still describes the files, else one scan of the `.bin`,
+        then cached there when the directory is writable."""
+        found, value = _read_stats(self.path_prefix)
+        if found:
+            return value
+        lo = hi = None
+        total = os.path.getsize(self._bin_path) // self.index.dtype_size
+        for start in range(0, total, _SCAN_BLOCK):
+            block = self._read(min(_SCAN_BLOCK, total - start), start)
+            if block.size:
+                b_lo, b_hi = block.min(), block.max()
+                lo = b_lo if lo is None else min(lo, b_lo)
+                hi = b_hi if hi is None else max(hi, b_hi)
+        value = None if lo is None else TokenRange(int(lo), int(hi))
+        _write_stats(self.path_prefix, value, self.num_tokens)
+        return value
+
 
 class IndexedDatasetBuilder:
     """Writes a `.bin`/`.idx` pair byte-identical to Megatron-Core's `IndexedDatasetBuilder`.
@@ -329,15 +409,22 @@ class IndexedDatasetBuilder:
             self._range: tuple[int, int] | None = (int(info.min), int(info.max))
         else:
             self._range = None
+        self._seen: TokenRange | None = None  # the token range written so far (-> <prefix>.stats.json)
+
+    def _note_range(self, lo: Any, hi: Any) -> None:
+        lo, hi = int(lo), int(hi)
+        seen = self._seen
+        self._seen = TokenRange(lo, hi) if seen is None else TokenRange(min(seen.min, lo), max(seen.max, hi))
 
     def _as_array(self, tensor: Any) -> np.ndarray:
         arr = np.asarray(tensor.numpy() if hasattr(tensor, "numpy") and not isinstance(tensor, np.ndarray) else tensor)
         arr = arr.reshape(-1)
-        if self._range is not None and arr.size:
-            lo, hi = arr.min(), arr.max()
-            if lo < self._range[0] or hi > self._range[1]:
+        if arr.size:
+            lo, hi = arr.min(), arr.max()  # needed for the dtype check anyway: the range comes free
+            if self._range is not None and (lo < self._range[0] or hi > self._range[1]):
                 bad = lo if lo < self._range[0] else hi
                 raise ValueError(f"token id {bad} does not fit the dataset dtype {np.dtype(self.dtype).name}")
+            self._note_range(lo, hi)
         return np.asarray(arr, dtype=self.dtype)
 
     def add_item(self, tensor: Any, mode: int = 0) -> None:
@@ -394,6 +481,9 @@ class IndexedDatasetBuilder:
                 f"{get_idx_path(path_prefix)}: dtype {np.dtype(index.dtype).name} differs from the "
                 f"builder's {np.dtype(self.dtype).name}"
             )
+        appended = IndexedDataset(path_prefix, self.multimodal).token_range()
+        if appended is not None:
+            self._note_range(*appended)
         offset = len(self.sequence_lengths)
         self.sequence_lengths.extend(index.sequence_lengths.tolist())
         self.document_indices.extend((offset + index.document_indices[1:]).tolist())
@@ -441,6 +531,9 @@ class IndexedDatasetBuilder:
                 if os.path.exists(p):
                     os.unlink(p)
             raise
+        prefix = idx_path[: -len(".idx")] if idx_path.endswith(".idx") else None
+        if prefix is not None and get_bin_path(prefix) == self.bin_path:  # a pair under one prefix
+            _write_stats(prefix, self._seen, int(lengths.sum()))
 
     def abort(self) -> None:
         """Drop everything written so far; the target paths are left untouched."""
@@ -448,3 +541,9 @@ class IndexedDatasetBuilder:
             self.data_file.close()
         if os.path.exists(self._tmp_bin):
             os.unlink(self._tmp_bin)
+
+
+def token_range(path_prefix: str) -> TokenRange | None:
+    """Smallest and largest token id of the dataset at `path_prefix` (see IndexedDataset.token_range):
+    what a trainer compares with its vocabulary before the first step."""
+    return IndexedDataset(os.fspath(path_prefix)).token_range()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO
@@ -46,11 +47,33 @@ def _parse(line: bytes) -> object:
         except ValueError:
             pass  # e.g. NaN literals or lone surrogates, which json accepts: let it decide and explain
     try:
-        return json.loads(line.decode("utf-8"))  # str input skips json's encoding detection
+        obj = json.loads(line.decode("utf-8"))  # str input skips json's encoding detection
     except UnicodeDecodeError:
         raise LineError("not valid UTF-8") from None
+    except RecursionError:
+        raise LineError("JSON nested too deeply") from None
     except ValueError as err:
         raise LineError(f"invalid JSON ({str(err).split(':')[0]})") from None
+    _check_strings(obj)
+    return obj
+
+
+def _check_strings(obj: object) -> None:
+    """json accepts `"\\ud800"` (a lone surrogate), which no tokenizer can encode: a bad line, not
+    a crash later. Only lines orjson refused get here (it rejects them itself). Iterative."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise LineError("a string holds a lone surrogate (not encodable as UTF-8)") from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def parse_json_line(line: bytes) -> object | None:
@@ -79,6 +102,38 @@ def parse_line(line: bytes, json_keys: Sequence[str]) -> dict[str, str | list[st
     return out
 
 
+def parse_lines(lines: Sequence[bytes], json_keys: Sequence[str]) -> tuple[list[dict[str, str | list[str]]], list[tuple[int, str]]]:
+    """`parse_line` over many lines: (documents, [(line offset, reason) for each bad line]).
+
+    The common line (orjson parses it into an object whose requested keys all hold strings) is
+    handled inline; anything else goes through `parse_line`, so the verdicts are the same."""
+    docs: list[dict[str, str | list[str]]] = []
+    bad: list[tuple[int, str]] = []
+    keys = tuple(json_keys)
+    for offset, line in enumerate(lines):
+        if _fast_loads is not None:
+            try:
+                obj = _fast_loads(line)
+            except ValueError:
+                obj = None
+            if type(obj) is dict:
+                try:
+                    doc = {k: obj[k] for k in keys}
+                except KeyError:
+                    doc = None
+                if doc is not None and all(type(v) is str for v in doc.values()):
+                    docs.append(doc)
+                    continue
+        try:
+            doc = parse_line(line, json_keys)
+        except LineError as err:
+            bad.append((offset, str(err)))
+            continue
+        if doc is not None:
+            docs.append(doc)
+    return docs, bad
+
+
 @dataclass
 class BadLines:
     """Bad lines seen so far: the count and the first few locations."""
@@ -97,12 +152,27 @@ class BadLines:
         return f"skipped {self.count} bad line(s): " + "; ".join(self.examples) + more
 
 
+def read_lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw line) of one input file. A damaged file (a gzip stream cut short
+    or corrupt, a read error) is one InputError naming the file and where it stopped."""
+    number = 0
+    try:
+        with open_binary(path) as f:
+            for number, line in enumerate(f, start=1):
+                yield number, line
+    except EOFError:
+        raise InputError(f"{path}: the gzip stream ends before its end marker (truncated after line {number})") from None
+    except (gzip.BadGzipFile, zlib.error) as err:
+        raise InputError(f"{path}: corrupt gzip data after line {number} ({err})") from None
+    except OSError as err:
+        raise InputError(f"{path}: cannot read after line {number} ({err.strerror or err})") from None
+
+
 def iter_lines(paths: Iterable[str]) -> Iterator[tuple[str, int, bytes]]:
     """(path, 1-based line number, raw line) over every input file."""
     for path in paths:
-        with open_binary(path) as f:
-            for number, line in enumerate(f, start=1):
-                yield path, number, line
+        for number, line in read_lines(path):
+            yield path, number, line
 
 
 def iter_documents(

@@ -8,11 +8,10 @@ a document without sequences, like Megatron, so the outputs of several keys stay
 for line. Token dtype: uint16 for a vocabulary below 65500, else int32 (Megatron's rule).
 
 Lines are read by the main process and encoded in chunks by `workers` processes, each with its
-own model and one thread: the main process is one of them, so `workers=2` starts one helper (on
-a 2-core machine a third process would only compete with the two encoders). The main process
-keeps its helpers busy first and encodes a chunk itself whenever they have enough queued; chunks
-are written back in input order. Outputs are built under temporary names and
-renamed at the end; on any error (or a bad line with `strict`) nothing is left behind and
+own model and one thread (with `workers=1` the main process encodes them itself); chunks are
+written back in input order. The main process only reads, dispatches and writes (a few percent
+of a core), so `workers` should match the cores available. Outputs are built under temporary
+names and renamed at the end; on any error (or a bad line with `strict`) nothing is left behind and
 existing files are untouched. Existing outputs are refused unless `overwrite`.
 """
 
@@ -22,17 +21,15 @@ import multiprocessing
 import os
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import IO, Any
 
 import numpy as np
 
 from .errors import InputError
 from .indexed_dataset import DType, IndexedDatasetBuilder, get_bin_path, get_idx_path
-from .jsonl import BadLines, LineError, open_binary, parse_line
+from .jsonl import BadLines, parse_lines, read_lines
 from .tokenizer import SentencePieceTokenizer
 
 _worker_tokenizer: SentencePieceTokenizer | None = None
@@ -66,103 +63,119 @@ def _init_worker(model_path: str) -> None:
 def encode_chunk(chunk: Chunk, json_keys: Sequence[str], append_eod: int | None, tokenizer: SentencePieceTokenizer | None = None) -> Encoded:
     tok = tokenizer or _worker_tokenizer
     assert tok is not None
-    docs: list[dict[str, Any]] = []
-    bad: list[tuple[str, int, str]] = []
-    for offset, line in enumerate(chunk.lines):
-        try:
-            doc = parse_line(line, json_keys)
-        except LineError as err:
-            bad.append((chunk.path, chunk.first_line + offset, str(err)))
-            continue
-        if doc is not None:
-            docs.append(doc)
+    docs, errors = parse_lines(chunk.lines, json_keys)
+    bad = [(chunk.path, chunk.first_line + offset, reason) for offset, reason in errors]
     out = Encoded({}, {}, {}, len(docs), {}, bad, sum(len(line) for line in chunk.lines))
     for key in json_keys:
         texts: list[str] = []
         counts: list[int] = []
         for doc in docs:
             value = doc[key]
-            parts = value if isinstance(value, list) else [value]
-            texts.extend(parts)
-            counts.append(len(parts))
-        ids = tok.encode(texts) if texts else []
-        if append_eod is not None:
-            # The document's last non-empty sequence gets the end-of-document id.
-            pos = 0
-            for n in counts:
-                for j in range(pos + n - 1, pos - 1, -1):
-                    if ids[j]:
-                        ids[j].append(append_eod)
-                        break
-                pos += n
-        seq_lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+            if isinstance(value, list):
+                texts.extend(value)
+                counts.append(len(value))
+            else:
+                texts.append(value)
+                counts.append(1)
+        tokens, seq_lengths = _join(tok.encode_arrays(texts) if texts else [], counts, append_eod)
         kept = seq_lengths > 0  # empty sequences are dropped, as in Megatron
         doc_of = np.repeat(np.arange(len(counts)), counts)
         per_doc = np.bincount(doc_of[kept], minlength=len(counts)) if len(counts) else np.zeros(0, np.int64)
-        flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(seq_lengths.sum()))
-        empty = int((per_doc == 0).sum())
-        lengths = seq_lengths[kept]
-        out.tokens[key] = flat
-        out.lengths[key] = lengths
+        out.tokens[key] = tokens
+        out.lengths[key] = seq_lengths[kept]
         out.per_doc[key] = per_doc.astype(np.int64)
-        out.empty[key] = empty
+        out.empty[key] = int((per_doc == 0).sum())
     return out
+
+
+def _join(arrays: list[np.ndarray], counts: list[int], append_eod: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The sequences back to back (int32) and their lengths, with `append_eod` after each
+    document's last non-empty sequence (a document with no tokens gets none, as in Megatron)."""
+    seq_lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+    flat = np.concatenate(arrays).astype(np.int32, copy=False) if arrays else np.zeros(0, np.int32)
+    if append_eod is None or not arrays:
+        return flat, seq_lengths
+    nonempty = np.flatnonzero(seq_lengths)
+    if nonempty.size == 0:
+        return flat, seq_lengths
+    doc_of = np.repeat(np.arange(len(counts)), counts)[nonempty]
+    last = nonempty[np.append(doc_of[1:] != doc_of[:-1], True)]  # per document, its last non-empty sequence
+    flat = np.insert(flat, np.cumsum(seq_lengths)[last], np.int32(append_eod))
+    seq_lengths[last] += 1
+    return flat, seq_lengths
 
 
 def _encode_in_worker(args: tuple[Chunk, Sequence[str], int | None]) -> Encoded:
     return encode_chunk(*args)
 
 
-class _Ready:
-    """A chunk the main process encoded, shaped like the pool's AsyncResult."""
+def encode_pool(tasks: Iterator[Any], workers: int, initializer: Callable[..., None], initargs: tuple,
+                remote: Callable[[Any], Any]) -> tuple[Any, Iterator[Any]]:
+    """(pool, every task's result in input order) from `workers` helper processes.
 
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def ready(self) -> bool:
-        return True
-
-    def get(self) -> Any:
-        return self.value
-
-
-def encode_in_order(tasks: Iterator[Any], pool, helpers: int, remote: Callable[[Any], Any],
-                    local: Callable[[Any], Any]) -> Iterator[Any]:
-    """Every task's result, in input order, from `helpers` pool processes (`remote(task)`, a
-    picklable function) plus this process (`local(task)`).
-
-    A task goes to the pool while fewer than two per helper are queued there (so a helper never
-    waits for the main process); otherwise the main process encodes it. Finished results are
-    handed on from the front as soon as they are ready, and at most `limit` are held back.
+    The main process only reads lines, hands them out and writes results: it does not encode.
+    It used to encode too (N - 1 helpers), but sentencepiece keeps the GIL while it encodes, so
+    multiprocessing's feeder and result threads stalled behind it, and a helper blocked writing
+    a finished chunk into its full result pipe sat idle: on 2 cores, two helpers beat main + one
+    helper (figures in the CHANGELOG, 0.3.0). `imap` keeps input order; what is read ahead is
+    bounded by the pipes' capacity.
     """
-    queued_max, limit = 2 * helpers, 4 * helpers + 8
-    pending: deque = deque()
-    for task in tasks:
-        in_pool = sum(1 for r in pending if not isinstance(r, _Ready) and not r.ready())
-        if in_pool < queued_max:
-            pending.append(pool.apply_async(remote, (task,)))
-        else:
-            pending.append(_Ready(local(task)))
-        while pending and (pending[0].ready() or len(pending) > limit):
-            yield pending.popleft().get()
-    while pending:
-        yield pending.popleft().get()
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    pool = ctx.Pool(workers, initializer=initializer, initargs=initargs)
+    return pool, pool.imap(remote, tasks, chunksize=1)
 
 
 def _chunks(paths: Sequence[str], chunk_lines: int) -> Iterator[Chunk]:
     for path in paths:
-        with open_binary(path) as f:
-            lines: list[bytes] = []
-            first = 1
-            for number, line in enumerate(f, start=1):
-                if not lines:
-                    first = number
-                lines.append(line)
-                if len(lines) >= chunk_lines:
-                    yield Chunk(path, first, lines)
-                    lines = []
-            if lines:
+        lines: list[bytes] = []
+        first = 1
+        for number, line in read_lines(path):
+            if not lines:
+                first = number
+            lines.append(line)
+            if len(lines) >= chunk_lines:
                 yield Chunk(path, first, lines)
+                lines = []
+        if lines:
+            yield Chunk(path, first, lines)
+
+
+def usable_workers(workers: int, log: IO[str]) -> int:
+    """`workers`, at most the CPUs this process may use: encoding is CPU-bound, so more processes
+    only compete (and a million would fork without bound). Said once on `log` when clamped."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InputError(f"--workers must be at least 1, got {workers!r}")
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 1
+    if workers > cpus:
+        print(f"--workers {workers}: this machine gives {cpus} CPU(s) to this process; using {cpus}", file=log)
+        return cpus
+    return workers
+
+
+def check_output_names(output_prefix: str, names: Sequence[str], flag: str) -> None:
+    """Names that become part of output file names must be plain: `--json-keys ../../x` must not
+    move the output elsewhere."""
+    for name in names:
+        if not isinstance(name, str) or not name or any(c in name for c in ("/", "\\", "\x00")) or name in (".", ".."):
+            raise InputError(f"{flag}: {name!r} cannot be part of a file name (no path separators); it would "
+                             f"name the output {output_prefix}_{name}_document")
+
+
+def open_builders(paths: dict[str, str], dtypes: dict[str, Any]) -> dict[str, IndexedDatasetBuilder]:
+    """One builder per output (temporary files beside it); an output that cannot be written is one
+    InputError naming it, and nothing is left behind."""
+    builders: dict[str, IndexedDatasetBuilder] = {}
+    try:
+        for key, path in paths.items():
+            builders[key] = IndexedDatasetBuilder(path, dtype=dtypes[key], overwrite=True)
+    except OSError as err:
+        for builder in builders.values():
+            builder.abort()
+        raise InputError(f"{err.filename or paths[key]}: cannot write the output ({err.strerror or err})") from None
+    return builders
 
 
 def output_prefixes(output_prefix: str, json_keys: Sequence[str]) -> dict[str, str]:
@@ -178,16 +191,16 @@ def preprocess(
     workers: int = 1,
     strict: bool = False,
     overwrite: bool = False,
-    chunk_lines: int = 512,
+    chunk_lines: int = 128,
     progress: bool | None = None,
     log: IO[str] | None = None,
 ) -> dict[str, Any]:
     """Tokenize `inputs` into one `.bin/.idx` pair per key; returns the summary figures."""
     log = log or sys.stderr
-    if workers < 1:
-        raise InputError(f"--workers must be at least 1, got {workers}")
+    workers = usable_workers(workers, log)
     if not json_keys or len(set(json_keys)) != len(json_keys):
         raise InputError(f"--json-keys must name distinct keys, got {list(json_keys)}")
+    check_output_names(output_prefix, json_keys, "--json-keys")
     for path in inputs:
         if not os.path.isfile(path):
             raise InputError(f"{path}: input file not found")
@@ -207,7 +220,7 @@ def preprocess(
             if os.path.exists(path) and not overwrite:
                 raise InputError(f"{path}: exists; refusing to overwrite (pass --overwrite)")
 
-    builders = {key: IndexedDatasetBuilder(get_bin_path(p), dtype=dtype, overwrite=True) for key, p in prefixes.items()}
+    builders = open_builders({key: get_bin_path(p) for key, p in prefixes.items()}, dict.fromkeys(prefixes, dtype))
     bad = BadLines()
     totals = {"documents": 0, "tokens": dict.fromkeys(json_keys, 0), "empty": dict.fromkeys(json_keys, 0)}
     started = time.perf_counter()
@@ -218,10 +231,7 @@ def preprocess(
         if workers == 1:
             results: Iterator[Encoded] = (encode_chunk(c, k, e, tokenizer) for c, k, e in tasks)
         else:
-            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-            pool = ctx.Pool(workers - 1, initializer=_init_worker, initargs=(tokenizer.model_path,))
-            results = encode_in_order(tasks, pool, workers - 1, _encode_in_worker,
-                                      lambda task: encode_chunk(*task, tokenizer))
+            pool, results = encode_pool(tasks, workers, _init_worker, (tokenizer.model_path,), _encode_in_worker)
         for enc in results:
             for path, number, reason in enc.bad:
                 if strict:

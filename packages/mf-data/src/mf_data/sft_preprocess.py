@@ -16,7 +16,6 @@ built under temporary names; the token index is renamed into place last.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 import time
@@ -28,9 +27,9 @@ import numpy as np
 
 from .chat import SFTKeys, conversation_from_json
 from .errors import InputError
-from .indexed_dataset import DType, IndexedDatasetBuilder, get_bin_path, get_idx_path
+from .indexed_dataset import DType, get_bin_path, get_idx_path
 from .jsonl import BadLines, LineError, parse_json_line
-from .preprocess import Chunk, _chunks, _progress_bar, encode_in_order
+from .preprocess import Chunk, _chunks, _progress_bar, encode_pool, open_builders, usable_workers
 from .sft_encode import ChatEncoder, load_tokenizer
 from .sft_indexed import loss_mask_prefix
 
@@ -128,8 +127,7 @@ def preprocess_sft(
 ) -> dict[str, Any]:
     """Tokenise SFT jsonl into `<output_prefix>_sft_document` plus its loss-mask channel."""
     log = log or sys.stderr
-    if workers < 1:
-        raise InputError(f"--workers must be at least 1, got {workers}")
+    workers = usable_workers(workers, log)
     if seq_length is not None and (isinstance(seq_length, bool) or seq_length < 2):
         raise InputError(f"--seq-length must be at least 2 (one token and the one it predicts), got {seq_length}")
     if drop_long and seq_length is None:
@@ -154,10 +152,8 @@ def preprocess_sft(
                 raise InputError(f"{path}: exists; refusing to overwrite (pass --overwrite)")
 
     options = SFTOptions(keys, seq_length, drop_long)
-    builders = {
-        "tokens": IndexedDatasetBuilder(get_bin_path(prefix), dtype=dtype, overwrite=True),
-        "mask": IndexedDatasetBuilder(get_bin_path(prefixes["mask"]), dtype=np.uint8, overwrite=True),
-    }
+    builders = open_builders({"tokens": get_bin_path(prefix), "mask": get_bin_path(prefixes["mask"])},
+                             {"tokens": dtype, "mask": np.uint8})
     bad = BadLines()
     totals = dict.fromkeys(_COUNTS, 0)
     started = time.perf_counter()
@@ -168,10 +164,8 @@ def preprocess_sft(
         if workers == 1:
             results: Iterator[EncodedSFT] = (encode_sft_chunk(c, o, encoder) for c, o in tasks)
         else:
-            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-            pool = ctx.Pool(workers - 1, initializer=_init_worker, initargs=(tok.model_path, add_bos, use_template))
-            results = encode_in_order(tasks, pool, workers - 1, _encode_in_worker,
-                                      lambda task: encode_sft_chunk(*task, encoder))
+            pool, results = encode_pool(tasks, workers, _init_worker, (tok.model_path, add_bos, use_template),
+                                        _encode_in_worker)
         for enc in results:
             for path, number, reason in enc.bad:
                 if strict:

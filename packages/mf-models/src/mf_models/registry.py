@@ -1,31 +1,55 @@
-"""Model registry: `model_type` / `architectures` -> (args dataclass, model class), and build_model."""
+"""Model registry: `model_type` / `architectures` -> (args dataclass, model class), and build_model.
+
+A spec names its model class and parallel plan as "module:attribute" strings, imported on first
+use: resolving a model_type and validating its arguments (`build_args`, what `mf config validate`
+and the trainer's preflight do) needs only the args dataclasses, never MindSpore.
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .common.args import BaseArgs
-from .common.transformer import CausalLM, init_weights
-from .deepseek_v3 import DeepseekV3Args, DeepseekV3ForCausalLM
-from .deepseek_v3.parallelize import parallelize_deepseek_v3
+from .deepseek_v3.args import DeepseekV3Args
 from .errors import ModelConfigError, did_you_mean
-from .llama import LlamaArgs, LlamaForCausalLM
-from .llama.parallelize import parallelize_llama
-from .qwen3 import Qwen3Args, Qwen3ForCausalLM
-from .qwen3.parallelize import parallelize_qwen3
+from .llama.args import LlamaArgs
+from .mixtral.args import MixtralArgs
+from .qwen2.args import Qwen2Args
+from .qwen3.args import Qwen3Args
+from .qwen3_moe.args import Qwen3MoeArgs
+
+
+def _resolve(ref: Any) -> Any:
+    """A class or function given as itself or as "package.module:name" (imported now)."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """`model_ref` / `parallelize_ref`: the model class and its plan, or "module:name" strings for them
+    (imported on first use of `model_cls` / `parallelize`: they need MindSpore)."""
+
     model_type: str
     architecture: str
     args_cls: type[BaseArgs]
-    model_cls: type[CausalLM]
+    model_ref: Any
     # `parallelize(model, mesh, options) -> model`: the model's TP/recompute/FSDP plan (None: the
     # model has none, and a layout with more than one rank is refused for it).
-    parallelize: Callable[..., Any] | None = None
+    parallelize_ref: Any = None
+
+    @property
+    def model_cls(self) -> type:
+        return _resolve(self.model_ref)
+
+    @property
+    def parallelize(self) -> Callable[..., Any] | None:
+        return _resolve(self.parallelize_ref)
 
 
 _BY_TYPE: dict[str, ModelSpec] = {}
@@ -40,10 +64,20 @@ def register_model(spec: ModelSpec) -> None:
         table[key] = spec
 
 
-for _spec in (ModelSpec("llama", "LlamaForCausalLM", LlamaArgs, LlamaForCausalLM, parallelize_llama),
-              ModelSpec("qwen3", "Qwen3ForCausalLM", Qwen3Args, Qwen3ForCausalLM, parallelize_qwen3),
-              ModelSpec("deepseek_v3", "DeepseekV3ForCausalLM", DeepseekV3Args, DeepseekV3ForCausalLM,
-                        parallelize_deepseek_v3)):
+for _spec in (ModelSpec("llama", "LlamaForCausalLM", LlamaArgs, "mf_models.llama.model:LlamaForCausalLM",
+                        "mf_models.llama.parallelize:parallelize_llama"),
+              ModelSpec("qwen3", "Qwen3ForCausalLM", Qwen3Args, "mf_models.qwen3.model:Qwen3ForCausalLM",
+                        "mf_models.qwen3.parallelize:parallelize_qwen3"),
+              ModelSpec("deepseek_v3", "DeepseekV3ForCausalLM", DeepseekV3Args,
+                        "mf_models.deepseek_v3.model:DeepseekV3ForCausalLM",
+                        "mf_models.deepseek_v3.parallelize:parallelize_deepseek_v3"),
+              ModelSpec("qwen2", "Qwen2ForCausalLM", Qwen2Args, "mf_models.qwen2.model:Qwen2ForCausalLM",
+                        "mf_models.qwen2.parallelize:parallelize_qwen2"),
+              ModelSpec("mixtral", "MixtralForCausalLM", MixtralArgs, "mf_models.mixtral.model:MixtralForCausalLM",
+                        "mf_models.mixtral.parallelize:parallelize_mixtral"),
+              ModelSpec("qwen3_moe", "Qwen3MoeForCausalLM", Qwen3MoeArgs,
+                        "mf_models.qwen3_moe.model:Qwen3MoeForCausalLM",
+                        "mf_models.qwen3_moe.parallelize:parallelize_qwen3_moe")):
     register_model(_spec)
 
 
@@ -96,17 +130,19 @@ def build_args(model_section: dict[str, Any]) -> tuple[ModelSpec, BaseArgs]:
     return spec, args
 
 
-def build_model(model_section: dict[str, Any], *, seed: int = 0, init: bool = True) -> CausalLM:
+def build_model(model_section: dict[str, Any], *, seed: int = 0, init: bool = True):
     """Build a model from a `model` mapping; weights initialised from `seed` unless `init=False`
     (e.g. when a checkpoint is loaded right after)."""
     spec, args = build_args(model_section)
     model = spec.model_cls(args)
     if init:
+        from .common.transformer import init_weights
+
         init_weights(model, seed)
     return model
 
 
-def parallelize_model(model: CausalLM, mesh, options=None) -> CausalLM:
+def parallelize_model(model, mesh, options=None):
     """Apply the model's own parallel plan (tensor + sequence parallelism, recompute, FSDP/HSDP in
     that order) for `mesh` (`mf_parallel.init_mesh(dims)`); `options` is a
     `mf_models.ParallelOptions`. In place, before the first call; returns `model`."""

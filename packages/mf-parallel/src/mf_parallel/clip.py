@@ -40,16 +40,22 @@ class GlobalNormClip(nn.Cell):
             replicated = [a for a in AXES if a not in layouts[name].sharded_axes]
             flags.append(all(mesh.coords[a] == 0 for a in replicated))
         self.flags = tuple(flags)
+        self.world_size = mesh.dims.world_size
         self.max_norm = float(max_norm)
         self.world_sum = AllReduce(mesh["world"])
 
     def global_norm(self, grads):
+        # The squares are added in parameter order, as one process adds them (mf-trainer's step;
+        # 0 + x is exactly x), and a one-rank world skips the all-reduce: on one rank this is bit
+        # for bit the one-process norm, so world size 1 is just the smallest layout. A rank may
+        # count nothing (a DDP replica other than 0): its zero joins the sum.
         total = ops.zeros((), ms.float32)
         for i in range(len(grads)):
             if self.flags[i]:
-                g = ops.cast(grads[i], ms.float32)
-                total = total + (g * g).sum()
-        return ops.sqrt(self.world_sum(total.reshape((1,))).reshape(()))
+                total = total + ops.square(ops.cast(grads[i], ms.float32)).sum()
+        if self.world_size > 1:
+            total = self.world_sum(total.reshape((1,))).reshape(())
+        return ops.sqrt(total)
 
     def construct(self, grads):
         norm = self.global_norm(grads)

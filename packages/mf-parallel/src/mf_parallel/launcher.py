@@ -5,8 +5,16 @@ collective and msrun keeps waiting for them. So every rank runs through `_rank_e
 writes its pid and, on exit, a .done or .failed file into `<log_dir>/.status/`. The launcher polls
 those files and the pids; the first failure (an error, a non-zero exit, or a rank that vanished,
 e.g. killed by a signal) ends the whole job at once: msrun's process group and every registered
-worker pid are terminated, the failing rank's error and log tail are printed, and the return
-code is non-zero.
+worker pid are terminated, and one line names the failing rank and its own error:
+
+    mf launch: rank 1 failed (exit 2): mf train: error: checkpoint.load_path: ...
+
+printed once (the streamed rank's own error lines are not echoed to the console beside it). The
+log tail follows only when the rank left no error line of its own (a Python exception: its
+traceback; a rank that vanished). The return code is the failing rank's exit code (2 for a
+refused config, 1 for a failure while training), 1 for an exception or a vanished rank. msrun's
+scheduler process runs the same script: when it fails, a rank's report is preferred (it is the
+same error, said by the process the user thinks of).
 
 Per-rank logs are msrun's `<log_dir>/worker_<rank>.log`; the lowest rank of this node (rank 0 on
 node 0) is streamed to `console` as it is written.
@@ -79,11 +87,21 @@ def _check_args(nprocs, nodes, node_rank, master_port, argv) -> None:
         raise ParallelConfigError(f"launch: script {argv[0]} does not exist")
 
 
+# A CLI's own error line (mf: "mf train: error: ...", "mf train: training failed: ..."): the
+# launcher's failure line reports it, so the console stream does not show it a second time.
+_OWN_ERROR = re.compile(r"^\S+( \S+)?: (error|training failed|evaluation failed|failed): ")
+_EXITED = re.compile(r"^exited with code (-?\d+): ?(.*)$", re.S)
+
+
 class _Tail:
-    """Follows one log file, handing complete new lines to `out`."""
+    """Follows one log file, handing complete new lines to `out` (minus a CLI's own error lines)."""
 
     def __init__(self, path: Path, out: TextIO) -> None:
         self.path, self.out, self.pos, self.rest = path, out, 0, ""
+
+    def _emit(self, line: str) -> None:
+        if not _OWN_ERROR.match(line):
+            self.out.write(line + "\n")
 
     def pump(self) -> None:
         try:
@@ -98,13 +116,13 @@ class _Tail:
             lines = text.split("\n")
             self.rest = lines.pop()
             for line in lines:
-                self.out.write(line + "\n")
+                self._emit(line)
             self.out.flush()
 
     def flush(self) -> None:
         self.pump()
         if self.rest:
-            self.out.write(self.rest + "\n")
+            self._emit(self.rest)
             self.rest = ""
             self.out.flush()
 
@@ -204,12 +222,7 @@ def launch(nprocs: int, argv: Sequence[str], log_dir: str | os.PathLike, *, node
                 who, message = failure
                 _terminate(proc, list(pids.values()))
                 tail.flush()
-                what, log = ((f"rank {who}", logs / f"worker_{who}.log") if who != "scheduler" else
-                             ("the cluster scheduler", logs / "scheduler.log"))
-                console.write(f"\nmf launch: {what} failed: {message.splitlines()[0] if message else ''}\n"
-                              f"--- last lines of {log} ---\n"
-                              f"{_tail_of(log)}\n"
-                              f"mf launch: stopped all ranks; logs in {logs}\n")
+                console.write(_failure_report(who, message, logs))
                 console.flush()
                 return _exit_code(message)
             rc = proc.poll()
@@ -239,16 +252,45 @@ def _finish(rc: int, status: Path, nprocs: int, logs: Path, console: TextIO) -> 
     return 0
 
 
-def _find_failure(status: Path, pids: dict[str, int], msrun_log: Path | None = None) -> tuple[str, str] | None:
+def _failure_report(who: str, message: str, logs: Path) -> str:
+    """One line naming the failing rank and its own error; the log tail only when the rank left no
+    error line of its own (an exception's traceback, a vanished process)."""
+    what, log = ((f"rank {who}", logs / f"worker_{who}.log") if who != "scheduler" else
+                 ("the cluster scheduler", logs / "scheduler.log"))
+    exited = _EXITED.match(message.strip())
+    if exited and exited.group(2).strip() and exited.group(2).strip() != "no error printed":
+        return (f"\nmf launch: {what} failed (exit {exited.group(1)}): {exited.group(2).strip()}\n"
+                f"mf launch: stopped all ranks; logs in {logs}\n")
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    return (f"\nmf launch: {what} failed: {first}\n--- last lines of {log} ---\n{_tail_of(log)}\n"
+            f"mf launch: stopped all ranks; logs in {logs}\n")
+
+
+def _failed_rank(status: Path) -> tuple[str, str] | None:
+    for path in sorted(status.glob("rank_*.failed")):
+        return path.name[len("rank_"):-len(".failed")], path.read_text(errors="replace")
+    return None
+
+
+def _find_failure(status: Path, pids: dict[str, int], msrun_log: Path | None = None,
+                  rank_grace: float = 3.0) -> tuple[str, str] | None:
     """(rank, message) of the first failed or vanished rank, or ("scheduler", message) when the
-    cluster's scheduler reported an error, else None. Updates `pids`. Of several ranks that
-    vanished together, the one msrun saw die first (`msrun_log`) is named."""
+    cluster's scheduler reported an error and no rank did within `rank_grace` seconds (it runs the
+    same script: a bad input fails there too, and the rank's report is the one to show). Updates
+    `pids`. Of several ranks that vanished together, the one msrun saw die first (`msrun_log`) is
+    named."""
+    failed = _failed_rank(status)
+    if failed is not None:
+        return failed
     scheduler = status / "scheduler.failed"
     if scheduler.exists():
+        deadline = time.monotonic() + rank_grace
+        while time.monotonic() < deadline:
+            failed = _failed_rank(status)
+            if failed is not None:
+                return failed
+            time.sleep(0.1)
         return "scheduler", scheduler.read_text(errors="replace")
-    for path in sorted(status.glob("rank_*.failed")):
-        rank = path.name[len("rank_"):-len(".failed")]
-        return rank, path.read_text(errors="replace")
     for path in status.glob("rank_*.pid"):
         rank = path.name[len("rank_"):-len(".pid")]
         if rank not in pids:
@@ -306,9 +348,9 @@ def _signal_name(number: int) -> str:
 
 
 def _exit_code(message: str) -> int:
-    if message.startswith("exited with code "):
-        try:
-            return int(message.split()[3].rstrip(":")) or 1
-        except (IndexError, ValueError):
-            return 1
+    """The failing rank's own exit code (2 bad input, 1 failure while running); 1 otherwise."""
+    exited = _EXITED.match(message.strip())
+    if exited:
+        code = int(exited.group(1))
+        return code if code > 0 else 1
     return 1

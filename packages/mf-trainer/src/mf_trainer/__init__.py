@@ -1,16 +1,18 @@
 """The Trainer: optimizers, LR schedulers, callbacks, metrics, checkpoint/resume glue, fine-tuning (full and
-LoRA) and evaluation."""
+LoRA), evaluation, and the preflight that decides whether a config can run at all.
 
-from mf_trainer.callbacks import CALLBACKS, Callback, StopAfterLoss, StopAtStep, build_callbacks, register_callback
+Importing the package is cheap: the preflight and the errors load at once (no MindSpore), the rest
+on first use (PEP 562), so `mf config validate` answers without a MindSpore start-up.
+"""
+
 from mf_trainer.errors import TrainerConfigError, TrainingError
-from mf_trainer.evaluation import EvalResult, Evaluator, evaluate
-from mf_trainer.lr_schedulers import SCHEDULERS, LRScheduler, build_scheduler
-from mf_trainer.monitor import MetricsLogger
-from mf_trainer.optimizer import AdamW, build_adamw
-from mf_trainer.trainer import Trainer, TrainResult, TrainState
-from mf_trainer.weight_decay import DEFAULT_EXCLUDE, decay_mask
+from mf_trainer.preflight import PreflightError, PreflightReport
+from mf_trainer.preflight import preflight as _preflight
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
+
+# The function, not the subpackage of the same name (the import above bound the subpackage here).
+preflight = _preflight
 
 __all__ = [
     "CALLBACKS",
@@ -18,10 +20,14 @@ __all__ = [
     "SCHEDULERS",
     "AdamW",
     "Callback",
+    "DryRun",
     "EvalResult",
     "Evaluator",
     "LRScheduler",
     "MetricsLogger",
+    "PreflightError",
+    "PreflightReport",
+    "StepResult",
     "StopAfterLoss",
     "StopAtStep",
     "TrainResult",
@@ -34,6 +40,32 @@ __all__ = [
     "build_callbacks",
     "build_scheduler",
     "decay_mask",
+    "dry_run",
     "evaluate",
+    "preflight",
     "register_callback",
 ]
+
+_LAZY = {
+    **{name: "callbacks" for name in ("CALLBACKS", "Callback", "StopAfterLoss", "StopAtStep", "build_callbacks",
+                                      "register_callback")},
+    **{name: "evaluation" for name in ("EvalResult", "Evaluator", "evaluate")},
+    **{name: "lr_schedulers" for name in ("SCHEDULERS", "LRScheduler", "build_scheduler")},
+    "MetricsLogger": "monitor",
+    "AdamW": "optimizer", "build_adamw": "optimizer",
+    **{name: "trainer" for name in ("Trainer", "TrainResult", "TrainState")},
+    "StepResult": "step",
+    "DEFAULT_EXCLUDE": "weight_decay", "decay_mask": "weight_decay",
+    "DryRun": "dry_run", "dry_run": "dry_run",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mf_trainer' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"mf_trainer.{module}"), name)
+    globals()[name] = value
+    return value

@@ -55,6 +55,27 @@ class Restored:
     kind: str
     iteration: int | None
     common: dict
+    source: str = ""  # the directory read (an mf checkpoint's iteration directory)
+
+
+# The counters a resume reads from common.json: (field, required). Each must be an integer >= 0.
+RESUME_COUNTERS = (("step", True), ("consumed_samples", True), ("optimizer_step", True),
+                   ("skipped_steps", False), ("nonfinite_in_row", False))
+
+
+def check_resume_common(common: dict, where: str) -> None:
+    """The training state of common.json, checked before anything is restored from it: one line
+    naming `where` (the file) and the field. The RNG state is checked where it is restored
+    (runtime.set_rng_state), since checkpoint.load_rng_state: false skips it."""
+    for name, required in RESUME_COUNTERS:
+        if name not in common:
+            if required:
+                raise TrainerConfigError(f"{where}: {name}: missing (needed to resume)")
+            continue
+        value = common[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise TrainerConfigError(f"{where}: {name}: must be a non-negative integer, got {shown}")
 
 
 def load_checkpoint(ckpt_cfg, model_state: dict, optimizer_state: dict, *, path: str | None = None,
@@ -105,9 +126,10 @@ def load_checkpoint(ckpt_cfg, model_state: dict, optimizer_state: dict, *, path:
             "no_save_optim cannot resume exactly: set checkpoint.no_load_optim: true for a weights-only start") from None
     if not opt_result.optimizer_loaded:
         raise TrainerConfigError(f"{key}: {opts.load_path} holds no optimizer state")
+    check_resume_common(common, f"{key}: {result.source}/common.json")  # before anything is restored from it
     log.info("resuming from %s at step %d (consumed_samples %d)", opts.load_path, common["step"],
              common.get("consumed_samples", 0))
-    return Restored(True, result.kind, result.iteration, common)
+    return Restored(True, result.kind, result.iteration, common, result.source)
 
 
 class CheckpointSaver:

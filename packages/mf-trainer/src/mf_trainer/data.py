@@ -22,6 +22,12 @@ is missing too (`mf-data train-tokenizer`), and preprocesses with EOD appended
 (`mf-data preprocess`), all through mf-data, so the data is exactly what the CLI would make.
 When the files exist they are used as they are (and the log says so): the key means "build if
 missing", never "ignore".
+
+The fallback writes only into the demo's own cache directory: the directory of the data_path
+prefix, which must not exist yet or hold nothing but what the demo writes there (corpus.jsonl,
+the pair, its tokenizer, mf-data's index cache). Half a pair (an `.idx` without its `.bin`, or
+the reverse) is an error naming the missing file: it is a dataset someone made, not a demo to
+rebuild over it.
 """
 
 from __future__ import annotations
@@ -74,7 +80,13 @@ def ensure_demo_corpus(extra: dict, tokenizer_path: str, model_vocab: int | None
     if model_vocab is not None and vocab > model_vocab:
         raise TrainerConfigError(f"train_dataset.dataloader.demo_corpus.vocab_size: {vocab} exceeds "
                                  f"model.vocab_size {model_vocab}")
-    have_data = os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")
+    have_bin, have_idx = os.path.isfile(prefix + ".bin"), os.path.isfile(prefix + ".idx")
+    if have_bin != have_idx:
+        missing, present = (prefix + ".bin", prefix + ".idx") if have_idx else (prefix + ".idx", prefix + ".bin")
+        raise TrainerConfigError(f"train_dataset.dataloader.config.data_path: {missing} is missing but {present} "
+                                 "exists; the demo corpus is built only where neither file exists (restore the "
+                                 "missing file, or remove dataloader.demo_corpus to use your own data)")
+    have_data = have_bin and have_idx
     if have_data and os.path.isfile(tokenizer_path):
         log.info("demo corpus: using the cached %s.{bin,idx} and %s", prefix, tokenizer_path)
         return
@@ -82,6 +94,7 @@ def ensure_demo_corpus(extra: dict, tokenizer_path: str, model_vocab: int | None
         raise TrainerConfigError(f"tokenizer.path: {tokenizer_path} is missing but {prefix}.bin exists; the data "
                                  "and tokenizer belong together: delete both to rebuild")
     cache = Path(prefix).parent
+    _check_demo_cache(cache, prefix, tokenizer_path)
     cache.mkdir(parents=True, exist_ok=True)
     corpus = cache / "corpus.jsonl"
     if not corpus.is_file():
@@ -97,11 +110,34 @@ def ensure_demo_corpus(extra: dict, tokenizer_path: str, model_vocab: int | None
     staging = str(cache / f".building-{os.getpid()}-{name}")
     summary = mf_data.preprocess([str(corpus)], tokenizer_path, staging, append_eod=True,
                                  workers=1, overwrite=True, progress=False, log=io.StringIO())
+    if os.path.isfile(staging + "_text_document.stats.json"):  # its token range (still valid: renames keep mtimes)
+        os.replace(staging + "_text_document.stats.json", prefix + ".stats.json")
     os.replace(staging + "_text_document.bin", prefix + ".bin")
     os.replace(staging + "_text_document.idx", prefix + ".idx")
     tokens = summary.get("tokens")
     tokens = sum(tokens.values()) if isinstance(tokens, dict) else tokens
     log.info("demo corpus: %s documents, %s tokens -> %s.{bin,idx}", summary.get("documents"), tokens, prefix)
+
+
+def _check_demo_cache(cache: Path, prefix: str, tokenizer_path: str) -> None:
+    """The directory the demo is about to write into must be the demo's own (see the module doc)."""
+    name = Path(prefix).name
+    tokenizer = Path(tokenizer_path)
+    if not os.path.isfile(tokenizer_path) and os.path.realpath(tokenizer.parent) != os.path.realpath(cache):
+        raise TrainerConfigError(f"tokenizer.path: {tokenizer_path} is missing; the demo corpus trains it only inside "
+                                 f"its own cache directory {cache} (beside data_path)")
+    if not cache.exists():
+        return
+    if not cache.is_dir():
+        raise TrainerConfigError(f"train_dataset.dataloader.config.data_path: {cache} is not a directory")
+    own = {"corpus.jsonl", "cache", f"{name}.bin", f"{name}.idx", f"{name}.stats.json", tokenizer.name,
+           tokenizer.with_suffix(".vocab").name}
+    foreign = sorted(p.name for p in cache.iterdir() if p.name not in own and not p.name.startswith("."))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" (and {len(foreign) - 3} more)" if len(foreign) > 3 else "")
+        raise TrainerConfigError(f"train_dataset.dataloader.config.data_path: {prefix}.bin/.idx are missing and {cache} "
+                                 f"holds other files ({shown}): the demo corpus writes only into a directory of its "
+                                 "own; point data_path at a new directory, or remove dataloader.demo_corpus")
 
 
 def check_eod(extra: dict, tokenizer_path: str) -> None:

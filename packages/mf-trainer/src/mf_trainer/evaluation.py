@@ -35,18 +35,15 @@ import time
 from dataclasses import dataclass
 
 import mindspore as ms
-import numpy as np
 from mindspore import nn, ops
 
 from mf_trainer.data import build_loader
 from mf_trainer.errors import TrainerConfigError
 from mf_trainer.loss import token_cross_entropy
+from mf_trainer.preflight.data import eval_data as _eval_data
 from mf_trainer.step import _model_inputs, _targets
 
 log = logging.getLogger("mf_trainer")
-
-_SPLITS = ("train", "valid", "test")
-
 
 class EvalForward(nn.Cell):
     """(labels, loss_mask, *model_inputs) -> (sum of masked loss, tokens, correct tokens)."""
@@ -85,20 +82,10 @@ class EvalResult:
 
 def eval_data(cfg) -> tuple[object, str, str]:
     """(dataset section, its YAML name, split phase) this config evaluates on."""
-    if cfg.eval_dataset is not None:
-        sizes = cfg.eval_dataset.dataloader.extra.get("sizes")
-        chosen = [i for i, n in enumerate(sizes or ()) if n != 0]
-        if not isinstance(sizes, list) or len(chosen) != 1:
-            raise TrainerConfigError(
-                f"eval_dataset.dataloader.sizes: name the split to evaluate by giving exactly one split a non-zero size "
-                f"(e.g. [1000, 0, 0] with split '1,0,0', or [0, 300, 0] for the valid split), got {sizes!r}")
-        return cfg.eval_dataset, "eval_dataset", _SPLITS[chosen[0]]
-    sizes = cfg.train_dataset.dataloader.extra.get("sizes")
-    if not isinstance(sizes, list) or len(sizes) != 3 or not sizes[1]:
-        raise TrainerConfigError(
-            f"train_dataset.dataloader.sizes: evaluating the valid split needs sizes[1] > 0 (and a split string giving "
-            f"it documents, e.g. '969,30,1'), got {sizes!r}; or give an eval_dataset section")
-    return cfg.train_dataset, "train_dataset", "valid"
+    try:
+        return _eval_data(cfg)
+    except ValueError as exc:
+        raise TrainerConfigError(str(exc)) from None
 
 
 class Evaluator:
@@ -111,13 +98,6 @@ class Evaluator:
         section, where, phase = eval_data(cfg)
         self.where = f"{where} ({phase} split)"
         self.loader = build_loader(cfg, micro_batch_size=micro_batch_size, section=section, where=where, phase=phase)
-        columns = self.loader.columns
-        if "actual_seq_len" in columns:
-            raise TrainerConfigError(f"{where}.dataloader.config.create_compressed_eod_mask: the compressed EOD mask "
-                                     "needs a variable-length attention kernel that mf-models does not have")
-        missing = [c for c in ("input_ids", "labels", "loss_mask") if c not in columns]
-        if missing:
-            raise TrainerConfigError(f"{where}.dataloader.column_names: evaluation needs {missing[0]!r}")
         available = len(self.loader)
         self.batches = available if iters is None else min(int(iters), available)
         if iters is not None and available < iters:
@@ -169,30 +149,16 @@ def build_evaluator(cfg, model, micro_batch_size: int) -> Evaluator | None:
 
 
 def load_weights(model, ckpt_cfg) -> str:
-    """Weights of `checkpoint.load_path` into `model`: an mf checkpoint (weights only), an HF
-    directory, or a LoRA adapter checkpoint merged into the base it records. Returns what it was."""
+    """Weights of `checkpoint.load_path` into `model` (mf_models.load_weights: an mf checkpoint,
+    weights only; an HF directory; a LoRA adapter merged into its base). Returns what it was."""
     import mf_ckpt
     import mf_models
     from mf_trainer.checkpointing import load_options
 
-    path = ckpt_cfg.load_path
     try:
-        info = mf_ckpt.load(path, {}, strict=False)
-        adapter = mf_ckpt.read_adapter_meta(info.common, path)
-        if adapter is not None:
-            _, state = mf_ckpt.load_lora_merged_state(path)
-            what = f"LoRA adapter {path} (rank {adapter['rank']}) merged into its base {adapter.get('base')}"
-        else:
-            state = {n: np.zeros(p.shape, np.float32) for n, p in model.parameters_and_names()}
-            opts = load_options(ckpt_cfg)
-            opts = mf_ckpt.LoadOptions(load_path=opts.load_path, load_balanced=opts.load_balanced, no_load_optim=True,
-                                       load_worker_number=opts.load_worker_number)
-            mf_ckpt.load(opts, state, None, strict=True)
-            what = f"{info.kind} checkpoint {path}" + (f" (iteration {info.iteration})" if info.iteration is not None else "")
-        mf_models.load_state(model, state)
+        return mf_models.load_weights(model, ckpt_cfg.load_path, options=load_options(ckpt_cfg)).describe()
     except (mf_ckpt.CheckpointError, mf_models.ModelStateError) as exc:
         raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
-    return what
 
 
 def evaluate(cfg, *, whole_split: bool = False) -> EvalResult:
@@ -200,17 +166,10 @@ def evaluate(cfg, *, whole_split: bool = False) -> EvalResult:
     `eval_data(cfg)`; graph or PyNative as `context.mode` says. Bad input: TrainerConfigError."""
     import mf_models
     from mf_trainer import runtime
-    from mf_trainer.support import check_context, check_parallelism
+    from mf_trainer.preflight import preflight
 
     device = runtime.resolve_device(cfg.context.device_target)
-    check_context(cfg, device)
-    check_parallelism(cfg, device, runtime.world_size_from_env())
-    if cfg.run_mode == "eval" and cfg.lora is not None:
-        raise TrainerConfigError("lora: run_mode eval evaluates the weights in checkpoint.load_path; a LoRA adapter "
-                                 "checkpoint carries its own settings (remove the lora section)")
-    if not cfg.checkpoint.load_path:
-        raise TrainerConfigError("checkpoint.load_path: evaluation needs weights (an mf checkpoint, a LoRA adapter "
-                                 "checkpoint or a Hugging Face directory)")
+    preflight(cfg, "eval", runtime.world_size_from_env(), device).raise_for_problems()
     runtime.setup_context(device, cfg.context.mode, cfg.context.device_id, cfg.training.deterministic)
     runtime.seed_everything(cfg.training.seed)
     section = {"model_type": cfg.model.model_type, "architectures": cfg.model.architectures, **cfg.model.extra}
@@ -218,9 +177,9 @@ def evaluate(cfg, *, whole_split: bool = False) -> EvalResult:
         model = mf_models.build_model({k: v for k, v in section.items() if v is not None}, init=False)
     except mf_models.ModelConfigError as exc:
         raise TrainerConfigError(str(exc)) from None
+    what = load_weights(model, cfg.checkpoint)   # a bad checkpoint fails before the data is indexed
     iters = None if whole_split else (cfg.eval_dataset.eval_iters if cfg.eval_dataset is not None else _default_iters())
     evaluator = Evaluator(cfg, model, micro_batch_size=cfg.training.local_batch_size, iters=iters)
-    what = load_weights(model, cfg.checkpoint)
     log.info("evaluating %s on %s: %d batches of %d samples, %s mode", what, evaluator.where, evaluator.batches,
              cfg.training.local_batch_size, "GRAPH" if cfg.context.mode == 0 else "PyNative")
     return evaluator.run()

@@ -36,8 +36,6 @@ import dataclasses
 import logging
 import os
 
-import numpy as np
-
 import mf_ckpt
 import mf_models
 from mf_trainer.errors import TrainerConfigError
@@ -45,21 +43,6 @@ from mf_trainer.errors import TrainerConfigError
 log = logging.getLogger("mf_trainer")
 
 MARKER = "latest_checkpointed_iteration.txt"
-
-
-def check_config(cfg) -> None:
-    """Refusals for lora / run_mode combinations (called with the other support checks)."""
-    if cfg.lora is not None and cfg.run_mode != "finetune":
-        raise TrainerConfigError(f"lora: LoRA adapts pretrained weights; it needs run_mode: finetune (with "
-                                 f"checkpoint.load_path), got run_mode {cfg.run_mode!r}")
-    par = cfg.parallelism
-    if cfg.lora is not None and (par.tensor_parallel > 1 or par.expert_parallel > 1 or par.context_parallel > 1
-                                 or par.pipeline_parallel > 1):
-        raise TrainerConfigError("lora: adapters on sharded (tensor/expert/context/pipeline-parallel) layers are not "
-                                 "implemented; LoRA runs with data parallelism only")
-    if cfg.run_mode == "finetune" and not cfg.checkpoint.load_path:
-        raise TrainerConfigError("checkpoint.load_path: run_mode finetune starts from pretrained weights (an HF "
-                                 "directory or an mf checkpoint); set it, or use run_mode train to start from scratch")
 
 
 def _lora_settings(lora) -> dict | None:
@@ -82,9 +65,6 @@ class Finetune:
         self.seed = seed
         ckpt = cfg.checkpoint
         self.base = os.path.abspath(ckpt.load_path)
-        if os.path.realpath(ckpt.save_path) == os.path.realpath(ckpt.load_path):
-            raise TrainerConfigError(f"checkpoint.save_path: is checkpoint.load_path ({ckpt.load_path}); a fine-tune saves "
-                                     "beside its base, never into it (rotation could delete the base)")
         self.lora = cfg.lora
         self.identity = {"base": self.base, "base_kind": None, "base_iteration": None, "lora": _lora_settings(self.lora)}
         self.base_adapter = None
@@ -159,34 +139,22 @@ class Finetune:
     def _load_base(self, model) -> None:
         from mf_trainer.checkpointing import load_options
 
-        where = self.base + (f" (iteration {self.identity['base_iteration']})"
-                             if self.identity["base_iteration"] is not None else "")
+        iteration = self.identity["base_iteration"] if self.identity["base_kind"] == "mf" else None
         try:
-            if self.base_adapter is not None:
-                _, state = mf_ckpt.load_lora_merged_state(self.base)
-                where += f", a LoRA adapter merged into {self.base_adapter.get('base')}"
-            else:
-                state = {n: np.zeros(p.shape, np.float32) for n, p in model.parameters_and_names()}
-                opts = load_options(self.cfg.checkpoint)
-                opts = mf_ckpt.LoadOptions(load_path=self.base, load_balanced=opts.load_balanced, no_load_optim=True,
-                                           load_worker_number=opts.load_worker_number)
-                iteration = self.identity["base_iteration"] if self.identity["base_kind"] == "mf" else None
-                mf_ckpt.load(opts, state, None, iteration=iteration, strict=True)
-            mf_models.load_state(model, state)
+            loaded = mf_models.load_weights(model, self.base, iteration=iteration,
+                                            options=load_options(self.cfg.checkpoint))
         except (mf_ckpt.CheckpointError, mf_models.ModelStateError) as exc:
             raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
-        log.info("finetune: weights of %s (%s)", where, self.identity["base_kind"])
+        log.info("finetune: weights of %s (%s)", loaded.describe(), self.identity["base_kind"])
 
-    # ---- checkpoints -------------------------------------------------------------------------
-    def model_state(self, model) -> dict:
-        """What a checkpoint of this run holds: the adapters (LoRA) or every weight."""
-        return mf_models.adapter_state(model) if self.lora is not None else mf_models.model_state(model)
+    # ---- what checkpoints hold, and where this run resumes from --------------------------------
+    def held(self, model) -> set[str] | None:
+        """The parameters a checkpoint of this run holds: the adapters (LoRA) or every weight (None)."""
+        return set(mf_models.adapter_state(model)) if self.lora is not None else None
 
-    def load_model_state(self, model, state: dict) -> None:
-        if self.lora is not None:
-            mf_models.load_adapter_state(model, state)
-        else:
-            mf_models.load_state(model, state)
+    def restore_source(self) -> tuple[str, bool] | None:
+        """(this run's own save_path, resume) when it resumes itself; None: a fresh start."""
+        return (self.resume_path, True) if self.resume_path else None
 
     def common(self) -> dict:
         """Added to common.json: the run's identity, and for LoRA mf-ckpt's adapter marking."""

@@ -2,8 +2,8 @@
 
 Every step appends one JSON object to `<output_dir>/metrics.jsonl` (`step`, `loss`, `lr`,
 `grad_norm`, `step_time_s`, `tokens_per_s`, `mfu`, `rss_bytes`, `consumed_samples`, `skipped`,
-...; in a parallel run also `comm_bytes`, `comm_issued_bytes`, `comm_calls` and `comm`, the
-step's collectives by kind, from mf-parallel's counter). Every `monitor.log_interval` steps (and on the last step) one console line shows progress,
+..., `comm_bytes`, `comm_issued_bytes`, `comm_calls` and `comm`: the step's collectives by
+kind, from mf-parallel's counter; zero in one process, where the console line leaves them out). Every `monitor.log_interval` steps (and on the last step) one console line shows progress,
 loss, LR, grad norm, throughput, MFU, memory and the ETA. With `monitor.tensorboard` the scalars
 go to `<output_dir>/tensorboard` through tensorboardX.
 
@@ -131,7 +131,7 @@ class MetricsLogger(Callback):
         if m.get("mfu") is not None:
             parts.append(f"MFU {100.0 * m['mfu']:.1f}%")
         parts.append(f"rss {m['rss_bytes'] / 2**30:.2f} GiB")
-        if m.get("comm_bytes") is not None:   # parallel runs: this rank's collectives in the step
+        if m.get("comm_calls"):   # this rank's collectives in the step (one process has none)
             parts.append(f"comm {m['comm_bytes'] / 1e6:.2f} MB in {m['comm_calls']} calls")
         parts.append(f"ETA {_fmt_duration(eta)}")
         return " | ".join(parts)

@@ -1,13 +1,15 @@
 """Parallel training: the `parallelism` section -> mf-parallel's mesh, the model's plan, and the
 per-step collectives the Trainer needs around its compiled step.
 
-One process (world size 1) is the degenerate case: every group has one rank, every collective is
-the identity, and the plan changes nothing. With more ranks (started by `mf launch` or msrun):
+The Trainer has one path: one process (world size 1) is the smallest layout, not a special case.
+Every group then has one rank, every collective is the identity, the model's plan changes nothing,
+the sharded state is the whole state and the global-norm clip is bit for bit the one-process norm.
+With more ranks (started by `mf launch` or msrun):
 
 * layout: `ParallelDims.from_config(parallelism, world)`; `data_parallel_shard_strategy:
   no_shard` makes every data-parallel rank a replica (DDP); `optim_grads_params` (ZeRO-3, the
-  default) shards parameters, gradients and optimizer states. Pipeline, context and expert
-  parallelism and ZeRO-1/2 are refused with their reason (not implemented).
+  default) shards parameters, gradients and optimizer states. What cannot run (pipeline, context
+  and expert parallelism, ZeRO-1/2, degrees that do not fit the world) is refused by the preflight.
 * the model: its own plan (`mf_models.parallelize_model`: TP + SP, recompute, FSDP/HSDP), applied
   before the optimizer is built, so AdamW's moments are sharded like the parameters.
 * data: each data-parallel rank reads its slice of every global batch (`dp_rank`, `dp`); tensor-
@@ -35,62 +37,14 @@ from mf_trainer.errors import TrainerConfigError
 
 log = logging.getLogger("mf_trainer")
 
-# data_parallel_shard_strategy values this Trainer honours.
-_STRATEGIES = {
-    "optim_grads_params": "parameters, gradients and optimizer states sharded (ZeRO-3)",
-    "no_shard": "every data-parallel rank holds everything (DDP)",
-}
-_UNIMPLEMENTED = {"pipeline_parallel": "pipeline", "context_parallel": "context", "expert_parallel": "expert"}
+def build_dims(cfg, world_size: int) -> mp.ParallelDims:
+    """This run's layout (the preflight has checked that the degrees fit `world_size`)."""
+    from mf_trainer.preflight.parallel import effective_dims
 
-
-def build_dims(cfg, world_size: int, device: str) -> mp.ParallelDims:
-    """This run's layout, or a one-line TrainerConfigError naming the key and the fix."""
-    par = cfg.parallelism
-    for key, what in _UNIMPLEMENTED.items():
-        if getattr(par, key) > 1:
-            raise TrainerConfigError(f"parallelism.{key}: {getattr(par, key)} > 1 is not implemented ({what} "
-                                     f"parallelism has no strategy in mf-parallel yet); set it to 1")
-    if world_size == 1:
-        for key in ("tensor_parallel", "data_parallel_shard"):
-            if getattr(par, key) > 1:
-                raise TrainerConfigError(
-                    f"parallelism.{key}: {getattr(par, key)} > 1 needs {getattr(par, key)} ranks; this process runs "
-                    f"alone: start it with `mf launch -n N` (N a multiple of {getattr(par, key)})")
-    strategy = par.data_parallel_shard_strategy
-    if strategy not in _STRATEGIES:
-        raise TrainerConfigError(
-            f"parallelism.data_parallel_shard_strategy: {strategy!r} (ZeRO-{1 if strategy == 'optim' else 2}: "
-            f"sharded optimizer states{'' if strategy == 'optim' else ' and gradients'} with replicated parameters) "
-            f"is not implemented; use 'optim_grads_params' (ZeRO-3) or 'no_shard' (DDP)")
-    if par.cpu_offload:
-        try:
-            mp.check_cpu_offload(True, device)
-        except mp.ParallelConfigError as exc:
-            raise TrainerConfigError(str(exc)) from None
-    if cfg.lora is not None and world_size > 1:
-        raise TrainerConfigError("lora: LoRA over several ranks is not implemented (its adapter layers have no "
-                                 "sharded forward in mf-parallel); run the fine-tune in one process")
     try:
-        dims = mp.ParallelDims.from_config(par, world_size)
-        if strategy == "no_shard" and dims.dp_shard > 1:
-            if par.data_parallel_shard > 1:
-                raise TrainerConfigError(
-                    f"parallelism.data_parallel_shard: {par.data_parallel_shard} shards, but "
-                    "data_parallel_shard_strategy is 'no_shard'; leave data_parallel_shard at -1 or use "
-                    "'optim_grads_params'")
-            dims = mp.ParallelDims(world_size, dp_replicate=dims.dp, dp_shard=1, tp=dims.tp)
+        return effective_dims(cfg.parallelism, world_size)
     except mp.ParallelConfigError as exc:
         raise TrainerConfigError(str(exc)) from None
-    if not (dims.fsdp_enabled or dims.dp_replicate > 1):
-        from mf_trainer.support import FSDP_KNOBS
-
-        defaults = type(par)()
-        for key in FSDP_KNOBS:
-            if getattr(par, key) != getattr(defaults, key):
-                raise TrainerConfigError(
-                    f"parallelism.{key}: {getattr(par, key)!r} only acts with data parallelism over several ranks; "
-                    f"this layout has none ({dims.describe()}): leave it at its default")
-    return dims
 
 
 class ParallelContext:
@@ -117,7 +71,15 @@ class ParallelContext:
 
     @property
     def enabled(self) -> bool:
+        """Several ranks (for messages and file names; the training path does not depend on it)."""
         return self.world > 1
+
+    @property
+    def may_retry_step(self) -> bool:
+        """Whether a failed first compiled step may be retried in PyNative. Not with several ranks: a
+        rank that retried would issue its collectives out of step with the others (the error ends
+        the job instead, and mf launch shows it)."""
+        return self.world == 1
 
     @property
     def is_rank0(self) -> bool:
@@ -136,7 +98,7 @@ class ParallelContext:
                                          cpu_offload=par.cpu_offload, recompute=recompute)
 
     def parallelize(self, model, recompute) -> None:
-        """The model's own plan (a no-op on one rank: a recompute callback still runs)."""
+        """The model's own plan (the identity on one rank, where only the recompute callback acts)."""
         try:
             mf_models.parallelize_model(model, self.mesh, self.options(recompute))
         except (mp.ParallelConfigError, mf_models.ModelConfigError) as exc:
@@ -171,6 +133,21 @@ class ParallelContext:
         """Every parameter as its full array, on every rank (collective)."""
         return mp.gather_full_state(model, self.mesh)
 
+    def one_process_model(self, model, rebuild):
+        """The model as one process would hold it, for generation: `model` itself on one rank (the
+        plan is the identity there); else every rank gathers the full weights (a collective) and
+        rank 0 gets `rebuild(full_state)`, the others None."""
+        if self.world == 1:
+            return model
+        full = self.full_state(model)
+        return rebuild(full) if self.is_rank0 else None
+
+    def note_rank_values(self, step: int, metrics: dict, keys=("local_loss", "device_loss", "device_norm")) -> None:
+        """Ranks other than 0 write no metrics file: their own values go to their log."""
+        shown = [k for k in keys if k in metrics]
+        if not self.is_rank0 and shown:
+            log.info("rank %d step %d: %s", self.rank, step, ", ".join(f"{k} {metrics[k]:.6g}" for k in shown))
+
 
 def comm_metrics() -> dict:
     """This step's communication volume (mf-parallel's counter), then reset for the next step."""
@@ -184,20 +161,23 @@ def comm_metrics() -> dict:
 
 
 class ShardedState:
-    """Checkpoint state of a sharded model and optimizer: mf-ckpt `ShardedTensor`s whose blocks,
-    global shapes, offsets and replica ids come from mf-parallel's `param_layouts`. An optimizer
-    moment (`exp_avg.<name>`, `exp_avg_sq.<name>`) has its parameter's layout."""
+    """Checkpoint state of the model and optimizer as mf-ckpt `ShardedTensor`s whose blocks, global
+    shapes, offsets and replica ids come from mf-parallel's `param_layouts` (on one rank: the whole
+    tensor at offset 0). An optimizer moment (`exp_avg.<name>`, `exp_avg_sq.<name>`) has its
+    parameter's layout. `held`: the parameter names a checkpoint holds (every one, or a LoRA
+    fine-tune's adapters): the filter that makes fine-tuning a choice of state, not a code path."""
 
-    def __init__(self, ctx: ParallelContext, model, optimizer):
+    def __init__(self, ctx: ParallelContext, model, optimizer, held: set[str] | None = None):
         self.model = model
         self.optimizer = optimizer
-        self.layouts = ctx.layouts(model)
+        layouts = ctx.layouts(model)
+        self.params = {name: p for name, p in model.parameters_and_names() if held is None or name in held}
+        self.layouts = {name: layouts[name] for name in self.params}
         name_of = {id(p): name for name, p in model.parameters_and_names()}
         self.moment_layouts = {}
         for pname, param in zip(optimizer.param_names, optimizer.params):
             for prefix in ("exp_avg", "exp_avg_sq"):
-                self.moment_layouts[f"{prefix}.{pname}"] = self.layouts[name_of[id(param)]]
-        self.mesh = ctx.mesh
+                self.moment_layouts[f"{prefix}.{pname}"] = layouts[name_of[id(param)]]
 
     @staticmethod
     def _sharded(arrays: dict, layouts: dict) -> dict:
@@ -215,7 +195,7 @@ class ShardedState:
                                            lay.replica_id) for key, lay in layouts.items()}
 
     def model_state(self) -> dict:
-        return self._sharded(mf_models.model_state(self.model), self.layouts)
+        return self._sharded({name: p.asnumpy() for name, p in self.params.items()}, self.layouts)
 
     def optimizer_state(self) -> dict:
         moments = {k: v for k, v in self.optimizer.state_dict().items() if k != "step"}
@@ -228,7 +208,10 @@ class ShardedState:
         return self._destinations(self.moment_layouts)
 
     def load_model(self, destinations: dict) -> None:
-        mp.load_sharded_state(self.model, self.mesh, lambda name, offset, shape: destinations[name].data)
+        """Set the held parameters from loaded blocks (mf-ckpt checked names and global shapes)."""
+        for name, param in self.params.items():
+            block = self.layouts[name].from_block(np.asarray(destinations[name].data, np.float32))
+            param.set_data(Tensor(block, param.dtype))
 
     def moments(self, destinations: dict) -> dict:
         """The loaded moment blocks as arrays shaped like the stored Parameters (FSDP padding zero)."""

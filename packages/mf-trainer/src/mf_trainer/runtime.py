@@ -3,32 +3,30 @@
 `context.device_target: null` picks Ascend when MindSpore sees one, else CPU. `context.mode` 0
 compiles the training step whole in GRAPH_MODE (the fast path); 1 runs it op by op in PyNative
 (the debugging path). The RNG state of Python, numpy and MindSpore's default generator is saved
-in every checkpoint and restored on resume.
+in every checkpoint and restored on resume, as plain JSON data (numbers and lists): nothing read
+from a checkpoint is unpickled, so opening one someone sent you cannot run their code.
+
+    "rng": {"python": {"version": 3, "state": [625 ints], "gauss_next": null},
+            "numpy": {"bit_generator": "MT19937", "keys": [624 ints], "pos": 624, "has_gauss": 0,
+                      "cached_gaussian": 0.0},
+            "mindspore": [uint8 ...]}
+
+mf-trainer before 0.4 stored the Python and numpy states pickled (base64 strings): such a state is
+refused, never unpickled (`checkpoint.load_rng_state: false` resumes without it).
 """
 
 from __future__ import annotations
 
-import base64
 import logging
-import os
-import pickle
 import random
 
 import mindspore as ms
 import numpy as np
 
+from mf_trainer.environment import world_size_from_env  # noqa: F401  (re-exported)
 from mf_trainer.errors import TrainerConfigError
 
 log = logging.getLogger("mf_trainer")
-
-
-def world_size_from_env() -> int:
-    """Ranks of this job as the launchers announce them (msrun sets RANK_SIZE / MS_WORKER_NUM)."""
-    for name in ("MS_WORKER_NUM", "RANK_SIZE", "WORLD_SIZE"):
-        value = os.environ.get(name)
-        if value and value.isdigit():
-            return int(value)
-    return 1
 
 
 def resolve_device(requested: str | None) -> str:
@@ -68,15 +66,66 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
-    """JSON-able snapshot of every RNG the loop can touch (written to common.json)."""
+    """JSON data of every RNG the loop can touch (written to common.json)."""
+    version, internal, gauss_next = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     return {
-        "python": base64.b64encode(pickle.dumps(random.getstate())).decode("ascii"),
-        "numpy": base64.b64encode(pickle.dumps(np.random.get_state())).decode("ascii"),
+        "python": {"version": int(version), "state": [int(x) for x in internal], "gauss_next": gauss_next},
+        "numpy": {"bit_generator": str(kind), "keys": [int(x) for x in keys], "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "mindspore": ms.get_rng_state().asnumpy().tolist(),
     }
 
 
-def set_rng_state(state: dict) -> None:
-    random.setstate(pickle.loads(base64.b64decode(state["python"])))
-    np.random.set_state(pickle.loads(base64.b64decode(state["numpy"])))
-    ms.set_rng_state(ms.Tensor(np.asarray(state["mindspore"], dtype=np.uint8)))
+class RNGStateError(ValueError):
+    """An RNG state in a checkpoint that cannot be restored: one line starting with the field
+    (`rng.numpy.keys: ...`), without the file, which the caller names."""
+
+
+PICKLED_RNG = ("rng: stored pickled (written by mf-trainer < 0.4), which is never unpickled (a pickle can run code); "
+               "resume without it with checkpoint.load_rng_state: false (the RNGs restart from training.seed)")
+
+
+def _ints(value, count: int | None, what: str, limit: int | None = None) -> list[int]:
+    """`value` as a list of `count` ints (each below `limit` when given), else RNGStateError."""
+    if not isinstance(value, list) or (count is not None and len(value) != count) or \
+            not all(type(x) is int and x >= 0 and (limit is None or x < limit) for x in value):
+        size = f"{count} " if count is not None else ""
+        bound = f" in [0, {limit})" if limit is not None else " >= 0"
+        raise RNGStateError(f"rng.{what}: must be a list of {size}integers{bound}")
+    return value
+
+
+def set_rng_state(state) -> None:
+    """Restore `rng_state()`'s data; RNGStateError for anything else (a pickled state included).
+    Everything is checked before any generator is touched."""
+    if state is None:
+        raise RNGStateError("rng: missing (needed to resume exactly; checkpoint.load_rng_state: false resumes "
+                            "without it)")
+    if not isinstance(state, dict):
+        raise RNGStateError(f"rng: must be an object with python, numpy and mindspore states, got "
+                            f"{type(state).__name__}")
+    if not {"python", "numpy", "mindspore"} <= set(state):
+        raise RNGStateError("rng: must hold python, numpy and mindspore states")
+    if isinstance(state["python"], str) or isinstance(state["numpy"], str):
+        raise RNGStateError(PICKLED_RNG)
+    py, npy = state["python"], state["numpy"]
+    if not isinstance(py, dict) or not isinstance(npy, dict):
+        raise RNGStateError("rng: python and numpy states must be JSON objects")
+    gauss = py.get("gauss_next")
+    if gauss is not None and not isinstance(gauss, float):
+        raise RNGStateError("rng.python.gauss_next: must be a number or null")
+    expected = int(ms.get_rng_state().asnumpy().size)
+    try:
+        python = (int(py["version"]), tuple(_ints(py.get("state"), 625, "python.state", 2 ** 32)), gauss)
+        numpy_state = (str(npy["bit_generator"]), np.asarray(_ints(npy.get("keys"), 624, "numpy.keys", 2 ** 32),
+                                                             dtype=np.uint32),
+                       int(npy["pos"]), int(npy["has_gauss"]), float(npy["cached_gaussian"]))
+        mindspore = np.asarray(_ints(state["mindspore"], expected, "mindspore", 256), dtype=np.uint8)
+        random.setstate(python)
+        np.random.set_state(numpy_state)
+    except RNGStateError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RNGStateError(f"rng: not a state mf-trainer wrote ({type(exc).__name__}: {exc})") from None
+    ms.set_rng_state(ms.Tensor(mindspore))

@@ -18,6 +18,8 @@ without a graph `if`); the host counts such steps.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import mindspore as ms
 import numpy as np
 from mindspore import ParameterTuple, Tensor, nn, ops
@@ -144,25 +146,34 @@ def _model_inputs(mb: dict) -> tuple[Tensor, ...]:
     return tuple(inputs)
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step returns (host values)."""
+
+    loss: float          # this rank's share of the global loss (x loss_scale); the caller adds the shares
+    grad_norm: float     # the global gradient norm before clipping
+    applied: bool        # False: a non-finite loss or norm, nothing was updated
+    tokens: float        # loss-mask tokens of the global batch
+    local_norm: float    # the norm of this rank's own gradients (the global one unless asked for)
+
+
 class StepRunner:
     """Host side of one optimizer step over `micro_batches` (lists of numpy arrays).
 
-    Computes 1 / tokens of the global batch, feeds the LR-dependent scalars, and returns
-    (loss, grad_norm, applied) as Python values. In a parallel run `global_tokens(local count)`
-    adds up the data-parallel ranks' loss-mask tokens, `loss_scale` multiplies 1 / tokens (the
-    data-parallel size when FSDP averages gradients instead of summing them), `norm` is the
-    sharded global norm, and the returned loss is this rank's share (the caller adds the shares).
-    `local_norm` also computes the norm of this rank's own gradients (`last_local_norm`).
+    Computes 1 / tokens of the global batch, feeds the LR-dependent scalars, and returns a
+    `StepResult`. `global_tokens(local count)` adds up the data-parallel ranks' loss-mask tokens,
+    `loss_scale` multiplies 1 / tokens (the data-parallel size when FSDP averages gradients instead
+    of summing them), `norm` is the global norm (mf-parallel's `GlobalNormClip`: every shard counted
+    once; on one rank the one-process norm). `local_norm` also computes the norm of this rank's own
+    gradients.
     """
 
     def __init__(self, loss_cell: nn.Cell, optimizer, max_norm: float, accumulation: int, *,
                  norm: GradNorm | None = None, local_norm: bool = False, global_tokens=None, loss_scale: int = 1):
         self.optimizer = optimizer
         self.accumulation = int(accumulation)
-        self.global_tokens = global_tokens
+        self.global_tokens = global_tokens or (lambda tokens: tokens)
         self.loss_scale = int(loss_scale)
-        self.last_tokens = 0.0
-        self.last_local_norm: float | None = None
         if self.accumulation == 1:
             self.fused = FusedStep(loss_cell, optimizer, max_norm, norm, local_norm)
         else:
@@ -173,11 +184,8 @@ class StepRunner:
     def cells(self) -> list[nn.Cell]:
         return [self.fused] if self.accumulation == 1 else [self.accumulate, self.apply]
 
-    def __call__(self, micro_batches: list[dict], lr: float) -> tuple[float, float, bool]:
-        tokens = float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches))
-        if self.global_tokens is not None:
-            tokens = self.global_tokens(tokens)
-        self.last_tokens = tokens
+    def __call__(self, micro_batches: list[dict], lr: float) -> StepResult:
+        tokens = self.global_tokens(float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches)))
         # A global batch whose every token is masked out has no loss; 1/0 would make NaN, which
         # the non-finite path then skips and counts, as it should.
         inv = Tensor(np.float32(self.loss_scale / tokens if tokens > 0 else np.inf))
@@ -195,5 +203,4 @@ class StepRunner:
         applied = bool(finite.asnumpy())
         if applied:
             self.optimizer.step += 1
-        self.last_local_norm = float(local.asnumpy())
-        return loss_value, float(norm.asnumpy()), applied
+        return StepResult(loss_value, float(norm.asnumpy()), applied, tokens, float(local.asnumpy()))

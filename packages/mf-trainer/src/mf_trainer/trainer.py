@@ -10,10 +10,13 @@ checkpoint restore), so a bad YAML fails before the first step. `train()` runs
 the scheduler's LR, and hands the metrics to the callbacks (logging and checkpointing are
 built in; `callbacks:` adds more).
 
-Started on several ranks (`mf launch`, msrun), every rank runs this same loop on its share of the
-work (parallel.py: layout, the model's plan, data slices, global-token loss, sharded clipping and
-checkpoints); the loss, norm and decisions are global, so every rank takes the same path. Rank 0
-alone writes metrics, TensorBoard, console progress and the end-of-training sample.
+One path for every layout: one process is the layout of one rank (parallel.py: the layout, the
+model's plan, data slices, global-token loss, global-norm clipping and sharded checkpoint state,
+all the identity at world size 1), and fine-tuning is a choice of state (start.py: which weights
+start, which tensors train and which a checkpoint holds), not a branch. Started on several ranks
+(`mf launch`, msrun), every rank runs this same loop on its share of the work; the loss, norm and
+decisions are global, so every rank takes the same path. Rank 0 alone writes metrics,
+TensorBoard, console progress and the end-of-training sample.
 """
 
 from __future__ import annotations
@@ -32,17 +35,19 @@ from mf_trainer.checkpointing import CheckpointSaver, load_checkpoint
 from mf_trainer.data import build_loader, ensure_demo_corpus
 from mf_trainer.errors import TrainerConfigError, TrainingError
 from mf_trainer.evaluation import build_evaluator
-from mf_trainer.finetune import Finetune
 from mf_trainer.loss import MaskedLMLoss
 from mf_trainer.lr_schedulers import build_scheduler
 from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device
 from mf_trainer.monitor import MetricsLogger
 from mf_trainer.optimizer import build_adamw
 from mf_trainer.parallel import ParallelContext, ShardedState, build_dims, comm_metrics
+from mf_trainer.preflight import preflight
+from mf_trainer.preflight.data import accumulation
+from mf_trainer.preflight.registry import model_section
 from mf_trainer.profiling import ProfilerCallback
 from mf_trainer.recompute import apply_recompute
-from mf_trainer.step import GradNorm, StepRunner
-from mf_trainer.support import check_supported
+from mf_trainer.start import start_plan
+from mf_trainer.step import GradNorm, StepResult, StepRunner
 
 log = logging.getLogger("mf_trainer")
 
@@ -65,25 +70,16 @@ class TrainResult:
     samples: list[dict] = field(default_factory=list)  # end-of-training generations
 
 
-def _accumulation(training, dp: int) -> int:
-    per_micro = dp * training.local_batch_size
-    if per_micro > training.global_batch_size:
-        raise TrainerConfigError(
-            f"training.global_batch_size: {training.global_batch_size} is below data_parallel ({dp}) x "
-            f"local_batch_size ({training.local_batch_size}) = {per_micro}")
-    return training.global_batch_size // per_micro
-
-
 class Trainer:
     def __init__(self, config, callbacks: list[Callback] | tuple = ()):
         self.config = cfg = config
         self.should_stop = False
         self.device = runtime.resolve_device(cfg.context.device_target)
         world = runtime.world_size_from_env()
-        check_supported(cfg, self.device, world)
-        dims = build_dims(cfg, world, self.device)
+        preflight(cfg, "train", world, self.device).raise_for_problems()   # every refusal, before any work
+        dims = build_dims(cfg, world)
         dp = dims.dp
-        self.accumulation = _accumulation(cfg.training, dp)
+        self.accumulation = accumulation(cfg.training, dp)
         self.global_batch = self.accumulation * dp * cfg.training.local_batch_size
         if self.global_batch != cfg.training.global_batch_size:
             log.info("training.global_batch_size %d is not a multiple of dp x local_batch_size; using %d "
@@ -103,31 +99,17 @@ class Trainer:
             self.mode = 1
         runtime.seed_everything(cfg.training.seed)
 
-        # run_mode finetune: start weights, LoRA, and resuming its own save_path (finetune.py).
-        self.finetune = Finetune(cfg, cfg.training.seed) if cfg.run_mode == "finetune" else None
+        # Where the weights come from and what a checkpoint holds (run_mode train / finetune).
+        self.start = start_plan(cfg, cfg.training.seed)
         self.model = self._build_model()
         self.optimizer = build_adamw([(p.name, p) for p in self.model.trainable_params()], cfg.optimizer)
-        self.sharded = ShardedState(self.parallel, self.model, self.optimizer) if self.parallel.enabled else None
+        self.sharded = ShardedState(self.parallel, self.model, self.optimizer, self.start.held(self.model))
         self.state = TrainState(total_steps=cfg.training.steps)
-        if self.finetune is not None:
-            if self.finetune.resume_path:
-                self._restore(self.finetune.resume_path)
-        elif cfg.checkpoint.load_path:
-            self._restore()
-        if self.parallel.enabled and "demo_corpus" in cfg.train_dataset.dataloader.extra:
-            # One builder of the demo corpus; the other ranks find it built.
-            if self.parallel.is_rank0:
-                ensure_demo_corpus(dict(cfg.train_dataset.dataloader.extra), cfg.tokenizer.path,
-                                   cfg.model.extra.get("vocab_size"))
-            self.parallel.barrier()
-        self.loader = build_loader(cfg, micro_batch_size=cfg.training.local_batch_size, dp_rank=self.parallel.dp_rank,
-                                   dp_size=dp, consumed_samples=self.state.consumed_samples,
-                                   is_built_on_rank=(lambda: self.parallel.is_rank0) if self.parallel.enabled else None)
+        source = self.start.restore_source()
+        if source is not None:
+            self._restore(*source)
+        self.loader = self._build_loader()
         self._check_data()
-        if cfg.eval_dataset is not None and dims.tp_enabled:
-            raise TrainerConfigError("eval_dataset: evaluation during training with tensor_parallel > 1 is not "
-                                     "implemented (its loss and accuracy need the vocabulary-split logits); evaluate "
-                                     "the saved checkpoint with `mf eval`")
         self.evaluator = build_evaluator(cfg, self.model, cfg.training.local_batch_size)
         self.runner = self._make_runner()
 
@@ -149,20 +131,13 @@ class Trainer:
 
     # ---- construction helpers ------------------------------------------------------------------
     def _build_model(self):
-        section = {"model_type": self.config.model.model_type, "architectures": self.config.model.architectures,
-                   **self.config.model.extra}
-        section = {k: v for k, v in section.items() if v is not None}
         try:
-            model = mf_models.build_model(section, seed=self.config.training.seed)
+            model = mf_models.build_model(model_section(self.config), seed=self.config.training.seed)
         except mf_models.ModelConfigError as exc:
             raise TrainerConfigError(str(exc)) from None
-        if self.finetune is not None:
-            self.finetune.prepare_model(model)
-        if self.parallel.enabled:
-            # The model's plan: tensor + sequence parallelism, recompute, FSDP/HSDP, in that order.
-            self.parallel.parallelize(model, self._recompute)
-        else:
-            self._recompute(model)
+        self.start.prepare_model(model)   # base weights, LoRA adapters: before the plan
+        # The model's plan: tensor + sequence parallelism, recompute, FSDP/HSDP, in that order.
+        self.parallel.parallelize(model, self._recompute)
         return model
 
     def _recompute(self, model) -> None:
@@ -170,52 +145,36 @@ class Trainer:
         if marked:
             log.info("recompute: %s", ", ".join(marked))
 
+    def _build_loader(self):
+        cfg, par = self.config, self.parallel
+        if "demo_corpus" in cfg.train_dataset.dataloader.extra:
+            # One builder of the demo corpus; the other ranks find it built.
+            if par.is_rank0:
+                ensure_demo_corpus(dict(cfg.train_dataset.dataloader.extra), cfg.tokenizer.path,
+                                   cfg.model.extra.get("vocab_size"))
+            par.barrier()
+        return build_loader(cfg, micro_batch_size=cfg.training.local_batch_size, dp_rank=par.dp_rank, dp_size=par.dp,
+                            consumed_samples=self.state.consumed_samples, is_built_on_rank=lambda: par.is_rank0)
+
     def _make_runner(self) -> StepRunner:
-        par, mon = self.parallel, self.config.monitor.train_state
-        loss = MaskedLMLoss(self.model, par.cross_entropy())
-        if not par.enabled:
-            return StepRunner(loss, self.optimizer, self.config.training.max_norm, self.accumulation)
-        clip = par.clip(self.model, self.optimizer.params, self.config.training.max_norm)
-        return StepRunner(loss, self.optimizer, self.config.training.max_norm, self.accumulation, norm=GradNorm(clip),
-                          local_norm=mon.device_norm, global_tokens=par.global_tokens, loss_scale=par.loss_scale)
+        par, cfg = self.parallel, self.config
+        clip = par.clip(self.model, self.optimizer.params, cfg.training.max_norm)
+        return StepRunner(MaskedLMLoss(self.model, par.cross_entropy()), self.optimizer, cfg.training.max_norm,
+                          self.accumulation, norm=GradNorm(clip), local_norm=cfg.monitor.train_state.device_norm,
+                          global_tokens=par.global_tokens, loss_scale=par.loss_scale)
 
-    def _model_state(self) -> dict:
-        """What checkpoints hold: every weight, or the adapters of a LoRA fine-tune (this rank's
-        blocks as mf-ckpt ShardedTensors in a parallel run)."""
-        if self.sharded is not None:
-            return self.sharded.model_state()
-        return self.finetune.model_state(self.model) if self.finetune else mf_models.model_state(self.model)
-
-    def _optimizer_state(self) -> dict:
-        if self.sharded is not None:
-            return self.sharded.optimizer_state()
-        return {k: v for k, v in self.optimizer.state_dict().items() if k != "step"}
-
-    def _restore(self, path: str | None = None) -> None:
-        """From checkpoint.load_path, or (fine-tune resume) from this run's own `path`. A parallel
-        run reads this rank's blocks of every tensor (any saved layout: mf-ckpt reshards on load)."""
-        if self.sharded is not None:
-            model_state, opt_state = self.sharded.model_destinations(), self.sharded.optimizer_destinations()
-        else:
-            model_state = {k: np.array(v) for k, v in self._model_state().items()}
-            opt_state = self._optimizer_state()
-        restored = load_checkpoint(self.config.checkpoint, model_state, opt_state, path=path, resume=path is not None,
+    def _restore(self, path: str | None, resume: bool) -> None:
+        """From checkpoint.load_path, or (`resume`: a fine-tune continuing itself) from this run's
+        own `path`. Each rank reads its blocks of every held tensor (any saved layout: mf-ckpt
+        reshards on load)."""
+        model_state, opt_state = self.sharded.model_destinations(), self.sharded.optimizer_destinations()
+        restored = load_checkpoint(self.config.checkpoint, model_state, opt_state, path=path, resume=resume,
                                    comm=self.parallel.comm)
-        try:
-            if self.sharded is not None:
-                self.sharded.load_model(model_state)
-            elif self.finetune is not None:
-                self.finetune.load_model_state(self.model, model_state)
-            else:
-                mf_models.load_state(self.model, model_state)
-        except mf_models.ModelStateError as exc:
-            raise TrainerConfigError(f"checkpoint.{'save_path' if path else 'load_path'}: {exc}") from None
+        self.sharded.load_model(model_state)
         if not restored.resume:
             return
         common = restored.common
-        if self.sharded is not None:
-            opt_state = self.sharded.moments(opt_state)
-        self.optimizer.load_state_dict({**opt_state, "step": common["optimizer_step"]})
+        self.optimizer.load_state_dict({**self.sharded.moments(opt_state), "step": common["optimizer_step"]})
         self.state.step = self.state.start_step = int(common["step"])
         if self.state.step > self.state.total_steps:
             raise TrainerConfigError(f"training.steps: {self.state.total_steps} is below the step of the checkpoint "
@@ -223,17 +182,20 @@ class Trainer:
         self.state.consumed_samples = int(common["consumed_samples"])
         self.state.skipped_steps = int(common.get("skipped_steps", 0))
         self.state.nonfinite_in_row = int(common.get("nonfinite_in_row", 0))
-        runtime.set_rng_state(common["rng"])
+        self._restore_rng(common.get("rng"), "checkpoint.save_path" if resume else "checkpoint.load_path",
+                          f"{restored.source}/common.json")
+
+    def _restore_rng(self, state, key: str, where: str) -> None:
+        if not self.config.checkpoint.load_rng_state:
+            log.info("checkpoint.load_rng_state false: the RNGs continue from training.seed, not from %s", where)
+            return
+        try:
+            runtime.set_rng_state(state)
+        except runtime.RNGStateError as exc:
+            raise TrainerConfigError(f"{key}: {where}: {exc}") from None
 
     def _check_data(self) -> None:
-        columns = self.loader.columns
-        if "actual_seq_len" in columns:
-            raise TrainerConfigError(
-                "train_dataset.dataloader.config.create_compressed_eod_mask: the compressed EOD mask needs a "
-                "variable-length attention kernel that mf-models does not have; use create_attention_mask")
-        missing = [c for c in ("input_ids", "labels", "loss_mask") if c not in columns]
-        if missing:
-            raise TrainerConfigError(f"train_dataset.dataloader.column_names: the Trainer needs {missing[0]!r}")
+        """What the preflight cannot know from the config: whether the dataset holds enough samples."""
         needed = (self.state.total_steps - self.state.step) * self.global_batch
         left = self.loader.total_samples - self.state.consumed_samples
         if needed > left:
@@ -255,12 +217,12 @@ class Trainer:
             "optimizer_step": self.optimizer.step, "skipped_steps": self.state.skipped_steps,
             "nonfinite_in_row": self.state.nonfinite_in_row, "rng": runtime.rng_state(),
             "lr_schedule": self.scheduler.describe(), "hf_config": hf_config, "train_config": config_to_dict(cfg),
-            **(self.finetune.common() if self.finetune is not None else {}),
+            **self.start.common(),
         }
 
     def save_checkpoint(self) -> None:
-        opt = None if self.config.checkpoint.no_save_optim else self._optimizer_state()
-        committed = self.checkpointer.save(self.state.step, self._model_state(), opt, self.checkpoint_common())
+        opt = None if self.config.checkpoint.no_save_optim else self.sharded.optimizer_state()
+        committed = self.checkpointer.save(self.state.step, self.sharded.model_state(), opt, self.checkpoint_common())
         self._announce(committed)
 
     def _announce(self, committed) -> None:
@@ -270,10 +232,9 @@ class Trainer:
             self.callbacks.on_save(self, step, path)
 
     # ---- the loop ------------------------------------------------------------------------------
-    def _run_step(self, micro_batches, lr):
-        # Several ranks: no fallback. A rank that retried in PyNative would issue its collectives
-        # out of step with the others; the error ends the job instead (mf launch shows it).
-        if self.mode != 0 or self.state.step > self.state.start_step or self.parallel.enabled:
+    def _run_step(self, micro_batches, lr) -> StepResult:
+        first_compiled = self.mode == 0 and self.state.step == self.state.start_step
+        if not (first_compiled and self.parallel.may_retry_step):
             return self.runner(micro_batches, lr)
         # First step in GRAPH_MODE compiles. If compiling fails, fall back to PyNative from an
         # untouched state (weights and moments snapshotted, since the error may surface late).
@@ -305,21 +266,20 @@ class Trainer:
                 self.callbacks.on_step_begin(self, step)
                 micro = [next(batches) for _ in range(self.accumulation)]
                 lr = self.scheduler(self.optimizer.step)
-                self._comm_reset()
+                comm_metrics()   # drop what happened between steps (checkpoints, evaluation)
                 t0 = time.perf_counter()
-                local_loss, grad_norm, applied = self._run_step(micro, lr)
-                loss = self.parallel.global_loss(local_loss)
+                done = self._run_step(micro, lr)
+                loss = self.parallel.global_loss(done.loss)
                 seconds = time.perf_counter() - t0
                 state.step = step
                 state.consumed_samples = self.loader.consumed_samples
-                state.nonfinite_in_row = 0 if applied else state.nonfinite_in_row + 1
-                state.skipped_steps += 0 if applied else 1
+                state.nonfinite_in_row = 0 if done.applied else state.nonfinite_in_row + 1
+                state.skipped_steps += 0 if done.applied else 1
                 result.losses.append(loss)
-                metrics = self._metrics(step, loss, lr, grad_norm, applied, seconds, tokens_per_step, micro, local_loss)
-                self.callbacks.on_step_end(self, metrics)
-                if not applied:
+                self.callbacks.on_step_end(self, self._metrics(step, loss, lr, done, seconds, tokens_per_step, micro))
+                if not done.applied:
                     log.warning("step %d: non-finite loss or gradient norm (loss %s, grad_norm %s): update skipped "
-                                "(%d in a row)", step, loss, grad_norm, state.nonfinite_in_row)
+                                "(%d in a row)", step, loss, done.grad_norm, state.nonfinite_in_row)
                     if state.nonfinite_in_row >= cfg.training.max_consecutive_nonfinite:
                         raise TrainingError(
                             f"{state.nonfinite_in_row} non-finite steps in a row (training.max_consecutive_nonfinite"
@@ -350,68 +310,45 @@ class Trainer:
         result.checkpoint = self.last_checkpoint
         return result
 
-    def _comm_reset(self) -> None:
-        if self.parallel.enabled:
-            comm_metrics()   # drop what happened between steps (checkpoints, evaluation)
-
     def _samples(self) -> list[dict]:
-        """The end-of-training sample: in a parallel run, every rank gathers the full weights (a
-        collective) and rank 0 alone generates with a one-process copy of the model."""
+        """The end-of-training sample, generated by rank 0 with the model as one process holds it
+        (several ranks gather the full weights first: a collective)."""
         from mf_trainer.sampling import generate_samples
 
         cfg = self.config
-        model = self.model
-        if self.parallel.enabled:
-            full = self.parallel.full_state(self.model)
-            if not self.parallel.is_rank0:
-                return []
-            model = self._plain_model(full)
-        return generate_samples(model, cfg.inference, cfg.tokenizer.path, cfg.training.seed)
+        model = self.parallel.one_process_model(self.model, self._plain_model)
+        return [] if model is None else generate_samples(model, cfg.inference, cfg.tokenizer.path, cfg.training.seed)
 
     def _plain_model(self, full: dict):
         """A one-process model holding `full` (gathered) weights."""
-        section = {"model_type": self.config.model.model_type, "architectures": self.config.model.architectures,
-                   **self.config.model.extra}
-        model = mf_models.build_model({k: v for k, v in section.items() if v is not None}, init=False)
+        model = mf_models.build_model(model_section(self.config), init=False)
         mf_models.load_state(model, full)
         return model
 
     def full_state(self) -> dict:
-        """Every weight as its full array (on every rank: a collective in a parallel run)."""
-        if self.parallel.enabled:
-            return self.parallel.full_state(self.model)
-        return {k: np.array(v) for k, v in mf_models.model_state(self.model).items()}
+        """Every weight as its full array (on every rank: a collective with several ranks)."""
+        return self.parallel.full_state(self.model)
 
-    def _metrics(self, step, loss, lr, grad_norm, applied, seconds, tokens, micro, local_loss) -> dict:
-        state, mon = self.state, self.config.monitor.train_state
-        world = self.parallel.world
+    def _metrics(self, step, loss, lr, done: StepResult, seconds, tokens, micro) -> dict:
+        state, mon, scale = self.state, self.config.monitor.train_state, self.parallel.loss_scale
         mfu = None
         if self.peak_flops:
-            mfu = self.flops_per_token * tokens / seconds / (self.peak_flops * world)
+            mfu = self.flops_per_token * tokens / seconds / (self.peak_flops * self.parallel.world)
         m = {
-            "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "step_time_s": seconds,
+            "step": step, "loss": loss, "lr": lr, "grad_norm": done.grad_norm, "step_time_s": seconds,
             "tokens_per_s": tokens / seconds, "mfu": mfu, "rss_bytes": host_rss_bytes(),
-            "consumed_samples": state.consumed_samples, "loss_tokens": int(self.runner.last_tokens),
-            "skipped": not applied, "skipped_steps": state.skipped_steps,
+            "consumed_samples": state.consumed_samples, "loss_tokens": int(done.tokens),
+            "skipped": not done.applied, "skipped_steps": state.skipped_steps, **comm_metrics(),
         }
-        if self.parallel.enabled:
-            m.update(comm_metrics())       # this step's communication volume, then reset
-        # In one process this rank's / this device's loss and norm are the global ones. With several
-        # ranks: local_loss = this rank's share of the global loss (its tokens over the global
-        # count), device_loss = the mean loss over this rank's own tokens, device_norm = the norm
-        # of this rank's own gradient shards.
+        # local_loss = this rank's share of the global loss (its tokens over the global count),
+        # device_loss = the mean loss over this rank's own tokens, device_norm = the norm of this
+        # rank's own gradient shards. On one rank: the global loss and norm.
         if mon.local_loss:
-            m["local_loss"] = local_loss / self.parallel.loss_scale
-        if mon.device_loss and not self.parallel.enabled:
-            m["device_loss"] = loss
-        elif mon.device_loss:
+            m["local_loss"] = done.loss / scale
+        if mon.device_loss:
             own = float(sum(float(mb["loss_mask"].sum()) for mb in micro))
-            m["device_loss"] = (local_loss / self.parallel.loss_scale * self.runner.last_tokens / own
-                                if own else float("nan"))
+            m["device_loss"] = done.loss / scale * (done.tokens / own) if own else float("nan")
         if mon.device_norm:
-            m["device_norm"] = self.runner.last_local_norm if self.parallel.enabled else grad_norm
-        if self.parallel.enabled and not self.parallel.is_rank0 and (mon.local_loss or mon.device_loss or
-                                                                     mon.device_norm):
-            log.info("rank %d step %d: %s", self.parallel.rank, step, ", ".join(
-                f"{k} {m[k]:.6g}" for k in ("local_loss", "device_loss", "device_norm") if k in m))
+            m["device_norm"] = done.local_norm
+        self.parallel.note_rank_values(step, m)
         return m

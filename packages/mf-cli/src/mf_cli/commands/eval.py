@@ -35,14 +35,11 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
 
 def run(args) -> int:
     os.environ.setdefault("GLOG_v", "3")
-    import mf_config
+    from mf_cli.checks import bad_input_message, check, load_config
+    from mf_trainer.environment import world_size_from_env
 
-    try:
-        config = mf_config.load_config(args.config, overrides=args.overrides)
-    except mf_config.ConfigError as exc:
-        raise UsageError(str(exc)) from None
-    if config.run_mode == "predict":
-        raise UsageError("run_mode: 'predict' generates text: run it with `mf generate CONFIG`")
+    config = load_config(args.config, args.overrides)
+    check(config, "eval", world_size_from_env(), config.context.device_target, source=args.config)
     from mf_cli.commands.train import _bad_input_errors, _logging
 
     _logging("stderr")  # stdout carries the result
@@ -51,7 +48,7 @@ def run(args) -> int:
     try:
         result = mf_trainer.evaluate(config, whole_split=args.whole_split)
     except _bad_input_errors() as exc:
-        raise UsageError(str(exc).strip().splitlines()[0]) from None
+        raise UsageError(bad_input_message(exc)) from None
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # a failure while evaluating (a kernel, the device): exit 1

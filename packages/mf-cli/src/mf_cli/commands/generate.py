@@ -106,7 +106,7 @@ def _tokenizer(path: str | None) -> TokenizerAdapter | None:
 
 
 def load_source(path: str, *, tokenizer: str | None = None, overrides: list[str] = (), mode: str | None = None,
-                predict_overrides: list[str] = ()) -> Source:
+                predict_overrides: list[str] = (), command: str = "generate") -> Source:
     """Model, tokenizer and defaults of SOURCE; bad input raises UsageError (one line)."""
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or directory")
@@ -122,26 +122,24 @@ def load_source(path: str, *, tokenizer: str | None = None, overrides: list[str]
             tok = _tokenizer(tokenizer or loaded.tokenizer_path)
             eos = loaded.eos_token_ids or ([tok.eos_token_id] if tok and tok.eos_token_id is not None else [])
             return Source(loaded.model, loaded.name, eos, tok, notes=loaded.notes)
-        return _load_config_source(path, tokenizer, [*predict_overrides, *overrides], mode)
+        return _load_config_source(path, tokenizer, [*predict_overrides, *overrides], mode, command)
     except bad as exc:
         raise UsageError(str(exc).strip().splitlines()[0]) from None
 
 
-def _load_config_source(path: str, tokenizer: str | None, overrides: list[str], mode: str | None) -> Source:
+def _load_config_source(path: str, tokenizer: str | None, overrides: list[str], mode: str | None,
+                        command: str = "generate") -> Source:
     import mf_config
     import mf_models
-    from mf_models.inference import load_weights
 
     if tokenizer:
         overrides = [*overrides, f"tokenizer.path={json.dumps(tokenizer)}",
                      f"tokenizer.type={'hf' if os.path.isdir(tokenizer) else 'sentencepiece'}"]
+    from mf_cli.checks import check
+
     cfg = mf_config.load_config(path, overrides=overrides)
-    if cfg.run_mode != "predict":
-        raise UsageError(f"run_mode: mf generate needs a 'predict' config, got {cfg.run_mode!r} "
-                         "(set run_mode: predict, or give the checkpoint directory itself)")
+    check(cfg, command, 1, cfg.context.device_target, source=path)   # one process
     load_path = cfg.checkpoint.load_path
-    if not load_path:
-        raise UsageError("checkpoint.load_path: run_mode predict needs the weights to generate with")
     kind = "hf" if os.path.isdir(cfg.tokenizer.path) else "sentencepiece"
     if cfg.tokenizer.path and os.path.exists(cfg.tokenizer.path) and kind != cfg.tokenizer.type:
         raise UsageError(f"tokenizer.type: {cfg.tokenizer.type!r}, but {cfg.tokenizer.path} is a "
@@ -151,7 +149,7 @@ def _load_config_source(path: str, tokenizer: str | None, overrides: list[str], 
     if cfg.model.architectures:
         section["architectures"] = cfg.model.architectures
     model = mf_models.build_model(section, init=False)
-    load_weights(model, load_path)
+    mf_models.load_weights(model, load_path)
     tok = _tokenizer(cfg.tokenizer.path)
     eos = model.args.eos_token_ids or ([tok.eos_token_id] if tok and tok.eos_token_id is not None else [])
     name = os.path.splitext(os.path.basename(path))[0]
@@ -178,6 +176,7 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
                    help="a prompt as token ids, e.g. 1,2,3 (repeatable)")
     p.add_argument("--input", metavar="FILE", help="JSON Lines of {\"prompt\": ...} or {\"prompt_ids\": [...]}")
     p.add_argument("--output", metavar="FILE", help="write JSON Lines here instead of printing")
+    p.add_argument("--force", action="store_true", help="replace an existing --output file (never an input)")
     p.add_argument("--max-new-tokens", type=int, metavar="N")
     p.add_argument("--do-sample", action="store_true", default=None, help="sample (default: greedy)")
     p.add_argument("--temperature", type=float)
@@ -279,7 +278,7 @@ def _sampling_settings(args, source: Source) -> dict[str, Any]:
             "output": args.output}
 
 
-def _check_output(path: str | None) -> None:
+def _check_output(path: str | None, force: bool = False, inputs: tuple[str | None, ...] = ()) -> None:
     if path is None:
         return
     if os.path.isdir(path):
@@ -287,6 +286,11 @@ def _check_output(path: str | None) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UsageError(f"{path}: the directory {parent} does not exist")
+    for given in inputs:  # never an input, whatever --force says (it is read before the output is written)
+        if given and os.path.realpath(given) == os.path.realpath(path):
+            raise UsageError(f"--output: {path} is also an input ({given}); write the results somewhere else")
+    if os.path.lexists(path) and not force:
+        raise UsageError(f"--output: {path} exists; pass --force to replace it")
 
 
 def _write_jsonl(path: str, rows: list[dict]) -> None:
@@ -329,7 +333,9 @@ def run(args) -> int:
                          + (" (or set inference.do_sample: true)" if source.inference is not None else ""))
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size: must be at least 1, got {args.batch_size}")
-    _check_output(settings["output"])
+    inputs = (args.input, source.inference.input_file if source.inference is not None else None, args.source,
+              args.tokenizer)
+    _check_output(settings["output"], args.force, inputs)
     prompt_ids = []
     for item in items:
         if "prompt_ids" in item:

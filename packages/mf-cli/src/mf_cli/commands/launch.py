@@ -1,8 +1,10 @@
 """`mf launch -n N [--nodes K --node-rank R --master-addr A --master-port P] CONFIG [--set K=V ...]`:
 `mf train` on N ranks of this node (x K nodes) under msrun, through `mf_parallel.launch`.
 
-Before any rank starts, the YAML and the parallel layout are checked here (exit 2, one line): a
-layout that does not fit the world fails in a blink instead of after N MindSpore start-ups.
+Before any rank starts, the YAML goes through mf-trainer's preflight for the world about to start
+(exit 2, one line per problem, msrun never started): a layout that does not fit the world, an
+unknown model key or an unimplemented strategy fails in a blink instead of after N MindSpore
+start-ups.
 Each rank runs `mf train CONFIG [--set ...]` (mf_cli/_rank/mf_train_rank.py) and its output goes
 to `<output_dir>/logs/worker_<rank>.log`; this node's first rank (rank 0 on node 0) is streamed
 to the console. If any rank fails (an error, a non-zero exit, a rank killed by a signal) the
@@ -36,31 +38,19 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
     p.set_defaults(run=run)
 
 
-def _check_layout(config, world: int) -> None:
-    """The parallel degrees against the world this command starts (mf-parallel's own arithmetic)."""
-    import mf_parallel
-
-    try:
-        mf_parallel.ParallelDims.from_config(config.parallelism, world)
-    except mf_parallel.ParallelConfigError as exc:
-        raise UsageError(f"{exc} (mf launch starts {world} rank{'s' if world > 1 else ''})") from None
-
-
 def run(args) -> int:
     os.environ.setdefault("GLOG_v", "3")
-    import mf_config
     import mf_parallel
 
     for flag, value in (("-n/--nproc", args.nproc), ("--nodes", args.nodes)):
         if value < 1:
             raise UsageError(f"{flag}: must be a positive integer, got {value}")
-    try:
-        config = mf_config.load_config(args.config, overrides=args.overrides)
-    except mf_config.ConfigError as exc:
-        raise UsageError(str(exc)) from None
-    if config.run_mode in ("eval", "predict"):
-        raise UsageError(f"run_mode: {config.run_mode!r} is not a training mode; mf launch runs mf train")
-    _check_layout(config, args.nproc * args.nodes)
+    from mf_cli.checks import check, load_config
+
+    config = load_config(args.config, args.overrides)
+    # The whole preflight for the world about to start (the device when the YAML names it; the
+    # ranks check it again with the device they resolve): no rank starts for a refused config.
+    check(config, "launch", args.nproc * args.nodes, config.context.device_target, source=args.config)
     log_dir = Path(config.output_dir) / "logs"
     argv = [str(RANK_SCRIPT), args.config]
     for override in args.overrides:

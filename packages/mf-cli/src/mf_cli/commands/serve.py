@@ -90,7 +90,7 @@ def _serve(args, sock, unused: list[str]) -> int:
     from mf_models.serving import ServerLimits, serve
 
     source = load_source(args.source, tokenizer=args.tokenizer, overrides=args.overrides, mode=args.mode,
-                         predict_overrides=unused)
+                         predict_overrides=unused, command="serve")
     for note in source.notes:
         print(f"mf serve: note: {note}", file=sys.stderr)
     try:

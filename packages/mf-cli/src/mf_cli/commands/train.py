@@ -1,11 +1,16 @@
-"""`mf train CONFIG [--set key=value ...]`: train as the YAML says.
+"""`mf train CONFIG [--set key=value ...] [--dry-run [--world N] [--build-model]]`: train as the YAML says.
+
+`--dry-run` runs the preflight, resolves the layout (for `--world N` ranks, as `mf launch -n N`
+would, or this process's), the accumulation and tokens per step, and where outputs would go
+(output_dir, metrics, TensorBoard, checkpoints); `--build-model` also builds the model and counts
+its parameters (total / trainable / per rank). It writes nothing at all.
 
 `run_mode: finetune` fine-tunes (fully, or LoRA with a `lora` section) from `checkpoint.load_path`;
 `run_mode: eval | predict` are not training: exit 2 with one line naming `mf eval` / `mf generate`.
 
 Exit status: 0 when training finished (or stopped by a callback), 2 for bad input found before
 the first step (the YAML, a field this run cannot honour, missing data files, a bad model
-section, an unreadable checkpoint), one line on stderr and no traceback; 1 when training fails
+section, an unreadable checkpoint), one line on stderr per problem and no traceback; 1 when training fails
 after it started (too many non-finite steps, a failed save, a crash), with a one-line message and
 the traceback written to `<output_dir>/error.log`.
 """
@@ -17,6 +22,7 @@ import os
 import sys
 import traceback
 
+from mf_cli.checks import bad_input_message
 from mf_cli.errors import UsageError
 
 
@@ -25,6 +31,12 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
     parser.add_argument("config", help="training YAML")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key before validation (repeatable), e.g. training.steps=20")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check and plan only: print the layout, batch, tokens per step and outputs; write nothing")
+    parser.add_argument("--world", type=int, metavar="N",
+                        help="with --dry-run: plan for N ranks (what `mf launch -n N` would run) from this process")
+    parser.add_argument("--build-model", action="store_true",
+                        help="with --dry-run: also build the model (MindSpore) and count its parameters")
     parser.set_defaults(run=run)
 
 
@@ -70,18 +82,39 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
             mf_models.ModelStateError, mf_data.MFDataError, mf_ckpt.CheckpointError)
 
 
+def _dry_run(args, config) -> int:
+    """Preflight, layout, batch arithmetic, outputs (and parameter counts): printed, nothing written."""
+    import mf_trainer
+
+    if args.world is not None and args.world < 1:
+        raise UsageError(f"--world: must be a positive integer, got {args.world}")
+    if args.build_model:
+        _logging()
+    try:
+        plan = mf_trainer.dry_run(config, world=args.world, build_model=args.build_model, source=args.config)
+    except _bad_input_errors() as exc:
+        raise UsageError(bad_input_message(exc)) from None
+    for line in plan.lines():
+        print(f"mf train: dry run: {line}")
+    print(f"mf train: dry run: {args.config} would run {config.training.steps} steps; nothing was written")
+    return 0
+
+
 def run(args) -> int:
     # MindSpore's C++ logging is chatty at INFO/WARNING; the user can still ask for it.
     os.environ.setdefault("GLOG_v", "3")
-    import mf_config
+    from mf_cli.checks import check, load_config
 
-    try:
-        config = mf_config.load_config(args.config, overrides=args.overrides)
-    except mf_config.ConfigError as exc:
-        raise UsageError(str(exc)) from None
-    if config.run_mode in ("eval", "predict"):  # not training: name the command that runs it
-        command = "mf eval" if config.run_mode == "eval" else "mf generate"
-        raise UsageError(f"run_mode: {config.run_mode!r} is not a training mode: run `{command} {args.config}`")
+    config = load_config(args.config, args.overrides)
+    if not args.dry_run and (args.world is not None or args.build_model):
+        raise UsageError("--world and --build-model go with --dry-run (a real run takes its world from the launcher)")
+    if args.dry_run:
+        return _dry_run(args, config)
+    from mf_trainer.environment import world_size_from_env
+
+    # Before MindSpore loads: a refused config answers at once (the Trainer checks again with the
+    # device it resolved).
+    check(config, "train", world_size_from_env(), config.context.device_target, source=args.config)
     _logging()
     import mf_trainer
 
@@ -89,7 +122,7 @@ def run(args) -> int:
     try:
         trainer = mf_trainer.Trainer(config)
     except bad_input as exc:
-        raise UsageError(str(exc).strip().splitlines()[0]) from None
+        raise UsageError(bad_input_message(exc)) from None
     try:
         result = trainer.train()
     except KeyboardInterrupt:

@@ -7,14 +7,14 @@
 """
 
 from .cache import DecodeView, PrefillView, SlotKVCache
-from .engine import EngineStats, InferenceEngine
+from .engine import EngineFailure, EngineStats, InferenceEngine
 from .loading import Pretrained, load_pretrained, load_weights, read_checkpoint_info
 from .sampling import SamplingParams, TokenChooser
 from .scheduler import Request, RequestError
 from .text import TextStream
 
 __all__ = [
-    "DecodeView", "EngineStats", "InferenceEngine", "PrefillView", "Pretrained", "Request", "RequestError",
+    "DecodeView", "EngineFailure", "EngineStats", "InferenceEngine", "PrefillView", "Pretrained", "Request", "RequestError",
     "SamplingParams", "SlotKVCache", "TextStream", "TokenChooser", "load_pretrained", "load_weights",
     "read_checkpoint_info",
 ]

@@ -35,6 +35,10 @@ from .steps import DecodeStep, PrefillStep
 log = logging.getLogger("mf_models")
 
 
+class EngineFailure(RuntimeError):
+    """The engine failed `max_consecutive_failures` steps in a row: it cannot serve any more."""
+
+
 @dataclass
 class EngineStats:
     """Counters since the engine was built (or `reset`)."""
@@ -47,6 +51,7 @@ class EngineStats:
     decode_seconds: float = 0.0
     first_call_seconds: float = 0.0   # first calls of new step Cells (in GRAPH_MODE: their compiles)
     graphs_built: int = 0
+    failed_requests: int = 0          # ended with finish_reason "error" by a failing step
 
     @property
     def tokens_per_second(self) -> float:
@@ -70,15 +75,20 @@ class InferenceEngine:
       a request adds its own `stop_token_ids` and may set `ignore_eos`.
     - `min_prefill_bucket` / `min_decode_bucket`: smallest prompt / attention buckets; buckets
       double up to max_len.
+    - `max_consecutive_failures`: a step that raises fails the requests it was running, and only
+      them (a prefill is one request; a decode step is every seated one); the engine goes on. When
+      this many prefills, or this many decode steps, fail in a row, `step` raises
+      `EngineFailure`: the engine cannot recover.
     """
 
     def __init__(self, model: CausalLM, *, max_slots: int = 8, max_len: int | None = None,
                  eos_token_ids: Sequence[int] | None = None, min_prefill_bucket: int = 16,
-                 min_decode_bucket: int = 64):
+                 min_decode_bucket: int = 64, max_consecutive_failures: int = 3):
         limit = model.args.max_position_embeddings
         max_len = min(limit, 2048) if max_len is None else max_len
         for name, value in (("max_slots", max_slots), ("max_len", max_len), ("min_prefill_bucket", min_prefill_bucket),
-                            ("min_decode_bucket", min_decode_bucket)):
+                            ("min_decode_bucket", min_decode_bucket),
+                            ("max_consecutive_failures", max_consecutive_failures)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"InferenceEngine: {name} must be a positive integer, got {value!r}")
         if max_len < 2:
@@ -100,6 +110,8 @@ class InferenceEngine:
         self._prefill: dict[tuple[int, bool], PrefillStep] = {}
         self._decode: dict[tuple[int, bool], DecodeStep] = {}
         self.stats = EngineStats()
+        self.max_consecutive_failures = max_consecutive_failures
+        self._failures_in_row = {"prefill": 0, "decode": 0}  # per kind of step: one may break alone
         log.info("inference engine: %d slots x %d positions, KV cache %.1f MB, prefill buckets %s, decode buckets %s",
                  max_slots, max_len, self.cache.nbytes() / 1e6, self.prefill_buckets, self.decode_buckets)
 
@@ -161,10 +173,34 @@ class InferenceEngine:
                 if request._cancel_reason is not None:
                     self._finish(request, request._cancel_reason, [])
             for request in self.scheduler.admit():
-                self._prefill_one(request)
+                try:
+                    self._prefill_one(request)
+                except Exception as exc:  # this request only
+                    self._failed([request], exc, "prefill")
+                else:
+                    self._failures_in_row["prefill"] = 0
             active = self.scheduler.active()
             if active:
-                self._decode_all(active)
+                try:
+                    self._decode_all(active)
+                except Exception as exc:  # the batch it ran: every seated request
+                    self._failed(active, exc, "decode")
+                else:
+                    self._failures_in_row["decode"] = 0
+
+    def _failed(self, requests: list[Request], exc: Exception, what: str) -> None:
+        """End `requests` with finish_reason "error" (their slots are freed and reset); raise
+        EngineFailure once too many steps have failed in a row."""
+        self._failures_in_row[what] += 1
+        log.error("%s step failed (%s: %s); ending %d request(s) with finish_reason 'error'", what,
+                  type(exc).__name__, exc, len(requests), exc_info=exc)
+        for request in requests:
+            if not request.finished:
+                self.stats.failed_requests += 1
+                self._finish(request, "error", [])
+        if self._failures_in_row[what] >= self.max_consecutive_failures:
+            raise EngineFailure(f"{self._failures_in_row[what]} {what} steps failed in a row, the last with "
+                                f"{type(exc).__name__}: {exc}") from exc
 
     def run_forever(self, should_stop: Callable[[], bool], idle_wait: float = 0.05) -> None:
         """Serve submitted requests until `should_stop()` (for a server's engine thread)."""

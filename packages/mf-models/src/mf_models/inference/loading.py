@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 import mf_ckpt
 
 from ..common.transformer import CausalLM
 from ..registry import build_model
-from ..state import load_state
+from ..weights import load_weights
 
 
 @dataclass
@@ -98,21 +96,6 @@ def read_checkpoint_info(path: str | os.PathLike) -> tuple[str, int | None, dict
     return result.kind, result.iteration, dict(result.common)
 
 
-def load_weights(model: CausalLM, path: str | os.PathLike) -> None:
-    """Fill `model` from any checkpoint mf-ckpt loads (strict: every parameter, right shapes).
-
-    A LoRA adapter checkpoint (marked by mf-ckpt) is merged on load into the base weights it
-    records (`W + alpha / r * B @ A`), so the model is a plain one with the fine-tuned weights."""
-    _, _, common = read_checkpoint_info(path)
-    if mf_ckpt.read_adapter_meta(common, os.fspath(path)) is not None:
-        _, state = mf_ckpt.load_lora_merged_state(os.fspath(path))
-        load_state(model, state)
-        return
-    state = {name: np.zeros(param.shape, np.float32) for name, param in model.parameters_and_names()}
-    mf_ckpt.load(os.fspath(path), state)
-    load_state(model, state)
-
-
 def load_pretrained(path: str | os.PathLike, **overrides: Any) -> Pretrained:
     """Build the checkpoint's model and load its weights; `overrides` replace model keys (e.g.
     compute_dtype="float16"). Raises `mf_ckpt.CheckpointError` or `ModelConfigError` (one line)."""
@@ -124,7 +107,7 @@ def load_pretrained(path: str | os.PathLike, **overrides: Any) -> Pretrained:
             f"{path}: the checkpoint does not record its model (no hf_config in common.json); "
             "give a YAML with the model section and checkpoint.load_path instead")
     model = build_model({**hf_config, **overrides}, init=False)
-    load_weights(model, path)
+    load_weights(model, path)   # mf_models.weights: the one loader
     notes: list[str] = []
     adapter = mf_ckpt.read_adapter_meta(common, os.fspath(path))
     if adapter is not None:

@@ -54,9 +54,10 @@ class SamplingParams:
         if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool) \
                 or not self.temperature > 0 or not np.isfinite(self.temperature):
             raise bad("temperature", "must be a finite number > 0")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise bad("top_k", "must be an integer >= 0 (0 = off)")
-        if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool) or not 0 < self.top_p <= 1:
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 0 <= self.top_k < 2**31:
+            raise bad("top_k", "must be an integer in [0, 2**31) (0 = off)")
+        if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool) or not 0 < self.top_p <= 1 \
+                or not np.isfinite(self.top_p):
             raise bad("top_p", "must be in (0, 1]")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise bad("seed", "must be a non-negative integer or null")

@@ -32,15 +32,17 @@ from __future__ import annotations
 
 import mf_parallel as mp
 
+from ..common.layout import tensor_parallel_problems
 from ..common.parallel import (
     ParallelOptions,
     apply_context_parallel,
     apply_fsdp,
     check_context_parallel,
-    check_divisible,
+    moe_plan,
     refuse_unimplemented,
     untie_output,
 )
+from ..errors import ModelConfigError
 
 
 def attention_plan(prefix: str, attention) -> dict:
@@ -76,17 +78,28 @@ def tp_plan(model, block_plan=None) -> dict:
     return plan
 
 
+def decoder_block_plan(prefix: str, layer, attention=attention_plan) -> dict:
+    """A pre-norm block: norms on sequence shards, `attention(prefix.attention, module)`, then the
+    block's MoE (replicated on sequence shards, `moe_plan`) or its split SwiGLU MLP."""
+    plan = {prefix + ".attention_norm": mp.SequenceParallel(),
+            **attention(prefix + ".attention", layer.attention),
+            prefix + ".ffn_norm": mp.SequenceParallel()}
+    if getattr(layer, "moe_enabled", False):
+        plan.update(moe_plan(prefix + ".moe", layer.moe))
+    else:
+        plan.update(feed_forward_plan(prefix + ".feed_forward"))
+    return plan
+
+
 def llama_block_plan(prefix: str, layer) -> dict:
-    return {prefix + ".attention_norm": mp.SequenceParallel(),
-            **attention_plan(prefix + ".attention", layer.attention),
-            prefix + ".ffn_norm": mp.SequenceParallel(),
-            **feed_forward_plan(prefix + ".feed_forward")}
+    return decoder_block_plan(prefix, layer)
 
 
 def check_tp(model, dims) -> None:
-    args = model.args
-    dims.check_heads(args.num_attention_heads, args.num_key_value_heads)
-    check_divisible(dims.tp, vocab_size=args.vocab_size, intermediate_size=args.intermediate_size)
+    """Refuse a tensor_parallel degree that does not split the model (the preflight's own check)."""
+    problems = tensor_parallel_problems(model.args, dims.tp, dims.world_size)
+    if problems:
+        raise ModelConfigError(problems[0])
 
 
 def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, block_plan=None, check=None,

@@ -62,6 +62,8 @@ async def _read_json(request: HTTPRequest, limit: int) -> dict[str, Any]:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise APIError(400, "request body is not valid JSON") from None
+    except RecursionError:  # `[[[[...` a hundred thousand deep: the parser's own limit
+        raise APIError(400, "request body nests too deeply") from None
     if not isinstance(data, dict):
         raise APIError(400, "request body must be a JSON object")
     return data
@@ -76,6 +78,7 @@ class Server:
         self.created = int(time.time())
         engine = runner.engine
         self.max_len = engine.max_len
+        self.vocab_size = engine.vocab_size
         self.max_tokens_cap = max(1, min(limits.max_tokens, engine.max_len - 1))
         self.max_prompt_tokens = min(limits.max_prompt_tokens or engine.max_len - 1, engine.max_len - 1)
 
@@ -97,7 +100,7 @@ class Server:
         try:
             body = await _read_json(request, self.limits.max_request_bytes)
             self._check_model(body)
-            job = parse_completion(body, self.limits, self.max_tokens_cap)
+            job = parse_completion(body, self.limits, self.max_tokens_cap, self.vocab_size)
             prompt_ids = [self._encode(p) for p in job.prompts]
             return await self._respond(job, prompt_ids, [self._prompt_text(p, ids) for p, ids in zip(job.prompts, prompt_ids)])
         except APIError as exc:
@@ -107,7 +110,7 @@ class Server:
         try:
             body = await _read_json(request, self.limits.max_request_bytes)
             self._check_model(body)
-            job = parse_chat(body, self.limits, self.max_tokens_cap)
+            job = parse_chat(body, self.limits, self.max_tokens_cap, self.vocab_size)
             if self.tokenizer is None:
                 raise APIError(400, "this server has no tokenizer, so it cannot render chat messages; "
                                     "use /v1/completions with token ids", "messages")

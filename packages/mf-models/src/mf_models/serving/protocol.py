@@ -9,6 +9,7 @@ does ("Unrecognized request argument supplied"). Extensions, as vLLM spells them
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,7 @@ class ServerLimits:
     max_prompts: int = 16             # prompts in one /v1/completions batch
     max_stop: int = 4                 # stop strings (OpenAI's limit)
     max_waiting: int = 256            # queued requests before new ones get 503
+    max_stop_token_ids: int = 64      # stop_token_ids per request
 
 
 @dataclass
@@ -61,15 +63,26 @@ def _bad(param: str, message: str) -> APIError:
     return APIError(400, f"{param}: {message}", param)
 
 
+# Every integer a request carries ends up in a fixed-width array on the engine (int32 settings,
+# int64 seeds): anything wider is refused here, never left to overflow on the engine thread.
+INT32_MAX = 2**31 - 1
+SEED_MAX = 2**63 - 1
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _int(body: dict, key: str, default: Any, low: int | None = None, high: int | None = None) -> Any:
     value = body.get(key, default)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(key, f"must be an integer, got {value!r}")
+        raise _bad(key, f"must be an integer, got {_shown(value)}")
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"between {low} and {high}"
-        raise _bad(key, f"must be {bounds}, got {value}")
+        raise _bad(key, f"must be {bounds}, got {_shown(value)}")
     return value
 
 
@@ -78,7 +91,11 @@ def _number(body: dict, key: str, default: float, low: float, high: float, low_o
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(key, f"must be a number, got {value!r}")
+        raise _bad(key, f"must be a number, got {_shown(value)}")
+    if isinstance(value, int) and abs(value) > 2**53:
+        raise _bad(key, f"must be in {'(' if low_open else '['}{low}, {high}], got {_shown(value)}")
+    if not math.isfinite(value):
+        raise _bad(key, f"must be a finite number, got {value}")
     if value < low or value > high or (low_open and value == low):
         raise _bad(key, f"must be in {'(' if low_open else '['}{low}, {high}], got {value}")
     return float(value)
@@ -97,6 +114,13 @@ def _ids(value: Any, param: str) -> list[int]:
     if not value or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise _bad(param, "token id lists must be non-empty lists of integers")
     return list(value)
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    """Token ids of a request must name tokens of the vocabulary (checked before anything decodes them)."""
+    for t in ids:
+        if not 0 <= t < vocab_size:
+            raise _bad(param, f"token id {_shown(t)} is outside the vocabulary [0, {vocab_size})")
 
 
 # (field, value accepted as "off") for OpenAI settings this server does not implement
@@ -119,7 +143,7 @@ def _check_keys(body: dict, allowed: set[str]) -> None:
     for key, accepted in _OFF_ONLY.items():
         value = body.get(key)
         if value is not None and not any(value == a and type(value) is type(a) for a in accepted if a is not None):
-            raise _bad(key, f"is not supported by this server (got {value!r})")
+            raise _bad(key, f"is not supported by this server (got {_shown(value)})")
 
 
 def _stop_strings(body: dict, limits: ServerLimits) -> list[str]:
@@ -134,18 +158,26 @@ def _stop_strings(body: dict, limits: ServerLimits) -> list[str]:
     return stops
 
 
-def _sampling(body: dict, limits: ServerLimits, max_tokens: int) -> SamplingParams:
+def _sampling(body: dict, limits: ServerLimits, max_tokens: int, vocab_size: int | None) -> SamplingParams:
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
-    top_k = _int(body, "top_k", 0, -1)
+    # -1 and 0 mean off (vLLM / HF); anything above the vocabulary would keep every token anyway
+    top_k = _int(body, "top_k", 0, -1, min(vocab_size or INT32_MAX, INT32_MAX))
     stop_ids = body.get("stop_token_ids") or []
-    if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_ids):
-        raise _bad("stop_token_ids", "must be a list of non-negative integers")
-    seed = _int(body, "seed", None, 0)
+    if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
+        raise _bad("stop_token_ids", "must be a list of token ids")
+    if len(stop_ids) > limits.max_stop_token_ids:
+        raise _bad("stop_token_ids", f"at most {limits.max_stop_token_ids} ids, got {len(stop_ids)}")
+    check_token_ids(stop_ids, vocab_size or INT32_MAX, "stop_token_ids")
+    seed = _int(body, "seed", None, 0, SEED_MAX)
     # OpenAI's temperature 0 means greedy; sampling settings then do nothing, as with do_sample off
-    return SamplingParams(max_new_tokens=max_tokens, do_sample=temperature > 0, temperature=temperature or 1.0,
-                          top_k=max(top_k, 0), top_p=top_p, seed=seed, stop_token_ids=tuple(stop_ids),
-                          ignore_eos=_bool(body, "ignore_eos"))
+    try:
+        return SamplingParams(max_new_tokens=max_tokens, do_sample=temperature > 0, temperature=temperature or 1.0,
+                              top_k=max(top_k, 0), top_p=top_p, seed=seed, stop_token_ids=tuple(stop_ids),
+                              ignore_eos=_bool(body, "ignore_eos"))
+    except ValueError as exc:  # SamplingParams' own rules (all checked above; a safety net, not a 500)
+        field_name = str(exc).split(":")[0]
+        raise APIError(400, str(exc), field_name) from None
 
 
 def _stream(body: dict) -> tuple[bool, bool]:
@@ -160,7 +192,8 @@ def _stream(body: dict) -> tuple[bool, bool]:
     return stream, _bool(options, "include_usage")
 
 
-def parse_completion(body: dict, limits: ServerLimits, max_tokens_cap: int) -> Job:
+def parse_completion(body: dict, limits: ServerLimits, max_tokens_cap: int, vocab_size: int | None = None) -> Job:
+    """A validated /v1/completions job; `vocab_size` bounds token ids and top_k (400 otherwise)."""
     _check_keys(body, _COMPLETION_KEYS)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -175,20 +208,24 @@ def parse_completion(body: dict, limits: ServerLimits, max_tokens_cap: int) -> J
         raise _bad("prompt", "must be a string, a list of strings, a list of token ids or a list of such lists")
     if len(prompts) > limits.max_prompts:
         raise _bad("prompt", f"at most {limits.max_prompts} prompts per request, got {len(prompts)}")
+    if vocab_size is not None:
+        for p in prompts:
+            if isinstance(p, list):
+                check_token_ids(p, vocab_size, "prompt")
     n = _int(body, "n", 1, 1, limits.max_n)
     best_of = _int(body, "best_of", None, 1)
     if best_of is not None and best_of != n:
-        raise _bad("best_of", f"must equal n (ranking by log-probability is not supported), got {best_of}")
+        raise _bad("best_of", f"must equal n (ranking by log-probability is not supported), got {_shown(best_of)}")
     max_tokens = _int(body, "max_tokens", 16, 1, max_tokens_cap)
     stream, include_usage = _stream(body)
-    return Job(False, prompts, _sampling(body, limits, max_tokens), n, stream, include_usage,
+    return Job(False, prompts, _sampling(body, limits, max_tokens, vocab_size), n, stream, include_usage,
                _stop_strings(body, limits), _bool(body, "echo"), max_tokens, _user(body))
 
 
 def _user(body: dict) -> str | None:
     user = body.get("user")
     if user is not None and not isinstance(user, str):
-        raise _bad("user", f"must be a string, got {user!r}")
+        raise _bad("user", f"must be a string, got {_shown(user)}")
     return user
 
 
@@ -206,7 +243,8 @@ def _content(message: dict, index: int) -> str:
     raise _bad(f"messages[{index}].content", "must be a string or a list of text parts")
 
 
-def parse_chat(body: dict, limits: ServerLimits, max_tokens_cap: int) -> Job:
+def parse_chat(body: dict, limits: ServerLimits, max_tokens_cap: int, vocab_size: int | None = None) -> Job:
+    """A validated /v1/chat/completions job (see parse_completion)."""
     _check_keys(body, _CHAT_KEYS)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -230,6 +268,6 @@ def parse_chat(body: dict, limits: ServerLimits, max_tokens_cap: int) -> Job:
     n = _int(body, "n", 1, 1, limits.max_n)
     stream, include_usage = _stream(body)
     # the real max_new_tokens is set once the prompt length is known (see app.py)
-    params = _sampling(body, limits, max_tokens or 1)
+    params = _sampling(body, limits, max_tokens or 1, vocab_size)
     return Job(True, [parsed], params, n, stream, include_usage, _stop_strings(body, limits), False, max_tokens,
                _user(body))

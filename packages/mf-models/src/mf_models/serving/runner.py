@@ -3,9 +3,12 @@
 All MindSpore work happens on one thread (`mf-engine`), which runs the engine's continuous-batching
 loop: requests submitted from the event loop join free slots at the next step. The engine calls
 each request's `on_update` from that thread; it is turned into `loop.call_soon_threadsafe` so the
-tokens arrive in an `asyncio.Queue` the HTTP handler reads. If a step fails, every request in
-flight ends with finish_reason "error", the runner is marked unhealthy (`/health` says 503), and
-new requests are refused.
+tokens arrive in an `asyncio.Queue` the HTTP handler reads. A step that fails ends the requests
+it was running with finish_reason "error" (a prefill: that request; a decode: the seated batch)
+and the engine goes on. When the engine cannot recover (`EngineFailure`: steps failing in a row,
+or anything escaping its loop), every request in flight ends with "error", the runner is marked
+unhealthy (`/health` says 503, new requests are refused) and `on_fatal(exc)` is called: `serve`
+then stops the server and raises, so the process exits non-zero and a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from ..inference.engine import InferenceEngine
 from ..inference.sampling import SamplingParams
@@ -44,8 +47,9 @@ class TokenStream:
 
 
 class EngineRunner:
-    def __init__(self, engine: InferenceEngine):
+    def __init__(self, engine: InferenceEngine, on_fatal: Callable[[BaseException], None] | None = None):
         self.engine = engine
+        self.on_fatal = on_fatal
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mf-engine", daemon=True)
@@ -67,8 +71,11 @@ class EngineRunner:
             self.engine.run_forever(self._stop.is_set)
         except BaseException as exc:  # the engine cannot continue: fail what is in flight, say why
             self.error = exc
-            log.exception("engine step failed; every request in flight ends with finish_reason 'error'")
+            log.error("the engine cannot continue (%s: %s); every request in flight ends with finish_reason "
+                      "'error'", type(exc).__name__, exc, exc_info=exc)
             self.engine.abort_all("error")
+            if self.on_fatal is not None:
+                self.on_fatal(exc)
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> TokenStream:
         """Queue a request (call from the event loop). Raises `RequestError` for a bad request."""

@@ -3,7 +3,9 @@
 `serve(engine, ...)` starts the engine thread, compiles the smallest graphs with a warm-up request
 (so the first client does not wait for a compile), binds the socket (port 0 picks a free port),
 calls `on_ready(url)`, then serves until SIGINT/SIGTERM; in-flight requests finish before it
-returns (normally, not by the signal), and the engine thread stops last.
+returns (normally, not by the signal), and the engine thread stops last. If the engine cannot
+recover (see runner.py), the server shuts down the same way and `serve` raises RuntimeError: a
+process that cannot generate exits instead of answering 503 forever.
 """
 
 from __future__ import annotations
@@ -75,12 +77,21 @@ def serve(engine: InferenceEngine, *, tokenizer: ServingTokenizer | None = None,
         app = create_app(runner, tokenizer=tokenizer, model_name=model_name, limits=limits)
         config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=30)
         server = uvicorn.Server(config)
+
+        def fatal(exc: BaseException) -> None:  # from the engine thread; uvicorn polls the flag
+            server.should_exit = True
+
+        runner.on_fatal = fatal
+        if runner.error is not None:
+            raise RuntimeError(f"the engine failed: {runner.error}")
         bound_host, bound_port = sock.getsockname()[:2]
         url = f"http://{'[' + bound_host + ']' if ':' in bound_host else bound_host}:{bound_port}"
         if on_ready is not None:
             on_ready(url)
         with _graceful_signals():
             server.run(sockets=[sock])
+        if runner.error is not None:
+            raise RuntimeError(f"the engine failed: {runner.error}")
     finally:
         runner.stop()
         sock.close()

@@ -1,0 +1,30 @@
+"""Where the benchmarks find their references' interpreter: torch 2.13 CPU and megatron-core 0.16.1.
+
+They live in their own venv, `benchmarks/.work/torchvenv`, which the nox `bench` session makes with
+pip from `requirements-reference.txt` (pip, not uv: pip finds the local CPU wheel of torch through
+this machine's pip configuration, where uv would download a multi-GB CUDA build). Another
+interpreter can be named with MF_BENCH_TORCH_PYTHON; the one running the benchmark is tried too.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REFERENCE_VENV = HERE / ".work" / "torchvenv"
+SETUP_HINT = ("./bootstrap nox -s bench sets it up; by hand: python3 -m venv benchmarks/.work/torchvenv && "
+              "benchmarks/.work/torchvenv/bin/pip install -r benchmarks/requirements-reference.txt")
+
+
+def reference_python(probe: str) -> str | None:
+    """The first interpreter in which `probe` (Python source, e.g. "import torch") runs."""
+    candidates = [os.environ.get("MF_BENCH_TORCH_PYTHON"), str(REFERENCE_VENV / "bin" / "python"), sys.executable]
+    for python in candidates:
+        if python and Path(python).exists():
+            ok = subprocess.run([python, "-c", probe], capture_output=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+            if ok.returncode == 0:
+                return python
+    return None

@@ -1,0 +1,114 @@
+"""`mf train CONFIG --dry-run`: what a run would do, without doing it or writing anything.
+
+    plan = mf_trainer.dry_run(cfg, world=8, device="CPU", build_model=True)
+    print("\\n".join(plan.lines()))
+
+Runs the preflight for the world the run would have (default: this process's, as the launcher
+announces it; `world=N` checks a launch layout from one process), resolves the layout, the
+accumulation and the tokens per optimizer step, lists where outputs would go, and with
+`build_model` builds the model (MindSpore; weights not initialised) to count its parameters: total,
+trainable (a LoRA fine-tune adds its adapters and freezes the rest) and per rank. Per rank is
+exact for data-parallel layouts (FSDP splits dim 0 of every parameter, padded to a multiple of the
+shard count; DDP and replicas hold everything); with tensor_parallel > 1 the model's plan decides
+which weights split, which only the ranks themselves apply, so it is not computed from one process.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from mf_trainer.environment import world_size_from_env
+from mf_trainer.preflight import PreflightReport, preflight
+from mf_trainer.preflight.data import accumulation
+from mf_trainer.preflight.registry import LAUNCH, TRAIN, model_section
+
+
+@dataclass
+class DryRun:
+    report: PreflightReport
+    world: int
+    layout: str = ""
+    accumulation: int = 0
+    global_batch: int = 0
+    tokens_per_step: int = 0
+    outputs: dict[str, str] = field(default_factory=dict)
+    parameters: dict[str, int | str] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        out = [f"layout: {self.layout}"]
+        if self.accumulation:
+            out.append(f"batch: {self.accumulation} micro-batch(es) per step x data-parallel ranks x local_batch_size "
+                       f"= {self.global_batch} samples; {self.tokens_per_step} tokens per step")
+        if self.parameters:
+            out.append("parameters: " + ", ".join(f"{k} {v}" if isinstance(v, str) else f"{k} {v:,}"
+                                                  for k, v in self.parameters.items()))
+        out += [f"{what}: {where}" for what, where in self.outputs.items()]
+        out += [f"not checked: {line}" for line in self.report.skipped]
+        return out
+
+
+def _seq_length(cfg) -> int | None:
+    config = cfg.train_dataset.dataloader.extra.get("config")
+    value = config.get("seq_length") if isinstance(config, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def _outputs(cfg) -> dict[str, str]:
+    out = {"output_dir": cfg.output_dir, "metrics": os.path.join(cfg.output_dir, "metrics.jsonl")}
+    if cfg.monitor.tensorboard:
+        out["tensorboard"] = os.path.join(cfg.output_dir, "tensorboard")
+    ckpt = cfg.checkpoint
+    out["checkpoints"] = (f"{ckpt.save_path} (every {ckpt.save_interleaved_steps} steps and at the end, "
+                          f"{ckpt.save_max} kept)" if ckpt.enable_save else "none (checkpoint.enable_save: false)")
+    if cfg.profiler.enable_profiling:
+        out["profile"] = cfg.profiler.output_path or os.path.join(cfg.output_dir, "profile")
+    return out
+
+
+def _count_parameters(cfg, dims) -> dict[str, int | str]:
+    """Build the model (no weight init) and count; LoRA adapters are added as the run would."""
+    import mf_models
+
+    model = mf_models.build_model(model_section(cfg), init=False)
+    if cfg.lora is not None:
+        import mf_config
+
+        lora = cfg.lora
+        excluded = list(mf_config.parse_layer_spec(lora.exclude_layers or [], model.args.num_hidden_layers,
+                                                   "lora.exclude_layers"))
+        mf_models.apply_lora(model, lora.target_modules, lora.lora_rank, lora.lora_alpha, lora.lora_dropout,
+                             excluded, seed=cfg.training.seed)
+    params = [p for _, p in model.parameters_and_names()]
+    counts: dict[str, int | str] = {"total": sum(p.size for p in params),
+                                    "trainable": sum(p.size for p in model.trainable_params())}
+    if dims.tp > 1:
+        counts["per rank"] = "not computed from one process with tensor_parallel > 1"
+    else:
+        shard = dims.dp_shard
+        counts["per rank"] = sum(math.ceil(p.shape[0] / shard) * math.prod(p.shape[1:]) if p.shape else 1
+                                 for p in params)
+    return counts
+
+
+def dry_run(cfg, world: int | None = None, device: str | None = None, *, build_model: bool = False,
+            source: str | None = None) -> DryRun:
+    """The plan of a training run (see the module docstring); problems raise PreflightError."""
+    world = world_size_from_env() if world is None else world
+    device = device or cfg.context.device_target
+    command = TRAIN if world == 1 else LAUNCH
+    report = preflight(cfg, command, world, device, source=source)
+    report.raise_for_problems()
+    from mf_trainer.preflight.parallel import effective_dims
+
+    dims = effective_dims(cfg.parallelism, world)
+    plan = DryRun(report, world, layout=dims.describe())
+    plan.accumulation = accumulation(cfg.training, dims.dp)
+    plan.global_batch = plan.accumulation * dims.dp * cfg.training.local_batch_size
+    seq = _seq_length(cfg)
+    plan.tokens_per_step = plan.global_batch * seq if seq else 0
+    plan.outputs = _outputs(cfg)
+    if build_model:
+        plan.parameters = _count_parameters(cfg, dims)
+    return plan

@@ -1,0 +1,55 @@
+"""One preflight: can this config run with this command on this device at this world size?
+
+    report = mf_trainer.preflight(cfg, command="train", world=2, device="CPU")
+    report.problems          # [(key path, reason), ...]: every independent problem, not the first
+    report.skipped           # checks not run because world / device were not given (None)
+    report.raise_for_problems()   # PreflightError (a TrainerConfigError): one line per problem
+
+Every refusal of a config that is not a parse error (mf-config's) lives here, so `mf config
+validate`, `mf train [--dry-run]`, `mf launch` (before msrun starts), `mf eval`, `mf generate`,
+`mf serve` and the Trainer's constructor can never disagree. It reads the config only: no
+MindSpore, no files (the model checks use the model's argument classes).
+
+Adding a check is one function in the topic module it belongs to:
+
+    @check(commands=TRAINING, needs=("world",))
+    def my_check(t):                      # t: Target (cfg, command, world, device, dims, model_args)
+        \"\"\"What it checks (the line `skipped` shows).\"\"\"
+        if ...:
+            yield "section.key", "why it cannot run, and what to do"
+
+Topics: parallel (layouts, strategies), model (keys, tensor-parallel splits), data (columns,
+evaluation split, batch arithmetic), features (memory, monitors, profiler, LR schedule),
+run_mode (commands, fine-tuning, inference sample), device (context).
+"""
+
+from __future__ import annotations
+
+# Importing a topic module registers its checks.
+from mf_trainer.preflight import data, features, model, parallel, run_mode  # noqa: F401
+from mf_trainer.preflight import device as _device  # noqa: F401
+from mf_trainer.preflight.registry import (
+    CHECKS,
+    COMMANDS,
+    ONE_PROCESS,
+    TRAINING,
+    Check,
+    PreflightError,
+    PreflightReport,
+    Problem,
+    Target,
+    check,
+    run_checks,
+)
+
+
+def preflight(cfg, command: str = "train", world: int | None = None, device: str | None = None, *,
+              source: str | None = None) -> PreflightReport:
+    """Every problem of `cfg` for `command` ("train", "launch", "eval", "generate", "serve") on
+    `device` ("CPU" / "Ascend") with `world` ranks; None leaves the checks needing it skipped.
+    `source`: the YAML's path, named in messages that point to another command."""
+    return run_checks(Target(cfg, command, world, device, source))
+
+
+__all__ = ["CHECKS", "COMMANDS", "ONE_PROCESS", "TRAINING", "Check", "PreflightError", "PreflightReport", "Problem",
+           "Target", "check", "preflight"]

@@ -1,0 +1,89 @@
+"""The data sections against what the Trainer and the evaluator consume, from the config alone
+(`column_names` and the `create_*` switches; whether the files exist is mf-data's business when
+the loader is built), and the batch arithmetic against the data-parallel size."""
+
+from __future__ import annotations
+
+from mf_trainer.preflight.registry import EVAL, TRAINING, check
+
+NEEDED_COLUMNS = ("input_ids", "labels", "loss_mask")
+SPLITS = ("train", "valid", "test")
+_EOD_REASON = "the compressed EOD mask needs a variable-length attention kernel that mf-models does not have"
+
+
+def column_problems(section, where: str, consumer: str):
+    """(key, reason) lines for a dataset section whose samples `consumer` cannot use."""
+    dl = section.dataloader
+    config = dl.extra.get("config") if isinstance(dl.extra.get("config"), dict) else {}
+    if config.get("create_compressed_eod_mask") or "actual_seq_len" in dl.column_names:
+        yield (f"{where}.dataloader.config.create_compressed_eod_mask",
+               _EOD_REASON + ("; use create_attention_mask" if where == "train_dataset" else ""))
+    missing = [c for c in NEEDED_COLUMNS if c not in dl.column_names]
+    if missing:
+        yield f"{where}.dataloader.column_names", f"{consumer} needs {', '.join(repr(c) for c in missing)}"
+
+
+def eval_data(cfg) -> tuple[object, str, str]:
+    """(dataset section, its YAML name, split phase) this config evaluates on; ValueError (one
+    `key: reason` line) when the sizes do not name one split."""
+    if cfg.eval_dataset is not None:
+        sizes = cfg.eval_dataset.dataloader.extra.get("sizes")
+        chosen = [i for i, n in enumerate(sizes or ()) if n != 0] if isinstance(sizes, list) else []
+        if not isinstance(sizes, list) or len(chosen) != 1:
+            raise ValueError(
+                f"eval_dataset.dataloader.sizes: name the split to evaluate by giving exactly one split a non-zero size "
+                f"(e.g. [1000, 0, 0] with split '1,0,0', or [0, 300, 0] for the valid split), got {sizes!r}")
+        return cfg.eval_dataset, "eval_dataset", SPLITS[chosen[0]]
+    sizes = cfg.train_dataset.dataloader.extra.get("sizes")
+    if not isinstance(sizes, list) or len(sizes) != 3 or not sizes[1]:
+        raise ValueError(
+            f"train_dataset.dataloader.sizes: evaluating the valid split needs sizes[1] > 0 (and a split string giving "
+            f"it documents, e.g. '969,30,1'), got {sizes!r}; or give an eval_dataset section")
+    return cfg.train_dataset, "train_dataset", "valid"
+
+
+@check()
+def training_columns(t):
+    """train_dataset yields the columns the Trainer needs."""
+    yield from column_problems(t.cfg.train_dataset, "train_dataset", "the Trainer")
+
+
+@check(commands=(*TRAINING, EVAL))
+def evaluation_data(t):
+    """The evaluation data names one split with the columns evaluation needs."""
+    if t.command != EVAL and t.cfg.eval_dataset is None:
+        return
+    from mf_trainer.preflight.registry import split_line
+
+    try:
+        section, where, _ = eval_data(t.cfg)
+    except ValueError as exc:
+        yield split_line(str(exc), "eval_dataset")
+        return
+    if t.command == EVAL or where == "eval_dataset":
+        yield from column_problems(section, where, "evaluation")
+
+
+@check()
+def evaluation_layout(t):
+    """Evaluation during training runs without tensor parallelism."""
+    if t.cfg.eval_dataset is not None and t.cfg.parallelism.tensor_parallel > 1:
+        yield ("eval_dataset", "evaluation during training with tensor_parallel > 1 is not implemented (its loss and "
+                               "accuracy need the vocabulary-split logits); evaluate the saved checkpoint with `mf eval`")
+
+
+def accumulation(training, dp: int) -> int:
+    """Micro-batches per optimizer step: global_batch_size // (dp x local_batch_size)."""
+    return training.global_batch_size // (dp * training.local_batch_size)
+
+
+@check(needs=("world",))
+def global_batch(t):
+    """global_batch_size holds one micro-batch per data-parallel rank."""
+    if t.dims is None:
+        return
+    tr, dp = t.cfg.training, t.dims.dp
+    per_micro = dp * tr.local_batch_size
+    if per_micro > tr.global_batch_size:
+        yield ("training.global_batch_size", f"{tr.global_batch_size} is below data_parallel ({dp}) x "
+                                             f"local_batch_size ({tr.local_batch_size}) = {per_micro}")

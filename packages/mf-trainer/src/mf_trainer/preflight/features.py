@@ -1,0 +1,83 @@
+"""Memory features, monitors and the profiler: what the Trainer honours, and fields that only act
+with another feature (refused when set without it, since they would do nothing)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mf_trainer.preflight.parallel import changed
+from mf_trainer.preflight.registry import check
+
+
+@check()
+def recompute_comm(t):
+    """recompute_comm is not implemented."""
+    if t.cfg.recompute_comm.enable:
+        several = t.world is None or t.world > 1
+        yield "recompute_comm.enable", "recomputes communication operators; " + (
+            "not implemented (FSDP's reshard_after_forward_policy already gathers parameters again in the backward)"
+            if several else "a single-process run has none")
+
+
+@check()
+def swap(t):
+    """Activation swapping is not implemented."""
+    sw = t.cfg.swap
+    if sw.enable:
+        reason = ("activations already live in host memory on CPU" if t.device == "CPU"
+                  else "activation offload is not implemented yet")
+        yield "swap.enable", f"not supported on device_target {t.device or 'any'}: {reason}"
+    for name in ("layer_swap", "op_swap"):
+        if getattr(sw, name) is not None and not sw.enable:
+            yield f"swap.{name}", "set while swap.enable is false: it would do nothing"
+
+
+@check()
+def monitors(t):
+    """Monitors the Trainer records."""
+    mon = t.cfg.monitor
+    if mon.moe_monitor.save_tokens_per_expert_interval is not None or mon.moe_monitor.target_layers is not None:
+        yield ("monitor.moe_monitor", "tokens-per-expert recording is not implemented yet (mf-models does not expose "
+                                      "routing counts)")
+    if mon.train_state.local_norm:
+        yield "monitor.train_state.local_norm", "per-parameter gradient norms are not implemented yet"
+
+
+@check()
+def profiler(t):
+    """Profiler fields act with enable_profiling and fit training.steps."""
+    prof = t.cfg.profiler
+    if not prof.enable_profiling:
+        for f in dataclasses.fields(prof):
+            if f.name != "enable_profiling" and changed(prof, f.name):
+                yield f"profiler.{f.name}", "set while profiler.enable_profiling is false: it would do nothing"
+        return
+    if prof.end_step > t.cfg.training.steps:
+        yield "profiler.end_step", f"{prof.end_step} is beyond training.steps ({t.cfg.training.steps})"
+
+
+@check(needs=("device",))
+def profiler_device(t):
+    """Profiler options exist on the device."""
+    prof = t.cfg.profiler
+    if not prof.enable_profiling or t.device != "CPU":
+        return
+    for name in ("profiler_level", "mstx", "profile_memory"):
+        if changed(prof, name):
+            yield f"profiler.{name}", "is an Ascend-only profiler option; not available on device_target CPU"
+    if not prof.profile_cpu:
+        yield "profiler.profile_cpu", "false leaves nothing to profile on device_target CPU"
+
+
+@check()
+def lr_schedule(t):
+    """The LR scheduler and its arguments."""
+    from mf_trainer.errors import TrainerConfigError
+    from mf_trainer.lr_schedulers import build_scheduler
+    from mf_trainer.preflight.registry import split_line
+
+    sch = t.cfg.lr_scheduler
+    try:
+        build_scheduler(sch.type, sch.learning_rate, sch.extra, total_steps=t.cfg.training.steps)
+    except TrainerConfigError as exc:
+        yield split_line(str(exc), "lr_scheduler")

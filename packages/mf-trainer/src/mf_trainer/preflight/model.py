@@ -1,0 +1,32 @@
+"""The `model` section: known model type, known keys with valid values (the model's own argument
+dataclass, e.g. `model.hidden_sizee` is a typo of hidden_size), and whether tensor parallelism
+splits it (heads, vocabulary, intermediate size). Needs the argument classes only, not MindSpore.
+"""
+
+from __future__ import annotations
+
+from mf_trainer.preflight.registry import COMMANDS, TRAINING, check, model_section, split_line
+
+
+@check(commands=COMMANDS)
+def model_arguments(t):
+    """The model section names a registered model with valid arguments."""
+    import mf_models
+
+    try:
+        mf_models.build_args(model_section(t.cfg))
+    except mf_models.ModelConfigError as exc:
+        yield split_line(str(exc), "model")
+
+
+@check(commands=TRAINING)
+def tensor_parallel_split(t):
+    """tensor_parallel splits the model's heads and sharded dimensions."""
+    from mf_models import tensor_parallel_problems
+
+    args, tp = t.model_args, t.cfg.parallelism.tensor_parallel
+    if args is None or tp <= 1:
+        return
+    world = t.dims.world_size if t.dims is not None else (t.world or tp)
+    for line in tensor_parallel_problems(args, tp, world):
+        yield split_line(line, "parallelism.tensor_parallel")

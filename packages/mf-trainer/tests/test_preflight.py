@@ -1,0 +1,84 @@
+"""The preflight: every problem at once, keyed; what it skips without a world or device; adding a
+check is one function; it imports no MindSpore."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import mf_config
+import mf_trainer
+from mf_trainer.preflight import CHECKS, PreflightError, check
+
+
+def _cfg(tmp_path, tiny_config, **sections):
+    return mf_config.load_config(tiny_config(tmp_path, tmp_path / "none", **sections))
+
+
+def test_every_independent_problem_is_one_keyed_line(tmp_path, tiny_config):
+    cfg = _cfg(tmp_path, tiny_config, parallelism={"pipeline_parallel": 2, "data_parallel_shard_strategy": "optim"},
+               model={"hidden_sizee": 8}, inference={"top_k": 3}, monitor={"train_state": {"local_norm": "wq"}})
+    report = mf_trainer.preflight(cfg, "train", world=1, device="CPU")
+    assert report.keys == ["inference.top_k", "parallelism.pipeline_parallel", "parallelism.data_parallel_shard_strategy",
+                           "model.hidden_sizee", "monitor.train_state.local_norm"]
+    with pytest.raises(PreflightError) as err:
+        report.raise_for_problems()
+    assert isinstance(err.value, mf_trainer.TrainerConfigError)
+    assert str(err.value).splitlines() == report.lines() and err.value.problems == report.problems
+
+
+def test_world_and_device_checks_are_skipped_and_named_without_them(tmp_path, tiny_config):
+    cfg = _cfg(tmp_path, tiny_config, parallelism={"tensor_parallel": 2}, context={"device_id": 1})
+    report = mf_trainer.preflight(cfg, "train")
+    assert report.ok and any("world size" in s for s in report.skipped) and any("device" in s for s in report.skipped)
+    assert mf_trainer.preflight(cfg, "train", world=1, device="CPU").keys == ["parallelism.tensor_parallel",
+                                                                               "context.device_id"]
+    assert mf_trainer.preflight(cfg, "launch", world=2, device="Ascend").ok
+
+
+def test_model_and_layout_checks(tmp_path, tiny_config):
+    # 4 heads (mf-config checks those against tp), 2 key/value heads, vocab 66: two independent lines
+    model = {**tiny_config(tmp_path, tmp_path)["model"], "num_attention_heads": 4, "num_key_value_heads": 2,
+             "vocab_size": 66}
+    cfg = _cfg(tmp_path, tiny_config, parallelism={"tensor_parallel": 4}, model=model)
+    lines = mf_trainer.preflight(cfg, "launch", world=4).lines()
+    assert lines == ["parallelism.tensor_parallel: 4 does not divide model.num_key_value_heads = 2; use a "
+                     "tensor_parallel that divides both head counts: one of [1, 2]",
+                     "parallelism.tensor_parallel: 4 does not divide model.vocab_size = 66; use a tensor_parallel "
+                     "that divides it (e.g. one of [1, 2, 3, 6, 11, 22, 33])"]
+    assert mf_trainer.preflight(cfg, "launch", world=6).keys[0] == "parallelism"     # 4 does not divide 6
+
+
+def test_run_mode_that_the_command_does_not_run_is_the_only_line(tmp_path, tiny_config):
+    cfg = _cfg(tmp_path, tiny_config, run_mode="predict", inference={"prompts": ["x"]},
+               tokenizer={"path": "t.model"}, checkpoint={"load_path": "w"})
+    assert mf_trainer.preflight(cfg, "train", world=1, source="p.yaml").lines() == [
+        "run_mode: 'predict' is not a training mode: run `mf generate p.yaml`"]
+    assert mf_trainer.preflight(cfg, "generate", world=1).ok
+
+
+def test_adding_a_check_is_one_function(tmp_path, tiny_config):
+    @check(needs=("world",))
+    def steps_per_rank(t):
+        """At least one step per rank (a made-up rule)."""
+        if t.cfg.training.steps < t.world:
+            yield "training.steps", f"{t.cfg.training.steps} < {t.world} ranks"
+
+    try:
+        cfg = _cfg(tmp_path, tiny_config)
+        assert mf_trainer.preflight(cfg, "launch", world=8).lines()[-1] == "training.steps: 6 < 8 ranks"
+        assert mf_trainer.preflight(cfg, "launch", world=2).ok
+        assert "At least one step per rank (a made-up rule) (needs the world size: --world N)" in \
+            mf_trainer.preflight(cfg, "train").skipped
+    finally:
+        CHECKS.pop()
+
+
+def test_the_preflight_imports_no_mindspore():
+    code = ("import sys, mf_trainer, mf_models\n"
+            "assert not any(m.split('.')[0] == 'mindspore' for m in sys.modules), 'mindspore imported'\n"
+            "print('clean')")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "clean", run.stderr
