@@ -223,6 +223,14 @@ def test_bad_layouts_are_one_line_and_change_nothing(dims, options, message):
     assert model.tie_word_embeddings and not hasattr(model, "output")
 
 
+def test_context_parallel_refuses_a_balance_loss():
+    model = _model("mixtral", output_router_logits=True)
+    group = Group(label="tp", ranks=(0,), rank=0, name="x", backend="mccl", is_world=False)
+    with pytest.raises(ValueError, match=r"parallelism.context_parallel: 2 with the balance loss "
+                                         r"\(model.output_router_logits\) is not implemented"):
+        mf_models.parallelize_model(model, _Mesh(mp.ParallelDims(2, cp=2), group), mf_models.ParallelOptions())
+
+
 def test_every_registered_model_has_a_plan():
     for model_type in mf_models.available_models():
         assert mf_models.resolve_spec(model_type).parallelize is not None

@@ -175,6 +175,14 @@ def check_context_parallel(model: nn.Cell, dims, options: ParallelOptions) -> mp
                 raise ModelConfigError(f"parallelism.{key}: {getattr(options, key)!r} only acts with context_parallel "
                                        f"> 1 ({dims.describe()}); leave it at its default")
         return settings
+    key = model.args.balance_loss_key()
+    if key is not None:
+        # As under sequence parallelism: a rank's MoE sees two chunks of each sequence, and the
+        # balance loss is a product of per-sequence sums (routing itself is per token: exact).
+        off = "0" if key == "aux_loss_alpha" else "false"
+        raise ModelConfigError(f"parallelism.context_parallel: {dims.cp} with the balance loss (model.{key}) is not "
+                               f"implemented (its statistics are taken over whole sequences); set model.{key} to {off} "
+                               "or context_parallel to 1")
     heads = model.args.num_attention_heads // dims.tp
     kv_heads = model.kv_cache_shapes()[0][0] // dims.tp
     mp.check_context_parallel(dims, settings, heads, kv_heads, model.args.seq_length)
