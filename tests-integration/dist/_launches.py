@@ -15,8 +15,14 @@ TRAINER_WORKER = HERE / "_trainer_worker.py"
 WORLD4_WORKER = HERE / "_world4_worker.py"
 # Trainer cases per launch (see _trainer_worker.CASES). The 4-rank ones after the reference run:
 # `fsdp2_tp2_from_reference` continues from the one-process checkpoint.
-WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean")
+WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean", "cp2")
 WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", "fsdp2_tp2_from_fsdp2_tp2")
+# Context parallelism (_cp_worker.py): attention Cells first, then these model cases, one launch each.
+CP_WORKER = HERE / "_cp_worker.py"
+CP_WORLD2_CASES = ("llama_cp2_colossal", "qwen3_cp2_colossal", "llama_cp2_ulysses", "qwen3_cp2_ulysses",
+                   "llama_cp2_packed_graph", "qwen3_cp2_packed", "deepseek_v3_cp2_packed")
+CP_WORLD4_CASES = ("llama_cp4_hybrid", "qwen3_cp4_hybrid", "llama_cp2_tp2", "qwen3_cp2_tp2", "llama_cp2_fsdp2",
+                   "qwen3_cp2_fsdp2")
 
 
 def write_corpus(prefix: Path) -> None:

@@ -9,8 +9,9 @@ Usage: _trainer_worker.py WORKDIR CASE [CASE ...]
 Cases (see CASES): a parallel layout trains STEPS steps from the same seed on the same global
 batch as the reference and saves a checkpoint at step STEPS; `reference` is the one-process run
 (it also continues 2 steps from its own checkpoint). The checkpoint cases continue 2 steps from a
-checkpoint written under another layout: `*_from_reference` (one process -> FSDP2 x TP2) and
-`reference_from_fsdp2_tp2` (FSDP2 x TP2 -> one process).
+checkpoint written under another layout: `*_from_reference` (one process -> FSDP2 x TP2),
+`reference_from_fsdp2_tp2` (FSDP2 x TP2 -> one process) and `reference_from_cp2` (CP2 -> one
+process).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ CASES = {
                          {"local_batch_size": 1}, 1, 2),
     "hsdp2x2": ({"data_parallel_shard": 2, "reshard_after_forward_policy": "never"}, {"local_batch_size": 1}, 0, 4),
     "fsdp2_tp2": ({"tensor_parallel": 2}, {"local_batch_size": 2}, 0, 4),
+    # Context parallelism: both ranks read the same 4 samples and keep their zigzag chunks of each.
+    "cp2": ({"context_parallel": 2}, {"local_batch_size": 4}, 0, 2),
 }
 
 

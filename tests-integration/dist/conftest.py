@@ -7,6 +7,7 @@ test items share one launch (an msrun start-up costs ~20 s here). The launches o
 * world 4 (`_world4_worker.py`): the collectives checks, then the 4-rank Trainer cases, then the
   capability probes — one msrun start-up for both test files that read it (`world4` fixture);
 * world 2 (`_trainer_worker.py`): the 2-rank Trainer cases (`world2` fixture);
+* context parallelism (`_cp_worker.py`): one 2-rank and one 4-rank launch (`cp_world2`, `cp_world4`);
 * world 2 and world 4 (`_pipeline_worker.py`): every pipeline schedule against one process, one
   launch each (fixtures in test_pipeline_parity.py);
 * plus one-process reference runs of `_trainer_worker.py` (no msrun) and the launcher tests.
@@ -28,6 +29,9 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 from _launches import (  # noqa: E402
+    CP_WORKER,
+    CP_WORLD2_CASES,
+    CP_WORLD4_CASES,
     TRAINER_WORKER,
     WORLD2_CASES,
     WORLD4_CASES,
@@ -115,3 +119,20 @@ def world2(dist_run, reference):
     if result.rc != 0:
         pytest.fail(result.failure_report())
     return result
+
+
+def _cp_launch(dist_run, world: int, cases) -> DistRun:
+    result = dist_run(CP_WORKER, world, *cases)
+    if result.rc != 0 or len(result.by_name("cp_done")) != world:
+        pytest.fail(result.failure_report())
+    return result
+
+
+@pytest.fixture(scope="session")
+def cp_world2(dist_run):
+    return _cp_launch(dist_run, 2, CP_WORLD2_CASES)
+
+
+@pytest.fixture(scope="session")
+def cp_world4(dist_run):
+    return _cp_launch(dist_run, 4, CP_WORLD4_CASES)

@@ -1,7 +1,8 @@
 """Loss parity of the real Trainer (TorchTitan loss-compare style): the tiny llama (tied embeddings,
 attention biases, fp32, fixed data) trained 8 steps under FSDP2, TP2, HSDP 2x2 and FSDP2 x TP2
 gives the per-step losses, gradient norms and final gathered weights of one process on the same
-global batch, within 1e-5 relative. Plus: FSDP2 with gradient accumulation and averaged
+global batch, within 1e-5 relative; likewise CP2 (ring attention, each rank keeping its zigzag
+chunks of every sequence), whose checkpoint continues in one process. Plus: FSDP2 with gradient accumulation and averaged
 gradients; the compiled step where a layout allows it (one parallel axis on CPU) and PyNative
 where mf-parallel's graph_mode_blocker says so; checkpoints saved under FSDP2 x TP2 continue in
 one process, and one-process checkpoints continue under FSDP2 x TP2, with the same losses.
@@ -65,8 +66,19 @@ def test_reference_clips_and_learns(runs):
     assert sum(n > MAX_NORM for n in ref["grad_norms"]) > 0        # clipping takes part in the comparison
 
 
+@pytest.fixture(scope="module")
+def cp_back_to_one_process(reference, world2):
+    """CP2's checkpoint continued by one process."""
+    proc = run_one_process(reference, "reference_from_cp2")
+    if proc.returncode != 0:
+        pytest.fail(f"one-process continuation failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return _result(reference, "reference_from_cp2")
+
+
 @pytest.mark.parametrize("case", [*WORLD2_CASES, *[c for c in WORLD4_CASES if "_from_" not in c]])
-def test_parity_with_one_process(runs, case):
+def test_parity_with_one_process(request, reference, case):
+    request.getfixturevalue("world2" if case in WORLD2_CASES else "world4")   # only the launch that runs it
+    runs = reference
     ref, got = _result(runs, "reference"), _result(runs, case)
     assert len(got["losses"]) == STEPS
     loss_err, norm_err = _rel(got["losses"], ref["losses"]), _rel(got["grad_norms"], ref["grad_norms"])
@@ -120,3 +132,18 @@ def test_communication_volume_is_in_the_metrics(runs):
 def test_only_rank_0_writes_metrics(runs, case):
     lines = (runs / case / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(1, STEPS + 1))
+
+
+def test_context_parallel_checkpoint_continues_in_one_process(reference, cp_back_to_one_process):
+    """CP2's checkpoint (names unchanged: the cp attention holds no parameters) loads into one
+    process and gives the losses of the one-process run resumed from its own checkpoint."""
+    want = _result(reference, "reference")["continued"]
+    got = cp_back_to_one_process
+    assert got["start_step"] == STEPS and len(got["losses"]) == MORE == len(want)
+    assert _rel(got["losses"], want) <= RTOL, f"reference_from_cp2: {got['losses']} vs {want}"
+
+
+def test_context_parallel_step_compiles(reference, world2):
+    """CP2 alone is one parallel axis: its training step (ring forward and backward, FSDP over cp)
+    runs compiled in GRAPH_MODE on CPU."""
+    assert _result(reference, "cp2")["mode"] == 0

@@ -203,7 +203,12 @@ def _model(model_type="llama", **extra):
      r"divides both head counts"),
     (mp.ParallelDims(2, tp=2), None, r"parallelism.tensor_parallel: 2 does not divide model.vocab_size = 65"),
     (mp.ParallelDims(2, pp=2), None, r"parallelism.pipeline_parallel: 2 > 1 is not implemented for llama"),
-    (mp.ParallelDims(2, cp=2), None, r"parallelism.context_parallel: 2 > 1 is not implemented for llama"),
+    (mp.ParallelDims(2, cp=2), dict(context_parallel_method="ring"),
+     r"parallelism.context_parallel_method: must be one of colossal, ulysses, hybrid, got 'ring'"),
+    (mp.ParallelDims(8, cp=8), dict(context_parallel_method="ulysses"),
+     r"parallelism.context_parallel: 8 does not divide the 4 attention heads"),
+    (mp.ParallelDims(2), dict(context_parallel_method="ulysses"),
+     r"parallelism.context_parallel_method: 'ulysses' only acts with context_parallel > 1"),
     (mp.ParallelDims(2), dict(cpu_offload=True), r"parallelism.cpu_offload: means nothing on device_target CPU"),
     (mp.ParallelDims(2), dict(reshard_after_forward_policy="sometimes"),
      r"reshard_after_forward_policy: must be one of always, never, default, got 'sometimes'"),
@@ -216,6 +221,14 @@ def test_bad_layouts_are_one_line_and_change_nothing(dims, options, message):
         mf_models.parallelize_model(model, _Mesh(dims, group), mf_models.ParallelOptions(**(options or {})))
     assert {n: p for n, p in model.parameters_and_names()} == before
     assert model.tie_word_embeddings and not hasattr(model, "output")
+
+
+def test_context_parallel_refuses_a_balance_loss():
+    model = _model("mixtral", output_router_logits=True)
+    group = Group(label="tp", ranks=(0,), rank=0, name="x", backend="mccl", is_world=False)
+    with pytest.raises(ValueError, match=r"parallelism.context_parallel: 2 with the balance loss "
+                                         r"\(model.output_router_logits\) is not implemented"):
+        mf_models.parallelize_model(model, _Mesh(mp.ParallelDims(2, cp=2), group), mf_models.ParallelOptions())
 
 
 def test_every_registered_model_has_a_plan():

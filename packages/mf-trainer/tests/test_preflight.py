@@ -51,6 +51,55 @@ def test_model_and_layout_checks(tmp_path, tiny_config):
     assert mf_trainer.preflight(cfg, "launch", world=6).keys[0] == "parallelism"     # 4 does not divide 6
 
 
+CP_REFUSED = [
+    ({"context_parallel": 2, "context_parallel_method": "ulysses", "context_parallel_async": True}, {}, 2,
+     "parallelism.context_parallel_async: true has nothing to overlap with context_parallel_method 'ulysses'"),
+    ({"context_parallel": 4, "context_parallel_method": "ulysses"}, {}, 4,
+     "parallelism.context_parallel: 4 does not divide the 2 attention heads a tensor-parallel rank holds; Ulysses "
+     "splits heads over the cp ranks: use context_parallel one of [2] or context_parallel_method 'colossal'"),
+    ({"context_parallel": 2}, {"seq_length": 30}, 2,
+     "parallelism.context_parallel: a sequence of 30 tokens does not split into 2 x context_parallel = 4 equal "
+     "chunks; use a seq_length divisible by 4"),
+    ({"context_parallel": 2, "data_parallel_shard_strategy": "no_shard"}, {}, 2,
+     "parallelism.data_parallel_shard_strategy: 'no_shard' with context_parallel > 1: the cp ranks' gradients are "
+     "added by FSDP, which shards over dp_shard x cp; use 'optim_grads_params'"),
+    ({"context_parallel": 2, "pipeline_parallel": 2}, {}, 4,
+     "parallelism.context_parallel: 2 with pipeline_parallel 2 is not implemented (pipeline stages have no "
+     "context-parallel attention); use one of them"),
+    ({"context_parallel": 2}, {"model": {"model_type": "mixtral", "num_key_value_heads": 2, "num_local_experts": 4,
+                                      "num_experts_per_tok": 2}}, 2,
+     "parallelism.context_parallel: 2 on the MoE model 'mixtral' is not implemented (its balance-loss statistics "
+     "count whole sequences, and expert parallelism is not there yet); train it with context_parallel 1"),
+    ({"context_parallel_method": "ulysses"}, {}, 2,
+     "parallelism.context_parallel_method: 'ulysses' only acts with context_parallel > 1 (leave it at its default)"),
+    ({"context_parallel": 2}, {}, 1,
+     "parallelism.context_parallel: 2 > 1 needs 2 ranks; this process runs alone: start it with `mf launch -n N` "
+     "(N a multiple of 2)"),
+]
+
+
+@pytest.mark.parametrize("parallelism, sections, world, line", CP_REFUSED)
+def test_context_parallel_refusals_are_one_keyed_line(tmp_path, tiny_config, parallelism, sections, world, line):
+    sections = dict(sections)
+    raw = tiny_config(tmp_path, tmp_path / "none", parallelism=parallelism, **sections)
+    if "seq_length" in sections:
+        raw["train_dataset"]["dataloader"]["config"]["seq_length"] = raw.pop("seq_length")
+    lines = mf_trainer.preflight(mf_config.load_config(raw), "train" if world == 1 else "launch", world=world).lines()
+    assert any(got.startswith(line) for got in lines), lines
+
+
+@pytest.mark.parametrize("parallelism, world", [
+    ({"context_parallel": 2}, 2), ({"context_parallel": 2, "context_parallel_method": "ulysses"}, 4),
+    ({"context_parallel": 4, "context_parallel_method": "hybrid", "ulysses_degree_in_cp": 2,
+      "context_parallel_async": True}, 4),
+    ({"context_parallel": 2, "tensor_parallel": 2, "context_parallel_async": True}, 4),
+])
+def test_context_parallel_layouts_that_run(tmp_path, tiny_config, parallelism, world):
+    cfg = _cfg(tmp_path, tiny_config, parallelism=parallelism)
+    report = mf_trainer.preflight(cfg, "launch", world=world, device="CPU")
+    assert report.ok, report.lines()
+
+
 def test_run_mode_that_the_command_does_not_run_is_the_only_line(tmp_path, tiny_config):
     cfg = _cfg(tmp_path, tiny_config, run_mode="predict", inference={"prompts": ["x"]},
                tokenizer={"path": "t.model"}, checkpoint={"load_path": "w"})

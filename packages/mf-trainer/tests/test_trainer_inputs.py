@@ -19,6 +19,7 @@ def _trainer(raw, callbacks=()):
 
 REFUSED = [
     ({"parallelism": {"tensor_parallel": 2}}, "parallelism.tensor_parallel: 2 > 1 needs 2 ranks"),
+    ({"parallelism": {"context_parallel": 2}}, "parallelism.context_parallel: 2 > 1 needs 2 ranks"),
     ({"parallelism": {"cpu_offload": True}}, "parallelism.cpu_offload: means nothing on device_target CPU"),
     ({"parallelism": {"reshard_after_forward_policy": "always"}}, "only acts with data parallelism over several ranks"),
     ({"parallelism": {"data_parallel_shard_strategy": "optim"}}, "(ZeRO-1: sharded optimizer states with replicated"),

@@ -1,11 +1,20 @@
 """MindSpore parallel runtime: device mesh, collectives, FSDP/HSDP, TP/SP, PP, CP, EP.
 
-`ParallelDims`, the error type and the pipeline planning names (`resolve_pipeline`,
-`build_schedule`, `simulate_schedule`, ...) import without MindSpore; everything else needs it.
+`ParallelDims`, the error type, the pipeline planning names (`resolve_pipeline`,
+`build_schedule`, `simulate_schedule`, ...) and context parallelism's sequence layout, batch
+slicing and settings import without MindSpore; everything else needs it.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
+from mf_parallel.cp.layout import (
+    masked_from_segments,
+    segment_ids_from_actual_seq_len,
+    segment_ids_from_attention_mask,
+    slice_for_context_parallel,
+    zigzag_indices,
+)
+from mf_parallel.cp.methods import ContextParallelSettings, check_context_parallel, context_parallel_problems
 from mf_parallel.dims import AXES, GROUP_NAMES, ParallelDims
 from mf_parallel.errors import ParallelConfigError
 
@@ -16,6 +25,10 @@ _PIPELINE = ("PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "pi
 
 __all__ = [
     "__version__", "AXES", "GROUP_NAMES", "ParallelDims", "ParallelConfigError",
+    # context parallelism: the sequence layout and batch slicing (numpy), the settings and checks
+    "zigzag_indices", "slice_for_context_parallel", "masked_from_segments", "segment_ids_from_attention_mask",
+    "segment_ids_from_actual_seq_len", "ContextParallelSettings", "check_context_parallel",
+    "context_parallel_problems",
     # mesh and backend
     "DeviceMesh", "Group", "init_mesh", "make_group", "init_distributed", "CAPABILITIES", "Support", "capability_table",
     "graph_mode_blocker",
@@ -29,6 +42,7 @@ __all__ = [
     "register_param_forward", "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "VocabParallelEmbedding",
     "SequenceParallel", "PrepareModuleInput", "parallelize_module", "local_heads", "VocabParallelCrossEntropy",
     "fully_shard", "reshard_after_forward_for", "check_cpu_offload", "GlobalNormClip",
+    "context_parallel_attention", "RingAttention", "UlyssesAttention", "HybridAttention", "RingExchange",
     # state
     "ParamLayout", "param_layouts", "shard_metadata", "local_blocks", "gather_full_state", "load_full_state",
     "load_sharded_state",
@@ -55,6 +69,8 @@ _LAZY = {
     "VocabParallelCrossEntropy": "loss",
     "fully_shard": "fsdp", "reshard_after_forward_for": "fsdp", "check_cpu_offload": "fsdp",
     "GlobalNormClip": "clip",
+    "context_parallel_attention": "cp.methods", "RingAttention": "cp.ring", "UlyssesAttention": "cp.ulysses",
+    "HybridAttention": "cp.ulysses", "RingExchange": "cp.exchange",
     **{name: "state" for name in ("ParamLayout", "param_layouts", "shard_metadata", "local_blocks",
                                   "gather_full_state", "load_full_state", "load_sharded_state")},
     "launch": "launcher", "Communicator": "communicator",

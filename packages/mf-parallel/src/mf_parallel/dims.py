@@ -243,6 +243,23 @@ class ParallelDims:
             return block[pos % self.ep::self.ep]
         raise ParallelConfigError(f"unknown group {name!r}; known: {', '.join(GROUP_NAMES)}")
 
+    def cp_subgroup_ranks(self, name: str, rank: int, ulysses_degree: int) -> list[int]:
+        """World ranks of `rank`'s hybrid context-parallel sub-group: "cp_ulysses" (ulysses_degree
+        neighbouring cp ranks, the all-to-all group) or "cp_ring" (every ulysses_degree-th cp rank,
+        the ring across those groups), in group-rank order."""
+        if ulysses_degree < 1 or self.cp % ulysses_degree:
+            raise ParallelConfigError(
+                f"parallelism.ulysses_degree_in_cp: {ulysses_degree} does not divide context_parallel {self.cp}; "
+                f"use one of {_divisors(self.cp)}")
+        cp_ranks = self.group_ranks("cp", rank)
+        pos = cp_ranks.index(rank)
+        if name == "cp_ulysses":
+            start = pos - pos % ulysses_degree
+            return cp_ranks[start:start + ulysses_degree]
+        if name == "cp_ring":
+            return cp_ranks[pos % ulysses_degree::ulysses_degree]
+        raise ParallelConfigError(f"unknown context-parallel sub-group {name!r}; known: cp_ulysses, cp_ring")
+
     def all_groups(self, name: str) -> list[list[int]]:
         """Every group called `name`: a partition of the world."""
         seen: dict[int, list[int]] = {}

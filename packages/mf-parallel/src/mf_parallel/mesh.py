@@ -100,10 +100,20 @@ class DeviceMesh:
         # Deterministic creation order on every rank: GROUP_NAMES order. Backend names say the role,
         # not the ranks, so that every rank's compiled graph carries the same group names: a compiled
         # step's collective order can otherwise differ between ranks (seen under FSDP x TP).
-        layout = f"p{dims.pp}r{dims.dp_replicate}s{dims.dp_shard}c{dims.cp}t{dims.tp}e{dims.ep}"
+        layout = self._layout = f"p{dims.pp}r{dims.dp_replicate}s{dims.dp_shard}c{dims.cp}t{dims.tp}e{dims.ep}"
         self._groups = {name: make_group(name, dims.group_ranks(name, rank), f"mf_{name}_{layout}")
                         for name in GROUP_NAMES}
         self._groups["world"] = make_group("world", list(range(world)))
+
+    def cp_subgroups(self, ulysses_degree: int) -> tuple[Group, Group]:
+        """(Ulysses group, ring group) splitting this rank's cp group for hybrid context parallelism
+        (`ParallelDims.cp_subgroup_ranks`), created on first use (every rank: Ulysses group first)."""
+        names = (f"cp_ulysses{ulysses_degree}", f"cp_ring{ulysses_degree}")
+        if names[0] not in self._groups:
+            for name, kind in zip(names, ("cp_ulysses", "cp_ring")):
+                ranks = self.dims.cp_subgroup_ranks(kind, self.rank, ulysses_degree)
+                self._groups[name] = make_group(name, ranks, f"mf_{name}_{self._layout}")
+        return self._groups[names[0]], self._groups[names[1]]
 
     def __getitem__(self, name: str) -> Group:
         try:

@@ -86,7 +86,7 @@ def _count_parameters(cfg, dims) -> dict[str, int | str]:
     if dims.tp > 1:
         counts["per rank"] = "not computed from one process with tensor_parallel > 1"
     else:
-        shard = dims.dp_shard
+        shard = dims.dp_shard * dims.cp      # FSDP shards over dp_shard x cp
         counts["per rank"] = sum(math.ceil(p.shape[0] / shard) * math.prod(p.shape[1:]) if p.shape else 1
                                  for p in params)
     return counts

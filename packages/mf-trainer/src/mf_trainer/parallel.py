@@ -8,17 +8,20 @@ With more ranks (started by `mf launch` or msrun):
 
 * layout: `ParallelDims.from_config(parallelism, world)`; `data_parallel_shard_strategy:
   no_shard` makes every data-parallel rank a replica (DDP); `optim_grads_params` (ZeRO-3, the
-  default) shards parameters, gradients and optimizer states. What cannot run (pipeline, context
-  and expert parallelism, ZeRO-1/2, degrees that do not fit the world) is refused by the preflight.
+  default) shards parameters, gradients and optimizer states. What cannot run (pipeline and expert
+  parallelism, ZeRO-1/2, degrees that do not fit the world) is refused by the preflight.
 * the model: its own plan (`mf_models.parallelize_model`: TP + SP, recompute, FSDP/HSDP), applied
   before the optimizer is built, so AdamW's moments are sharded like the parameters.
 * data: each data-parallel rank reads its slice of every global batch (`dp_rank`, `dp`); tensor-
-  parallel partners read the same samples.
+  and context-parallel partners read the same samples, and a context-parallel rank keeps its two
+  zigzag chunks of every sequence (`shard_sequence`: tokens, labels, loss mask and global
+  positions sliced alike; packed documents as global segment ids).
 * loss: `sum(token loss * mask) / tokens of the GLOBAL batch` on every rank (the token count is
-  all-reduced over the data-parallel group first). FSDP sums the ranks' gradients
+  all-reduced over the data- and context-parallel group first: a cp rank holds part of each
+  sample's tokens). FSDP sums the ranks' gradients
   (`disable_gradient_division: true`, the default), which then is the gradient of the global
-  loss; with `false` FSDP divides them by dp, so each rank scales its loss by dp to match. The
-  logged loss is the sum of the ranks' shares over the data-parallel group.
+  loss; with `false` FSDP divides them by dp x cp, so each rank scales its loss by dp x cp to
+  match. The logged loss is the sum of the ranks' shares over the data- and context-parallel group.
 * clipping: `GlobalNormClip`, the true norm over every shard.
 * mode: GRAPH_MODE unless `mf_parallel.graph_mode_blocker` has a reason (on CPU, layouts with two
   parallel axes), then PyNative, said once in the log.
@@ -59,11 +62,14 @@ class ParallelContext:
         self.dp_rank = dims.dp_rank(self.rank)
         self.dp = dims.dp
         par = cfg.parallelism
-        # FSDP's mean divides gradients by dp_replicate x dp_shard (x cp, refused): every rank's
-        # loss is scaled by the same factor, so the averaged gradient is the global loss's.
+        # FSDP's mean divides gradients by dp_replicate x dp_shard x cp: every rank's loss is
+        # scaled by the same factor, so the averaged gradient is the global loss's.
         self.divides = not par.disable_gradient_division and (dims.fsdp_enabled or dims.dp_replicate > 1)
-        self.loss_scale = dims.dp if self.divides else 1
-        self.dp_sum = mp.AllReduce(self.mesh["dp"])
+        self.loss_scale = dims.dp * dims.cp if self.divides else 1
+        # Every rank holding a share of the global batch's tokens: data- and context-parallel.
+        self.loss_ranks = dims.dp * dims.cp
+        self.dp_sum = mp.AllReduce(self.mesh["dp_cp" if dims.cp_enabled else "dp"])
+        self.cp_rank = dims.coordinate("cp", self.rank)
         self.comm = mp.Communicator() if self.world > 1 else None   # mf-ckpt's collective interface
         if self.world > 1:
             log.info("parallel layout: %s; rank %d reads data-parallel slice %d of %d", dims.describe(), self.rank,
@@ -95,7 +101,11 @@ class ParallelContext:
         par = self.cfg.parallelism
         return mf_models.ParallelOptions(reshard_after_forward_policy=par.reshard_after_forward_policy,
                                          disable_gradient_division=par.disable_gradient_division,
-                                         cpu_offload=par.cpu_offload, recompute=recompute)
+                                         cpu_offload=par.cpu_offload, recompute=recompute,
+                                         context_parallel_method=par.context_parallel_method,
+                                         context_parallel_async=par.context_parallel_async,
+                                         ulysses_degree_in_cp=par.ulysses_degree_in_cp,
+                                         context_parallel_mask_type=par.context_parallel_mask_type)
 
     def parallelize(self, model, recompute) -> None:
         """The model's own plan (the identity on one rank, where only the recompute callback acts)."""
@@ -111,16 +121,26 @@ class ParallelContext:
         """The vocab-parallel loss when logits are split along the vocabulary (tp > 1), else None."""
         return mp.VocabParallelCrossEntropy(self.mesh["tp"]) if self.dims.tp_enabled else None
 
+    def shard_sequence(self, micro_batch: dict) -> dict:
+        """This rank's part of a micro-batch: under context parallelism its zigzag chunks of every
+        column (mf_parallel.slice_for_context_parallel), else the micro-batch itself."""
+        if self.dims.cp == 1:
+            return micro_batch
+        try:
+            return mp.slice_for_context_parallel(micro_batch, self.dims.cp, self.cp_rank)
+        except mp.ParallelConfigError as exc:
+            raise TrainerConfigError(str(exc)) from None
+
     # ---- per-step host collectives (one tiny all-reduce each; compiled once in GRAPH_MODE) ----
     def global_tokens(self, local_tokens: float) -> float:
         """Loss-mask tokens of the global batch (exact: integer counts below 2^24 in float32)."""
-        if self.dp == 1:
+        if self.loss_ranks == 1:
             return local_tokens
         return float(self.dp_sum(Tensor(np.array([local_tokens], np.float32))).asnumpy()[0])
 
     def global_loss(self, local_loss: float) -> float:
         """The step's loss: every data-parallel rank's share added up (divided back when scaled)."""
-        if self.dp == 1:
+        if self.loss_ranks == 1:
             return local_loss
         total = float(self.dp_sum(Tensor(np.array([local_loss], np.float32))).asnumpy()[0])
         return total / self.loss_scale

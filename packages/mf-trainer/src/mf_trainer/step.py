@@ -132,10 +132,11 @@ def _targets(mb: dict) -> tuple[Tensor, Tensor]:
 
 
 def _model_inputs(mb: dict) -> tuple[Tensor, ...]:
-    """(input_ids[, position_ids[, attention_mask]]) in the model's positional order."""
+    """(input_ids[, position_ids[, attention_mask]]) in the model's positional order; a context-
+    parallel micro-batch has segment_ids (global document ids) in the mask's place."""
     ids = np.ascontiguousarray(mb["input_ids"], dtype=np.int32)
     inputs = [Tensor(ids)]
-    if "position_ids" in mb or "attention_mask" in mb:
+    if "position_ids" in mb or "attention_mask" in mb or "segment_ids" in mb:
         positions = mb.get("position_ids")
         if positions is None:
             positions = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape)
@@ -143,6 +144,8 @@ def _model_inputs(mb: dict) -> tuple[Tensor, ...]:
     if "attention_mask" in mb:
         # Megatron's convention, as mf-models takes it: True = masked out.
         inputs.append(Tensor(np.ascontiguousarray(mb["attention_mask"], dtype=np.bool_)))
+    elif "segment_ids" in mb:
+        inputs.append(Tensor(np.ascontiguousarray(mb["segment_ids"], dtype=np.int32)))
     return tuple(inputs)
 
 

@@ -264,7 +264,7 @@ class Trainer:
             while state.step < state.total_steps and not self.should_stop:
                 step = state.step + 1
                 self.callbacks.on_step_begin(self, step)
-                micro = [next(batches) for _ in range(self.accumulation)]
+                micro = [self.parallel.shard_sequence(next(batches)) for _ in range(self.accumulation)]
                 lr = self.scheduler(self.optimizer.step)
                 comm_metrics()   # drop what happened between steps (checkpoints, evaluation)
                 t0 = time.perf_counter()

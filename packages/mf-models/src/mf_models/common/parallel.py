@@ -10,20 +10,34 @@ backward split into input and weight gradient (pipeline schedules that defer the
 
 A plan (`llama/parallelize.py`, ...) applies, in this fixed order (TorchTitan's):
   1. tensor parallelism with sequence parallelism (`mf_parallel.parallelize_module`),
-  2. activation recomputation (a callback: the YAML's `recompute` section belongs to the trainer),
-  3. FSDP/HSDP per block, then the root (`fully_shard`).
+  2. context parallelism: every attention core replaced by the cp method, on the heads tensor
+     parallelism left this rank (`apply_context_parallel`),
+  3. activation recomputation (a callback: the YAML's `recompute` section belongs to the trainer),
+  4. FSDP/HSDP per block, then the root (`fully_shard`, over dp_shard x cp).
+
+Context parallelism and the model's inputs. A context-parallel model is called as
+`model(input_ids, position_ids, segment_ids)` with this cp rank's tokens (`mf_parallel.
+slice_for_context_parallel`: its two zigzag chunks, global positions) and the global document ids
+of packed samples, or None for plain causal attention. No model file changes: `CausalLM`'s
+attention-context argument (`cache`: `begin` / `causal_mask` / `update`, the KV cache in
+generation) receives a `ContextParallelInputs`, which gives the blocks the global positions of
+the local tokens and hands the segment ids, instead of a local [S/cp, S/cp] causal mask, to the
+replaced attention cores.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mindspore import nn
+import mindspore as ms
+from mindspore import nn, ops
 
 import mf_parallel as mp
 
 from ..errors import ModelConfigError
+from .attention import CoreAttention
 from .layers import (
     Embedding,
     Linear,
@@ -35,6 +49,7 @@ from .layers import (
     rms_norm_forward,
 )
 from .layout import divisible_problems
+from .logs import log_once
 from .moe import GroupedExperts, experts_forward
 from .router import TopKRouter, router_forward
 
@@ -51,14 +66,25 @@ mp.register_weight_grad_split(Linear, linear_input_grad, linear_weight_grad)
 class ParallelOptions:
     """How a plan shards: the YAML `parallelism` strategy keys, plus the trainer's recompute hook.
 
-    `recompute(model)` marks cells for recomputation; it runs after tensor parallelism (so it sees
-    the sharded layers) and before FSDP (whose leaves then live inside the recomputed cells).
+    `recompute(model)` marks cells for recomputation; it runs after tensor and context parallelism
+    (so it sees the sharded layers) and before FSDP (whose leaves then live inside the recomputed
+    cells). The context_parallel_* fields act when the mesh has cp > 1 (`mf_parallel.
+    ContextParallelSettings` says what each accepts).
     """
 
     reshard_after_forward_policy: str = "default"
     disable_gradient_division: bool = True
     cpu_offload: bool = False
     recompute: Callable[[nn.Cell], object] | None = None
+    context_parallel_method: str = "colossal"
+    context_parallel_async: bool = False
+    ulysses_degree_in_cp: int | None = None
+    context_parallel_mask_type: str = "causal"
+
+    def context_parallel_settings(self) -> mp.ContextParallelSettings:
+        return mp.ContextParallelSettings(method=self.context_parallel_method, ulysses_degree=self.ulysses_degree_in_cp,
+                                          mask_type=self.context_parallel_mask_type,
+                                          async_comm=self.context_parallel_async)
 
 
 def check_divisible(tp: int, **sizes: int) -> None:
@@ -112,8 +138,8 @@ def apply_fsdp(model: nn.Cell, mesh, options: ParallelOptions,
 
 
 def refuse_unimplemented(dims, model_type: str) -> None:
-    """Pipeline, context and expert parallelism have no strategy yet: say so, naming the key."""
-    for axis, key in (("pp", "pipeline_parallel"), ("cp", "context_parallel"), ("ep", "expert_parallel")):
+    """Pipeline and expert parallelism have no strategy yet: say so, naming the key."""
+    for axis, key in (("pp", "pipeline_parallel"), ("ep", "expert_parallel")):
         if getattr(dims, axis) > 1:
             raise ModelConfigError(f"parallelism.{key}: {getattr(dims, axis)} > 1 is not implemented for "
                                    f"{model_type} (mf-parallel has no {key.replace('_', ' ')} strategy yet); set it to 1")
@@ -134,3 +160,78 @@ def moe_units(block) -> list:
     stacked experts (3 parameters + 2 inputs, beyond mf-parallel's recomputing backward), both
     without reshard-after-forward."""
     return [block.moe.router, block.moe.experts] if getattr(block, "moe_enabled", False) else []
+
+
+# ----------------------------------------------------------------------------- context parallelism
+def check_context_parallel(model: nn.Cell, dims, options: ParallelOptions) -> mp.ContextParallelSettings:
+    """The validated cp settings for `model` on `dims` (before any change to the model): the method's
+    needs against the heads a tensor-parallel rank holds, and no cp field set without cp > 1."""
+    settings = options.context_parallel_settings()
+    if not dims.cp_enabled:
+        default = ParallelOptions()
+        for key in ("context_parallel_method", "context_parallel_async", "ulysses_degree_in_cp",
+                    "context_parallel_mask_type"):
+            if getattr(options, key) != getattr(default, key):
+                raise ModelConfigError(f"parallelism.{key}: {getattr(options, key)!r} only acts with context_parallel "
+                                       f"> 1 ({dims.describe()}); leave it at its default")
+        return settings
+    key = model.args.balance_loss_key()
+    if key is not None:
+        # As under sequence parallelism: a rank's MoE sees two chunks of each sequence, and the
+        # balance loss is a product of per-sequence sums (routing itself is per token: exact).
+        off = "0" if key == "aux_loss_alpha" else "false"
+        raise ModelConfigError(f"parallelism.context_parallel: {dims.cp} with the balance loss (model.{key}) is not "
+                               f"implemented (its statistics are taken over whole sequences); set model.{key} to {off} "
+                               "or context_parallel to 1")
+    heads = model.args.num_attention_heads // dims.tp
+    kv_heads = model.kv_cache_shapes()[0][0] // dims.tp
+    mp.check_context_parallel(dims, settings, heads, kv_heads, model.args.seq_length)
+    return settings
+
+
+class ContextParallelInputs(nn.Cell):
+    """`CausalLM`'s attention-context protocol for cp rank `cp_rank` of `cp`: `begin(seq)` gives the
+    global positions of the rank's local tokens (its zigzag chunks; the default RoPE positions),
+    `causal_mask` hands the model's third input (segment ids or None) through to the attention
+    cores, and `update` leaves keys and values as they are (nothing is cached)."""
+
+    def __init__(self, cp: int, cp_rank: int) -> None:
+        super().__init__()
+        self.cp = cp
+        self.cp_rank = cp_rank
+
+    def begin(self, seq):
+        c = seq // 2
+        first, second = self.cp_rank, 2 * self.cp - 1 - self.cp_rank
+        return ops.Concat(0)((ops.arange(first * c, (first + 1) * c, dtype=ms.int32),
+                              ops.arange(second * c, (second + 1) * c, dtype=ms.int32)))
+
+    def causal_mask(self, query_positions, attention_mask=None):
+        return attention_mask
+
+    def update(self, layer_id, k, v):
+        return k, v
+
+
+def _context_parallel_construct(self, input_ids, position_ids=None, segment_ids=None):
+    return self._mf_cp_base.construct(self, input_ids, position_ids, segment_ids, self.mf_cp_inputs)
+
+
+def apply_context_parallel(model: nn.Cell, mesh, settings: mp.ContextParallelSettings) -> None:
+    """Replace every `CoreAttention` under `model` by the cp method (`mf_parallel.
+    context_parallel_attention`) and make the model take (input_ids, position_ids, segment_ids) of
+    this cp rank. After tensor parallelism: the cores then see the rank's local heads."""
+    cells = dict(model.cells_and_names())
+    cores = [(path, cell) for path, cell in cells.items() if isinstance(cell, CoreAttention)]
+    if not cores:
+        raise ModelConfigError(f"parallelism.context_parallel: {type(model).__name__} has no CoreAttention to replace")
+    for path, core in cores:
+        if core.use_flash and settings.method != "ulysses":
+            log_once(f"use_flash_attention: context_parallel_method {settings.method!r} computes attention blockwise "
+                     "around the ring itself; the fused kernel is used by 'ulysses' only", logging.INFO)
+        parent_path, _, attr = path.rpartition(".")
+        setattr(cells[parent_path], attr, mp.context_parallel_attention(mesh, settings, scale=core.scale, inner=core))
+    base = type(model)
+    model.__class__ = type(f"ContextParallel{base.__name__}", (base,),
+                           {"construct": _context_parallel_construct, "_mf_cp_base": base})
+    model.mf_cp_inputs = ContextParallelInputs(mesh.dims.cp, mesh.dims.coordinate("cp", mesh.rank))

@@ -1,4 +1,5 @@
-"""Llama's parallel plan: tensor parallelism with sequence parallelism, recompute, FSDP/HSDP.
+"""Llama's parallel plan: tensor parallelism with sequence parallelism, context parallelism,
+recompute, FSDP/HSDP.
 
     parallelize_llama(model, mesh, ParallelOptions(reshard_after_forward_policy="default"))
 
@@ -19,6 +20,12 @@ sharing the table (`untie_output`), resliced and sharded once.
 
 Attention reshapes with -1 heads and derives the GQA repeat from the tensors, so the model code
 runs unchanged on a rank's local heads.
+
+Context parallelism (cp > 1, after TP): every `attention.core` becomes the cp method of
+`ParallelOptions.context_parallel_method` (ring, Ulysses or hybrid, `mf_parallel`) on the local
+heads, and the model takes this cp rank's tokens (`common.parallel.apply_context_parallel`). FSDP
+then shards over dp_shard x cp: cp ranks hold the same parameters, so they shard them too, and
+the reduce-scatter adds the gradients of their sequence chunks.
 """
 
 from __future__ import annotations
@@ -26,7 +33,15 @@ from __future__ import annotations
 import mf_parallel as mp
 
 from ..common.layout import tensor_parallel_problems
-from ..common.parallel import ParallelOptions, apply_fsdp, moe_plan, refuse_unimplemented, untie_output
+from ..common.parallel import (
+    ParallelOptions,
+    apply_context_parallel,
+    apply_fsdp,
+    check_context_parallel,
+    moe_plan,
+    refuse_unimplemented,
+    untie_output,
+)
 from ..errors import ModelConfigError
 
 
@@ -89,7 +104,7 @@ def check_tp(model, dims) -> None:
 
 def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, block_plan=None, check=None,
                       inner_units=None):
-    """The fixed order for a dense decoder: TP (+SP), recompute, FSDP per block then the root."""
+    """The fixed order for a dense decoder: TP (+SP), CP, recompute, FSDP per block then the root."""
     dims = mesh.dims
     refuse_unimplemented(dims, model_type)
     # Every check before the first change to the model.
@@ -97,10 +112,13 @@ def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, bl
     mp.reshard_after_forward_for(options.reshard_after_forward_policy)
     if dims.tp_enabled:
         (check or check_tp)(model, dims)
-    if dims.tp_enabled or dims.dp > 1:
+    cp_settings = check_context_parallel(model, dims, options)
+    if dims.tp_enabled or dims.fsdp_enabled or dims.dp_replicate > 1:   # FSDP also shards over cp
         untie_output(model)
     if dims.tp_enabled:
         mp.parallelize_module(model, mesh["tp"], tp_plan(model, block_plan))
+    if dims.cp_enabled:                                 # on the heads tensor parallelism left here
+        apply_context_parallel(model, mesh, cp_settings)
     if options.recompute is not None:
         options.recompute(model)
     if dims.fsdp_enabled or dims.dp_replicate > 1:

@@ -2,9 +2,9 @@
 layout arithmetic against the world size (mf_parallel.ParallelDims, no MindSpore).
 
 Training commands honour FSDP/HSDP/DDP (`data_parallel_shard_strategy` optim_grads_params or
-no_shard) and tensor + sequence parallelism; pipeline, context and expert parallelism and ZeRO-1/2
-are refused with their reason. One-process commands (`mf eval`, `mf generate`, `mf serve`) take no
-layout at all.
+no_shard), tensor + sequence parallelism and context parallelism (preflight/context.py); pipeline
+and expert parallelism and ZeRO-1/2 are refused with their reason. One-process commands (`mf eval`,
+`mf generate`, `mf serve`) take no layout at all.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ STRATEGIES = {
     "optim_grads_params": "parameters, gradients and optimizer states sharded (ZeRO-3)",
     "no_shard": "every data-parallel rank holds everything (DDP)",
 }
-UNIMPLEMENTED = {"pipeline_parallel": "pipeline", "context_parallel": "context", "expert_parallel": "expert"}
+UNIMPLEMENTED = {"pipeline_parallel": "pipeline", "expert_parallel": "expert"}
 DEGREES = ("tensor_parallel", "context_parallel", "pipeline_parallel", "expert_parallel")
 FSDP_KNOBS = ("data_parallel_shard_strategy", "reshard_after_forward_policy", "disable_gradient_division")
-# Fields that only act with a feature that is not implemented: field -> (its degree, what turns it on).
+# Fields that only act with a feature: field -> (its degree, what turns it on).
 FEATURE_KNOBS = {
     **{name: ("context_parallel", "context_parallel > 1") for name in (
         "context_parallel_method", "context_parallel_async", "ulysses_degree_in_cp", "context_parallel_mask_type")},
@@ -49,7 +49,7 @@ def effective_dims(par, world: int) -> mp.ParallelDims:
             raise TrainerConfigError(
                 f"parallelism.data_parallel_shard: {par.data_parallel_shard} shards, but data_parallel_shard_strategy "
                 "is 'no_shard'; leave data_parallel_shard at -1 or use 'optim_grads_params'")
-        dims = mp.ParallelDims(world, dp_replicate=dims.dp, dp_shard=1, tp=dims.tp)
+        dims = mp.ParallelDims(world, dp_replicate=dims.dp, dp_shard=1, cp=dims.cp, tp=dims.tp)
     return dims
 
 
@@ -65,12 +65,13 @@ def unimplemented_degrees(t):
 
 @check()
 def feature_knobs(t):
-    """Knobs of features that are not implemented stay at their defaults."""
+    """Knobs of features that are off (or not implemented) stay at their defaults."""
     par = t.cfg.parallelism
     for name, (degree, needs) in FEATURE_KNOBS.items():
         # With the feature's degree set, the degree's own refusal says it all.
         if changed(par, name) and getattr(par, degree) == 1:
-            yield (f"parallelism.{name}", f"{getattr(par, name)!r} only acts with {needs}, which is not implemented "
+            missing = ", which is not implemented" if degree in UNIMPLEMENTED else ""
+            yield (f"parallelism.{name}", f"{getattr(par, name)!r} only acts with {needs}{missing} "
                                           "(leave it at its default)")
 
 
@@ -118,7 +119,7 @@ def layout(t):
         return      # refused already (unimplemented_degrees); the arithmetic would only repeat it
     if t.command == TRAIN and t.world == 1:
         found = False
-        for key in ("tensor_parallel", "data_parallel_shard"):
+        for key in ("tensor_parallel", "context_parallel", "data_parallel_shard"):
             degree = getattr(par, key)
             if degree > 1:
                 found = True

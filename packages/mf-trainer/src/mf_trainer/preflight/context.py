@@ -1,0 +1,98 @@
+"""Context parallelism (`parallelism.context_parallel` > 1): what the Trainer runs, and what it
+refuses with its reason.
+
+The Trainer slices every micro-batch along the sequence for its cp rank (mf_parallel.
+slice_for_context_parallel: zigzag chunks, global RoPE positions, packed documents as global
+segment ids), the model's plan replaces its attention cores by the cp method, and FSDP shards over
+dp_shard x cp (its reduce-scatter adds the cp ranks' gradients of their sequence chunks).
+Refused: settings mf-parallel rejects (method, mask type, async, Ulysses degree), a method the
+model's heads or the sequence length cannot split, cp with pipeline parallelism, cp on a MoE model
+(its balance-loss statistics are per sequence; expert parallelism is not there yet), cp with
+`no_shard` (the cp ranks' gradients are added by FSDP), and evaluation during training (the
+evaluator feeds whole sequences).
+"""
+
+from __future__ import annotations
+
+from mf_trainer.preflight.registry import TRAINING, check, split_line
+
+# Argument fields that give a model routed experts (mixtral, qwen3_moe, deepseek_v3).
+_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def _cp(t) -> int:
+    return t.cfg.parallelism.context_parallel
+
+
+def has_routed_experts(args) -> bool:
+    """Whether the model's arguments build at least one MoE layer."""
+    if args is None or not any(getattr(args, f, None) for f in _EXPERT_FIELDS):
+        return False
+    first_dense = getattr(args, "first_k_dense_replace", 0) or 0
+    return first_dense < args.num_hidden_layers
+
+
+def train_seq_length(cfg) -> int | None:
+    """The training sequence length (train_dataset.dataloader.config.seq_length, else model.seq_length)."""
+    config = cfg.train_dataset.dataloader.extra.get("config")
+    seq = config.get("seq_length") if isinstance(config, dict) else None
+    if seq is None:
+        seq = cfg.model.extra.get("seq_length")
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+
+
+@check()
+def context_parallel_settings(t):
+    """The context_parallel_* fields hold values mf-parallel accepts."""
+    import mf_parallel as mp
+
+    if _cp(t) <= 1:
+        return
+    try:
+        mp.ContextParallelSettings.from_config(t.cfg.parallelism)
+    except mp.ParallelConfigError as exc:
+        yield split_line(str(exc), "parallelism.context_parallel_method")
+
+
+@check()
+def context_parallel_combinations(t):
+    """Context parallelism runs without pipeline stages, routed experts, no_shard and in-training evaluation."""
+    par, cp = t.cfg.parallelism, _cp(t)
+    if cp <= 1:
+        return
+    if par.pipeline_parallel > 1:
+        yield ("parallelism.context_parallel", f"{cp} with pipeline_parallel {par.pipeline_parallel} is not "
+                                               "implemented (pipeline stages have no context-parallel attention); "
+                                               "use one of them")
+    if has_routed_experts(t.model_args):
+        yield ("parallelism.context_parallel", f"{cp} on the MoE model {t.cfg.model.model_type!r} is not implemented "
+                                               "(its balance-loss statistics count whole sequences, and expert "
+                                               "parallelism is not there yet); train it with context_parallel 1")
+    if par.data_parallel_shard_strategy == "no_shard":
+        yield ("parallelism.data_parallel_shard_strategy", "'no_shard' with context_parallel > 1: the cp ranks' "
+                                                           "gradients are added by FSDP, which shards over "
+                                                           "dp_shard x cp; use 'optim_grads_params'")
+    if t.cfg.eval_dataset is not None:
+        yield ("eval_dataset", f"evaluation during training with context_parallel {cp} is not implemented (the "
+                               "evaluator feeds whole sequences); evaluate the saved checkpoint with `mf eval`")
+
+
+@check(commands=TRAINING, needs=("world",))
+def context_parallel_split(t):
+    """The cp method splits the model's heads and the training sequence."""
+    import mf_parallel as mp
+
+    args, dims = t.model_args, t.dims
+    if _cp(t) <= 1 or args is None or dims is None:
+        return
+    try:
+        settings = mp.ContextParallelSettings.from_config(t.cfg.parallelism)
+    except mp.ParallelConfigError:
+        return      # context_parallel_settings says why
+    heads = args.num_attention_heads
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    if heads % dims.tp or kv_heads % dims.tp and kv_heads > dims.tp:
+        return      # tensor_parallel_split says why
+    local_kv = max(kv_heads // dims.tp, 1)
+    for line in mp.context_parallel_problems(dims, settings, heads // dims.tp, local_kv, train_seq_length(t.cfg)):
+        yield split_line(line, "parallelism.context_parallel")
