@@ -15,7 +15,7 @@ load at once, everything else on first use (PEP 562), so checking a config costs
 The OpenAI-compatible HTTP server is `mf_models.serving` (extra `serve`: starlette, uvicorn).
 """
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 from .common.args import BaseArgs
 from .common.layout import tensor_parallel_problems
@@ -37,7 +37,8 @@ __all__ = [
     "__version__",
     "BaseArgs", "CausalLM", "InferenceEngine", "KVCache", "ModelConfigError", "ModelSpec", "ModelStateError",
     "LlamaArgs", "LlamaForCausalLM", "Qwen3Args", "Qwen3ForCausalLM", "DeepseekV3Args", "DeepseekV3ForCausalLM",
-    "available_models", "build_args", "build_model", "generate", "init_weights", "load_hf", "load_state",
+    "available_models", "build_args", "build_model", "check_weights_fit", "generate", "init_weights", "load_hf",
+    "load_state",
     "load_pretrained", "load_weights", "model_state", "register_model", "resolve_spec", "SamplingParams",
     "tiny_model_section", "LoraLinear", "adapter_state", "apply_lora", "describe_lora_modules", "linear_modules",
     "load_adapter_state", "lora_modules",
@@ -63,6 +64,7 @@ _LAZY = {
     "tiny_model_section": ("presets", "tiny_model_section"),
     **{name: ("state", name) for name in ("load_hf", "load_state", "model_state")},
     "load_weights": ("weights", "load_weights"),
+    "check_weights_fit": ("weights", "check_weights_fit"),
 }
 
 
