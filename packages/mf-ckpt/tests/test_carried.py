@@ -150,7 +150,24 @@ def test_export_to_hf_writes_what_transformers_reads(trained, spm_files, tmp_pat
     assert tok.eos_token_id == sp.eos_id() and tok.model_max_length == config["max_position_embeddings"]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "deepseek_v3"])
+ALL_ARCHS = ["llama", "qwen2", "qwen3", "deepseek_v3", "mixtral", "qwen3_moe"]
+
+
+def test_every_architecture_names_the_transformers_class_its_fixture_declares(hf_fixtures):
+    """An export whose config lacks `architectures` gets the class transformers saved the fixture with."""
+    from mf_ckpt import supported_model_types
+    from mf_ckpt.hf.convert import ARCHITECTURES
+    from mf_ckpt.hf.io import export_config
+
+    assert sorted(supported_model_types()) == sorted(ALL_ARCHS)
+    for arch in ALL_ARCHS:
+        config = json.loads((hf_fixtures / arch / "config.json").read_text())
+        assert [ARCHITECTURES[arch].hf_class] == config["architectures"], arch
+        bare = {k: v for k, v in config.items() if k != "architectures"}
+        assert export_config(bare, [])["architectures"] == config["architectures"]
+
+
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_hf_round_trip_infers_the_architecture_and_carries_the_tokenizer(hf_fixtures, hf_tokenizer_files, tmp_path,
                                                                          capsys, arch):
     src = tmp_path / "src"
