@@ -163,6 +163,15 @@ def test_load_pretrained_reads_an_mf_checkpoint_without_yaml(tmp_path, tiny):
         load_pretrained(tmp_path / "bare")
 
 
+def test_a_recorded_tokenizer_path_with_a_nul_byte_is_one_line(tmp_path, tiny):
+    section = mf_models.tiny_model_section("qwen3")
+    mf_ckpt.save(str(tmp_path / "nul"), 1, mf_models.model_state(tiny),
+                 common={"hf_config": section, "train_config": {"tokenizer": {"path": "data/a\x00b.model"}}})
+    with pytest.raises(mf_ckpt.CheckpointError) as info:
+        load_pretrained(tmp_path / "nul")
+    assert "tokenizer.path holds a NUL byte" in str(info.value) and "--tokenizer" in str(info.value)
+
+
 def test_model_name_is_the_run_not_a_generic_directory(tmp_path):
     from mf_models.inference import model_name
 
