@@ -153,7 +153,7 @@ def _load_config_source(path: str, tokenizer: str | None, overrides: list[str], 
     section = {"model_type": cfg.model.model_type, **cfg.model.extra}
     if cfg.model.architectures:
         section["architectures"] = cfg.model.architectures
-    from mf_models.inference import find_tokenizer, model_name, read_checkpoint_info
+    from mf_models.inference import find_tokenizer, read_checkpoint_info
 
     _, _, common = read_checkpoint_info(load_path)
     mf_models.check_weights_fit(section, load_path)   # before the model is built from the section
@@ -163,7 +163,8 @@ def _load_config_source(path: str, tokenizer: str | None, overrides: list[str], 
     tok = _tokenizer(cfg.tokenizer.path or find_tokenizer(load_path, common, notes))
     generation = common.get("hf_generation_config") if isinstance(common.get("hf_generation_config"), dict) else {}
     eos = model.args.eos_token_ids or ([tok.eos_token_id] if tok and tok.eos_token_id is not None else [])
-    return Source(model, model_name(load_path, common), eos, tok, inference=cfg.inference, seed=cfg.training.seed,
+    name = os.path.splitext(os.path.basename(path))[0]   # a predict YAML: its own name is the model id
+    return Source(model, name, eos, tok, inference=cfg.inference, seed=cfg.training.seed,
                   notes=notes, generation_config=dict(generation))
 
 
