@@ -42,26 +42,43 @@ def _write(tmp_path, text: str, name: str = "old.yaml") -> str:
 
 
 def test_files_are_there():
-    assert len(FILES) == 4
+    assert len(FILES) == 8
+
+
+def _actions(path) -> list[str]:
+    return [x[len("# action: "):] for x in Path(path).read_text(encoding="utf-8").splitlines()
+            if x.startswith("# action: ")]
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_migrate_writes_a_file_that_validates(name, tmp_path, capsys):
-    out = tmp_path / "train.yaml"
+def test_a_migrated_file_passes_the_preflight_or_names_every_problem(name, tmp_path, capsys):
+    """The contract of issue 18: whatever `mf config validate` (the preflight of the command that runs
+    the file, for the old layout's world size) refuses in a migrated file is named by one of its action
+    lines; a file with no action line passes."""
+    from mf_config import migrate_legacy
+
+    out = tmp_path / "new.yaml"
     assert main(["config", "migrate", str(LEGACY / name), "-o", str(out)]) == 0
     stdout, stderr = capsys.readouterr()
     assert stdout == ""
-    lines = stderr.splitlines()
-    assert lines[-1] == "mf config migrate: the 'action' lines above need an edit before training" or \
-        lines[-1].startswith(f"mf config migrate: {LEGACY / name} -> {out}: ")
-    assert any(" translated — " in x for x in lines) and any(" unneeded — " in x for x in lines)
-    # mf-config's schema accepts the migrated file (migrate validated it); `validate` also runs the
-    # preflight, which lists, one keyed line each, what `mf train` would refuse in these MindFormers
-    # configs (pipeline / expert parallelism, hf tokenizers, columns without loss_mask ...).
-    assert main(["config", "validate", str(out), "--world", "8", "--device", "Ascend"]) == 2
+    assert f"mf config migrate: {LEGACY / name} -> {out}: " in stderr
+    assert any(" translated — " in x for x in stderr.splitlines())
+    world = migrate_legacy(LEGACY / name).world_size
+    device = load_config(out, overrides=migrate_legacy(LEGACY / name).prompt_placeholder()).context.device_target
+    argv = ["config", "validate", str(out), "--device", device or "CPU"] + (["--world", str(world)] if world > 1 else [])
+    if "predict" in name:
+        argv += ["--set", 'inference.prompts=["-"]']   # given by `mf generate --prompt` at run time
+    code = main(argv)
     err = capsys.readouterr().err.splitlines()
-    problems = [x for x in err if x.startswith("mf config: error: ")]
-    assert problems and all(x.split(": ")[2].split(".")[0].isidentifier() for x in problems), err
+    problems = [x.split("error: ", 1)[1] for x in err if x.startswith("mf config: error: ")]
+    actions = _actions(out)
+    assert (code == 0) == (not problems)
+    for problem in problems:
+        key = problem.split(":")[0]
+        assert any(key in a for a in actions), (problem, actions)
+    if not actions:
+        assert code == 0 and stderr.rstrip().endswith("--prompt TEXT` or `mf serve " + str(out) + "`") or \
+            "passes the preflight" in stderr
 
 
 def test_report_on_stderr_and_yaml_on_stdout(tmp_path, capsys):
@@ -74,8 +91,8 @@ def test_report_on_stderr_and_yaml_on_stdout(tmp_path, capsys):
     assert new["training"] == {"local_batch_size": 1, "global_batch_size": 2, "steps": 400}  # 2 epochs x 400 // 2
     assert "  runner_config.sink_mode: dropped — data sinking has no equivalent in the new trainer" in stderr
     assert "  parallel_config.model_parallel: translated — parallelism.tensor_parallel: 2\n" in stderr
-    assert stderr.endswith(f"mf config migrate: {old} -> stdout: 10 translated, 1 dropped, 1 unneeded, "
-                           "0 need action\n")
+    assert (f"mf config migrate: {old} -> stdout: 10 translated, 1 dropped, 1 unneeded, 0 need action\n"
+            "mf config migrate: passes the preflight; run it with `mf launch -n 4 NEW`\n") in stderr
     assert load_config(_write(tmp_path, stdout, "new.yaml")).training.steps == 400
 
 
@@ -114,7 +131,7 @@ def test_a_migration_that_does_not_validate_writes_nothing(tmp_path, capsys):
     stderr = capsys.readouterr().err
     assert stderr.splitlines()[-1] == (
         f"mf config: error: {old}: the migrated config does not validate: parallelism.tensor_parallel: must divide "
-        "model.num_attention_heads (4), got 3")
+        "model.num_attention_heads (4), got 3 (give it with --set parallelism.tensor_parallel=...)")
     assert not out.exists()
 
 
@@ -147,7 +164,7 @@ def test_consumers_accept_the_migrated_config(name, tmp_path, capsys):
 
     out = tmp_path / "train.yaml"
     assert main(["config", "migrate", str(LEGACY / name), "-o", str(out)]) == 0
-    cfg = load_config(out)
+    cfg = load_config(out, overrides=['inference.prompts=["-"]'] if "predict" in name else [])
     spec, args = mf_models.build_args(config_to_dict(cfg)["model"])
     assert args.num_hidden_layers == cfg.model.extra["num_hidden_layers"]
     scheduler = build_scheduler(cfg.lr_scheduler.type, cfg.lr_scheduler.learning_rate, cfg.lr_scheduler.extra,
@@ -175,3 +192,75 @@ def test_key_tables_match_the_consumers():
     assert set(SCHEDULER_KEYS) == set(SCHEDULERS)
     for name, cls in SCHEDULERS.items():
         assert SCHEDULER_KEYS[name] == frozenset(cls.KEYS) | frozenset(cls.ALIASES), name
+
+
+# -- issue 18: --set, --summary, --report, the preflight's problems as actions, predict files ----------
+MINDRECORD_OLD = SMALL_OLD.replace("""    type: BlendedMegatronDatasetDataLoader
+    sizes: [400, 0, 0]
+    config: {seq_length: 128, data_path: [/data/x_text_document]}""", """    type: MindDataset
+    dataset_dir: /data/wiki.mindrecord""")
+
+
+def test_preflight_problems_become_action_lines(tmp_path, capsys):
+    """pipeline_stage 2 migrates (the schema takes it) but `mf launch` refuses it: an action line names it."""
+    old = _write(tmp_path, MINDRECORD_OLD.replace("model_parallel: 2", "model_parallel: 2, pipeline_stage: 2"))
+    out = tmp_path / "new.yaml"
+    assert main(["config", "migrate", old, "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    actions = _actions(out)
+    assert any(a.startswith("parallelism.pipeline_parallel: action — `mf launch` refuses it: 2 > 1") for a in actions)
+    assert any(a.startswith("train_dataset.data_loader.type: action — MindRecord data ('/data/wiki.mindrecord')")
+               for a in actions)
+    assert "`mf launch -n 8" not in err and "the 'action' lines need an edit" in err
+
+
+def test_set_answers_actions_and_the_result_passes_the_dry_run(tmp_path, capsys):
+    old, out, report = _write(tmp_path, MINDRECORD_OLD), tmp_path / "new.yaml", tmp_path / "report.txt"
+    argv = ["config", "migrate", old, "-o", str(out), "--summary", "--report", str(report),
+            "--set", "train_dataset.dataloader.config.data_path=[/data/wiki_text_document]",
+            "--set", "training.steps=50"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert _actions(out) == []
+    summary = [x for x in err.splitlines() if x.startswith("mf config migrate: ")]
+    assert summary[0].endswith("0 need action (2 answered by --set)")
+    assert summary[1] == f"mf config migrate: passes the preflight; run it with `mf launch -n 4 {out}`"
+    assert " translated — " not in err  # --summary: the counts and the actions only
+    text = report.read_text(encoding="utf-8").splitlines()
+    assert text[0] == summary[0] and any(" translated — " in x for x in text[1:])
+    cfg = load_config(out)
+    assert cfg.train_dataset.dataloader.extra["config"]["data_path"] == ["/data/wiki_text_document"]
+    assert "# With --set train_dataset.dataloader.config.data_path=" in out.read_text(encoding="utf-8")
+    assert main(["train", str(out), "--dry-run", "--world", "4", "--set", "context.device_target=CPU"]) == 0
+
+
+def test_bad_set_is_one_line_and_writes_nothing(tmp_path, capsys):
+    old, out = _write(tmp_path, SMALL_OLD), tmp_path / "new.yaml"
+    assert main(["config", "migrate", old, "-o", str(out), "--set", "training.steps=-3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "training.steps" in err and not out.exists()
+    assert main(["config", "migrate", old, "-o", str(out), "--set", "nonsense"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1 and not out.exists()
+
+
+def test_refused_architectures_are_one_line(tmp_path, capsys):
+    old = _write(tmp_path, SMALL_OLD.replace("LlamaForCausalLM", "Baichuan13BV2ForCausalLM")
+                 .replace("type: LlamaConfig", "type: BaichuanConfig"))
+    assert main(["config", "migrate", old]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("mf config: error: model.arch.type: Baichuan13BV2ForCausalLM: mf has no such "
+                                        "model") and err.count("\n") == 1
+
+
+def test_predict_config_migrates_for_mf_generate(tmp_path, capsys):
+    out = tmp_path / "predict.yaml"
+    assert main(["config", "migrate", str(LEGACY / "predict_qwen2_7b_instruct.yaml"), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(f"run it with `mf generate {out} --prompt TEXT` or `mf serve {out}`")
+    new = yaml.safe_load(out.read_text(encoding="utf-8"))
+    assert new["run_mode"] == "predict" and new["model"]["model_type"] == "qwen2"
+    assert new["inference"]["top_k"] == 20 and "train_dataset" not in new
+    assert main(["generate", str(out), "--dry-run", "--set", "context.device_target=CPU"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "mf generate: dry run: model: qwen2 (Qwen2ForCausalLM)" in lines
+    assert lines[-1] == f"mf generate: dry run: {out} passes the preflight of mf generate; nothing was loaded or written"

@@ -66,9 +66,16 @@ def test_a_file_holding_a_list_is_refused(tmp_path):
         migrate_legacy(path)
 
 
-def test_predict_configs_are_refused():
-    with pytest.raises(ConfigError, match=r"^run_mode: a 'predict' config is not migrated"):
-        migrate_legacy(_merge(BASE, {"run_mode": "predict"}))
+def test_predict_configs_become_predict_yamls():
+    result, cfg = run("run_mode: predict\nload_checkpoint: /ckpt/hf\n"
+                      "processor: {tokenizer: {vocab_file: /tok/tokenizer.model}}\n"
+                      "model: {model_config: {top_k: 3, do_sample: True, temperature: 0.7, batch_size: 4}}")
+    assert cfg.run_mode == "predict" and cfg.checkpoint.load_path == "/ckpt/hf"
+    inf = cfg.inference
+    assert (inf.top_k, inf.do_sample, inf.temperature, inf.batch_size) == (3, True, 0.7, 4)
+    assert "train_dataset" not in result.new and "training" not in result.new or not result.new["training"].get("steps")
+    assert line(result, "train_dataset").kind == "unneeded" and line(result, "runner_config").kind == "unneeded"
+    assert result.lines("action") == []
 
 
 def test_file_errors_are_one_line(tmp_path):
@@ -120,25 +127,26 @@ def test_renames_and_identity():
     assert line(result, "model.arch.type").message == "model.model_type: llama, model.architectures: LlamaForCausalLM"
 
 
-def test_an_architecture_mf_lacks_is_kept_and_flagged():
-    result, cfg = run("model: {arch: {type: Baichuan2ForCausalLM}, model_config: {type: Baichuan2Config}}")
-    assert (cfg.model.model_type, cfg.model.architectures) == (None, "Baichuan2ForCausalLM")
-    assert line(result, "model.arch.type").kind == "action"
+def test_an_architecture_mf_lacks_is_refused_not_migrated_as_another():
+    with pytest.raises(ConfigError, match=r"^model.arch.type: Baichuan2ForCausalLM: mf has no such model"):
+        run("model: {arch: {type: Baichuan2ForCausalLM}, model_config: {type: Baichuan2Config}}")
 
 
 def test_structure_switches():
-    result, cfg = run("model: {model_config: {hidden_act: gelu, qkv_has_bias: True, extend_method: PI, "
+    result, cfg = run("model: {model_config: {hidden_act: gelu, qkv_has_bias: False, extend_method: PI, "
                       "scaling_factor: 4.0, hidden_dropout: 0.1, unknown_knob: 1}}")
     assert line(result, "model.model_config.hidden_act").kind == "action"
-    assert line(result, "model.model_config.qkv_has_bias").kind == "dropped"
+    assert line(result, "model.model_config.qkv_has_bias").kind == "unneeded"
     assert cfg.model.extra["rope_scaling"] == {"rope_type": "linear", "factor": 4.0}
     assert line(result, "model.model_config.hidden_dropout").kind == "dropped"
     assert line(result, "model.model_config.unknown_knob").message == "not a hyper-parameter of mf's llama model"
 
 
 def test_moe_on_a_dense_model_and_a_dense_moe_config():
-    result, _ = run("moe_config: {expert_num: 8, num_experts_chosen: 2}")
-    assert line(result, "moe_config.expert_num").kind == "dropped"
+    result, cfg = run("moe_config: {expert_num: 8, num_experts_chosen: 2}")
+    assert (cfg.model.model_type, cfg.model.extra["num_local_experts"]) == ("mixtral", 8)  # llama + experts
+    with pytest.raises(ConfigError, match=r"^moe_config.shared_expert_num: 4: shared experts"):
+        run("moe_config: {expert_num: 8, shared_expert_num: 4}")
     result, _ = run("moe_config: {expert_num: 1, capacity_factor: 1.1}")
     assert {line(result, "moe_config.expert_num").kind, line(result, "moe_config.capacity_factor").kind} == {"unneeded"}
 
@@ -249,8 +257,11 @@ def test_mindrecord_needs_conversion_and_steps_by_hand():
                       "input_columns: [input_ids]}")
     loader = cfg.train_dataset.dataloader
     assert (loader.type, loader.shuffle, loader.column_names) == ("BlendedMegatronDatasetDataLoader", True,
-                                                                  ["input_ids", "labels"])
-    assert "/data/mr" in line(result, "train_dataset.data_loader.type").message
+                                                                  ["input_ids", "labels", "loss_mask"])
+    assert loader.extra["config"]["create_attention_mask"] is False
+    message = line(result, "train_dataset.data_loader.type").message
+    assert message.startswith("MindRecord data ('/data/mr') (MindDataset) cannot be read by mf")
+    assert "`mf data preprocess --input CORPUS.jsonl" in message
     assert cfg.training.steps == 1000 and line(result, "runner_config.epochs").kind == "action"
 
 

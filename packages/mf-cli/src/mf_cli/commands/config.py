@@ -1,4 +1,11 @@
-"""`mf config validate|show FILE [--set key=value ...]` and `mf config migrate OLD [-o NEW] [--force]`.
+"""`mf config validate|show FILE [--set key=value ...]` and `mf config migrate OLD [-o NEW] [--force]
+[--set key=value ...] [--device CPU|Ascend] [--summary] [--report FILE]`.
+
+`migrate` translates the old file (mf-config), applies `--set` (which also resolves the action
+lines naming that key), then runs the preflight of the command that will run the new file (`mf
+train`, `mf launch -n N` for the old layout's N devices, `mf generate` for a predict config): every
+problem it finds that no action line names yet becomes one, so a written file either passes that
+preflight or lists every remaining problem (also as `# action:` comments at the top of the file).
 
 `validate FILE [--world N] [--device CPU|Ascend]` runs mf-config's schema and rules, then
 mf-trainer's preflight for the command that runs FILE's run_mode (the same checks `mf train`,
@@ -39,6 +46,13 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
     p.add_argument("file", help="the old run_xxx.yaml")
     p.add_argument("-o", "--output", metavar="NEW", help="write the new YAML here (default: print it on stdout)")
     p.add_argument("--force", action="store_true", help="overwrite NEW if it exists")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a key of the NEW file (repeatable), e.g. train_dataset.dataloader.config.data_path=[/d/x]; "
+                        "the action lines it answers are removed")
+    p.add_argument("--device", choices=("CPU", "Ascend"),
+                   help="check the new file against this device (default: its context.device_target)")
+    p.add_argument("--summary", action="store_true", help="print the counts and the action lines only, not every line")
+    p.add_argument("--report", metavar="FILE", help="also write the whole report to FILE")
     p.set_defaults(run=run)
 
 
@@ -106,21 +120,56 @@ def _write_atomically(path: str, text: str) -> None:
         raise UsageError(f"{path}: cannot be written ({exc.strerror or exc})") from None
 
 
+def _preflight_command(result, cfg) -> tuple[str, int | None]:
+    """(command, world) that will run the migrated file: a predict config `mf generate`, an eval
+    config `mf eval`, a training config `mf train` or `mf launch -n N` for the old layout's N."""
+    if cfg.run_mode == "predict":
+        return "generate", 1
+    if cfg.run_mode == "eval":
+        return "eval", 1
+    return ("train" if result.world_size == 1 else "launch"), result.world_size
+
+
+def _run_hint(result, cfg, target: str) -> str:
+    name = "NEW" if target == "stdout" else target
+    if cfg.run_mode == "predict":
+        return f"`mf generate {name} --prompt TEXT` or `mf serve {name}`"
+    if cfg.run_mode == "eval":
+        return f"`mf eval {name}`"
+    return f"`mf train {name}`" if result.world_size == 1 else f"`mf launch -n {result.world_size} {name}`"
+
+
+def _add_preflight_actions(result, cfg, device: str | None) -> None:
+    import mf_trainer
+
+    command, world = _preflight_command(result, cfg)
+    report = mf_trainer.preflight(cfg, command, world, device)
+    for key, reason in report.problems:
+        result.add_action(key, f"`mf {command}` refuses it: {reason}")
+
+
 def _migrate(args) -> int:
     import mf_config
 
     if args.output is not None:
         _check_output(args.output, args.force)
+    if args.report is not None:
+        _check_output(args.report, True)
     try:
         result = mf_config.migrate_legacy(args.file)
+        resolved = result.apply_overrides(args.overrides)
     except mf_config.ConfigError as exc:
         raise UsageError(str(exc)) from None
-    for line in result.sorted_report():
-        print(f"  {line}", file=sys.stderr)
     try:
-        result.validate()
+        cfg = result.validate()
     except mf_config.ConfigError as exc:
-        raise UsageError(f"{args.file}: the migrated config does not validate: {exc}") from None
+        hint = "" if args.overrides else f" (give it with --set {exc.key_path}=...)"
+        raise UsageError(f"{args.file}: the migrated config does not validate: {exc}{hint}") from None
+    _add_preflight_actions(result, cfg, args.device or cfg.context.device_target)
+    lines = [f"  {line}" for line in result.sorted_report()]
+    shown = [f"  {line}" for line in result.lines("action")] if args.summary else lines
+    for line in shown:
+        print(line, file=sys.stderr)
     text = result.to_yaml()
     if args.output is None:
         sys.stdout.write(text)
@@ -128,7 +177,14 @@ def _migrate(args) -> int:
     else:
         _write_atomically(args.output, text)
         target = args.output
-    print(f"mf config migrate: {args.file} -> {target}: {result.summary()}", file=sys.stderr)
+    summary = f"mf config migrate: {args.file} -> {target}: {result.summary()}"
+    if resolved:
+        summary += f" ({len(resolved)} answered by --set)"
+    if args.report is not None:
+        _write_atomically(args.report, "\n".join([summary, *lines]) + "\n")
+    print(summary, file=sys.stderr)
     if result.lines("action"):
-        print("mf config migrate: the 'action' lines above need an edit before training", file=sys.stderr)
+        print("mf config migrate: the 'action' lines need an edit (or --set KEY=VALUE) before it runs", file=sys.stderr)
+    else:
+        print(f"mf config migrate: passes the preflight; run it with {_run_hint(result, cfg, target)}", file=sys.stderr)
     return 0

@@ -204,6 +204,9 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
     p.add_argument("--mode", choices=("graph", "pynative"), help="MindSpore mode (default graph; a CONFIG's context.mode)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a CONFIG key (repeatable)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check a predict CONFIG (schema, rules, the preflight of mf generate) and print what would run; "
+                        "loads no model, writes nothing")
     p.set_defaults(run=run)
 
 
@@ -326,8 +329,56 @@ def _logging() -> None:
         logger.propagate = False
 
 
+def _dry_run(args) -> int:
+    """The checks `mf generate CONFIG` runs before it loads the model, without MindSpore or the
+    weights: schema and rules, the preflight of `mf generate`, the tokenizer's kind, the output.
+    Without prompts (neither flags nor inference.prompts / input_file) the config is checked as
+    `mf serve` checks it, with the prompts left to the real run."""
+    import mf_config
+    from mf_cli.checks import check, load_config
+
+    if not os.path.isfile(args.source):
+        raise UsageError(f"{args.source}: --dry-run checks a predict YAML; give the config file")
+    overrides = [*_config_overrides(args), *args.overrides]
+    if args.tokenizer:
+        overrides += [f"tokenizer.path={json.dumps(args.tokenizer)}",
+                      f"tokenizer.type={'hf' if os.path.isdir(args.tokenizer) else 'sentencepiece'}"]
+    prompts_later = False
+    try:
+        cfg = mf_config.load_config(args.source, overrides=overrides)
+    except mf_config.ConfigError as exc:
+        if exc.key_path != "inference.prompts" or "needs inference.prompts" not in exc.problem:
+            raise UsageError(str(exc)) from None
+        prompts_later = True  # checked as `mf serve` checks it; the real run takes --prompt / --input
+        cfg = load_config(args.source, [*overrides, 'inference.prompts=["-"]'])
+    check(cfg, "generate", 1, cfg.context.device_target, source=args.source)
+    tok = cfg.tokenizer
+    if tok.path and os.path.exists(tok.path) and ("hf" if os.path.isdir(tok.path) else "sentencepiece") != tok.type:
+        raise UsageError(f"tokenizer.type: {tok.type!r}, but {tok.path} is a "
+                         f"{'directory' if os.path.isdir(tok.path) else 'file'}")
+    if cfg.inference.input_file and not os.path.isfile(cfg.inference.input_file):
+        raise UsageError(f"inference.input_file: {cfg.inference.input_file}: no such file")
+    _check_output(cfg.inference.output_file, args.force, (args.input, cfg.inference.input_file, args.source))
+    for warning in mf_config.path_warnings(cfg):
+        print(f"mf generate: dry run: warning: {warning}")
+    inf = cfg.inference
+    prompts = ("none yet: give --prompt TEXT, --input FILE or inference.prompts" if prompts_later
+               else f"{len(inf.prompts)} in the config" if inf.prompts else f"from {inf.input_file}")
+    sampling = (f"sampling (temperature {inf.temperature}, top_k {inf.top_k}, top_p {inf.top_p})" if inf.do_sample
+                else "greedy")
+    for line in (f"model: {cfg.model.model_type} ({cfg.model.architectures})",
+                 f"weights: {cfg.checkpoint.load_path}", f"tokenizer: {tok.path} ({tok.type})",
+                 f"prompts: {prompts}", f"decoding: {sampling}, at most {inf.max_new_tokens} new tokens, "
+                 f"{inf.batch_size} at once", f"output: {inf.output_file or 'stdout'}"):
+        print(f"mf generate: dry run: {line}")
+    print(f"mf generate: dry run: {args.source} passes the preflight of mf generate; nothing was loaded or written")
+    return 0
+
+
 def run(args) -> int:
     os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ log is chatty; the user can still ask for it
+    if args.dry_run:
+        return _dry_run(args)
     _logging()
     is_config = os.path.isfile(args.source)
     if not is_config and args.overrides:

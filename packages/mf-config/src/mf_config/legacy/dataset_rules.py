@@ -72,9 +72,8 @@ def _dataset(m: Migration, section: str) -> None:
             m.set(f"{section}.dataloader.{key}", value)
             m.src.mark((*loader_path, key))
         m.line(loader_path, "translated", f"{section}.dataloader (the same loader and keys)", mark=False)
-        columns = m.value((section, "input_columns"))
-        if columns is not None:
-            m.copy((section, "input_columns"), f"{section}.dataloader.column_names")
+        config = loader.get("config") if isinstance(loader.get("config"), dict) else {}
+        _megatron_columns(m, section, config)
         seed_path = (section, "seed")
         config = loader.get("config", {})
         if m.src.has(seed_path):
@@ -103,31 +102,62 @@ def _dataset(m: Migration, section: str) -> None:
     m.drop_table(base, DATASET)
 
 
+def megatron_columns(old: Any, config: dict) -> list[str]:
+    """The column_names mf-data's Megatron loader yields for `config`: the old names it knows, in
+    their order, then what the Trainer needs (labels, loss_mask); attention_mask exactly when
+    config.create_attention_mask (mf-data's default True) makes one, since the loader refuses
+    both a listed mask it does not build and a built mask that is not listed."""
+    names = [lookup(_COLUMN_NAMES, c) for c in old if lookup(_COLUMN_NAMES, c)] if isinstance(old, list) else []
+    names = [n for n in dict.fromkeys(names) if n not in ("attention_mask", "actual_seq_len")]
+    for needed in ("input_ids", "labels", "loss_mask"):
+        if needed not in names:
+            names.append(needed)
+    if config.get("create_attention_mask", True) is True:
+        names.append("attention_mask")
+    if config.get("create_compressed_eod_mask") is True:
+        names.append("actual_seq_len")
+    return names
+
+
+def _megatron_columns(m: Migration, section: str, config: dict) -> None:
+    path = (section, "input_columns")
+    old = m.value(path)
+    names = megatron_columns(old, config)
+    m.set(f"{section}.dataloader.column_names", names)
+    if m.src.has(path):
+        note = "" if old == names else (" (what the Megatron loader yields for its config: the Trainer needs labels "
+                                        "and loss_mask, and attention_mask is listed exactly when "
+                                        "config.create_attention_mask builds it)")
+        m.translated(path, f"{section}.dataloader.column_names: {fmt_value(names)}{note}")
+
+
+_PREPROCESS = ("`mf data preprocess --input CORPUS.jsonl --tokenizer-model TOKENIZER.model --output-prefix PREFIX` "
+               "(chat data: `mf data preprocess-sft --input DATA.jsonl --tokenizer DIR --output-prefix PREFIX`)")
+
+
 def _foreign_loader(m: Migration, section: str, loader_path: tuple, loader: dict) -> None:
     kind = loader.get("type")
     m.set(f"{section}.dataloader.type", MEGATRON)
     m.set(f"{section}.dataloader.datasets_type", "GPTDataset")
     seq = m.get_new("model.seq_length")
+    config: dict[str, Any] = {"split": "1, 0, 0", "create_attention_mask": False}  # the models' causal mask
     if _is_int(seq):
-        m.set(f"{section}.dataloader.config", {"seq_length": seq, "split": "1, 0, 0"})
-    where = loader.get("dataset_dir") or loader.get("dataset_files")
-    place = f" ({where})" if where else ""
+        config["seq_length"] = seq
+    m.set(f"{section}.dataloader.config", config)
+    where = loader.get("dataset_dir") or loader.get("dataset_files") or loader.get("path")
+    place = f" ({fmt_value(where)})" if where else ""
+    mindrecord = isinstance(kind, str) and "MindDataset" in kind or "mindrecord" in str(where).lower()
+    what = f"MindRecord data{place} ({kind})" if mindrecord else f"{fmt_value(kind)} data{place}"
     m.action((*loader_path, "type") if "type" in loader else loader_path,
-             f"{fmt_value(kind)} data{place} cannot be read by mf: convert the corpus to Megatron .bin/.idx with "
-             f"`mf-data preprocess`, then set {section}.dataloader.config.data_path (and sizes)")
+             f"{what} cannot be read by mf: convert the corpus it was made from with {_PREPROCESS}, then set "
+             f"{section}.dataloader.config.data_path: [PREFIX_text_document] (and {section}.dataloader.sizes)",
+             fix=f"{section}.dataloader.config.data_path")
     for key in loader:
         if key == "shuffle":
             m.copy((*loader_path, key), f"{section}.dataloader.shuffle")
         elif not m.src.is_handled((*loader_path, key)):
             m.unneeded((*loader_path, key), f"a setting of the {kind} loader, replaced by the Megatron loader")
-    columns = m.value((section, "input_columns"))
-    if isinstance(columns, list):
-        names = [lookup(_COLUMN_NAMES, c) for c in columns if lookup(_COLUMN_NAMES, c)]
-        if "input_ids" in names and "labels" not in names:
-            names.insert(names.index("input_ids") + 1, "labels")
-        names = list(dict.fromkeys(names)) or ["input_ids", "labels"]
-        m.copy((section, "input_columns"), f"{section}.dataloader.column_names", names,
-               note="the Megatron loader's names (labels come with every sample)")
+    _megatron_columns(m, section, config)
     for key in ("seed",):
         if m.src.has((section, key)):
             m.dropped((section, key), "a seed of the replaced loader")
@@ -212,5 +242,5 @@ def _steps(m: Migration) -> None:
     m.set("training.steps", 1000)
     path = epochs_path if m.src.has(epochs_path) else ("runner_config",)
     m.line(path, "action", f"training.steps could not be derived ({why}): set it by hand (1000 is written)",
-           mark=m.src.has(epochs_path))
+           mark=m.src.has(epochs_path), fix="training.steps")
 

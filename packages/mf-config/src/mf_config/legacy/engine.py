@@ -21,6 +21,7 @@ from mf_config.legacy.memory_rules import migrate_memory
 from mf_config.legacy.model_rules import migrate_model
 from mf_config.legacy.optim_rules import migrate_lr_schedule, migrate_optimizer
 from mf_config.legacy.parallel_rules import migrate_parallel
+from mf_config.legacy.predict_rules import is_predict, migrate_predict, predict_sections
 from mf_config.legacy.report import MigrationResult
 from mf_config.legacy.run_rules import migrate_run
 from mf_config.legacy.session import Migration
@@ -37,6 +38,9 @@ NEW_MARKERS = ("training", "parallelism", "lr_scheduler", "recompute", "recomput
 _NEW_ORDER = [f.name for f in declared_fields(TrainConfig)]
 _RULES = (migrate_model, migrate_parallel, migrate_memory, migrate_datasets, migrate_optimizer, migrate_lr_schedule,
           migrate_run)
+# A predict config: the model, weights, tokenizer and generation settings; the training sections
+# are reported as unneeded before migrate_run could translate their keys.
+_PREDICT_RULES = (migrate_model, predict_sections, migrate_run, migrate_predict)
 
 
 def _legacy_markers(raw: dict) -> list[str]:
@@ -63,9 +67,6 @@ def _check_format(raw: Any, source: str) -> None:
                                       "`mf config validate`")
         raise ConfigError(source, "not an older MindFormers run_xxx.yaml: none of runner_config, parallel_config, "
                                   "model.model_config, lr_schedule, train_dataset.data_loader, ... is present")
-    if raw.get("run_mode") == "predict":
-        raise ConfigError("run_mode", "a 'predict' config is not migrated (its prompts were command-line arguments): "
-                                      "use `mf generate CHECKPOINT --prompt ...`", "predict")
 
 
 def migrate_legacy(path_or_mapping: str | os.PathLike | Mapping[str, Any]) -> MigrationResult:
@@ -84,13 +85,18 @@ def migrate_legacy(path_or_mapping: str | os.PathLike | Mapping[str, Any]) -> Mi
     m = Migration(LegacySource(raw))
     if not isinstance(raw.get("model"), dict):
         m.action(("model",), "the old file has no model section: write model.model_type and its hyper-parameters")
-    if not isinstance(raw.get("train_dataset"), dict) and raw.get("run_mode", "train") != "eval":
-        m.action(("train_dataset",), "the old file has no train_dataset: write train_dataset.dataloader by hand")
-    for rule in _RULES:
+    predict = is_predict(m)
+    if not isinstance(raw.get("train_dataset"), dict) and raw.get("run_mode", "train") not in ("eval", "predict"):
+        m.action(("train_dataset",), "the old file has no train_dataset: write train_dataset.dataloader by hand",
+                 fix="train_dataset")
+    for rule in _PREDICT_RULES if predict else _RULES:
         rule(m)
     for path in m.src.unhandled():
         m.dropped(path, "not a key of the older format that mf knows how to carry over")
-    return MigrationResult(new=_ordered(m.new), report=m.report, source=source)
+    f = m.facts
+    cp = m.get_new("parallelism.context_parallel", 1)
+    world = f.data_parallel * f.tensor_parallel * f.pipeline_parallel * (cp if isinstance(cp, int) else 1)
+    return MigrationResult(new=_ordered(m.new), report=m.report, source=source, world_size=1 if predict else world)
 
 
 def _ordered(new: dict[str, Any]) -> dict[str, Any]:

@@ -8,10 +8,9 @@ up) get one summary line; renames and derivations get a line each.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from mf_config.errors import fmt_value
+from mf_config.errors import ConfigError, fmt_value
 from mf_config.legacy.model_tables import (
     ARCHITECTURES,
     CONFIG_TYPES,
@@ -22,8 +21,10 @@ from mf_config.legacy.model_tables import (
     MODEL_RENAMES,
     MODEL_TYPES,
     MOE_DEFAULTS,
+    MOE_DEFAULTS_BY_FAMILY,
     MOE_DROPS,
     MOE_RENAMES,
+    MOE_RENAMES_BY_FAMILY,
 )
 from mf_config.legacy.session import Migration
 from mf_config.legacy.tables import gone, lookup, moot
@@ -36,6 +37,8 @@ def migrate_model(m: Migration) -> None:
     if not isinstance(m.value(("model",)), dict):
         return  # the engine reports a missing model section
     _identify(m)
+    _variant(m)
+    _params_dtype(m)
     _hyper_parameters(m)
     _structure_switches(m)
     _intermediate_size(m)
@@ -73,21 +76,69 @@ def _identify(m: Migration) -> None:
                 break
     if family is None:
         named = next((name for _, name in candidates if isinstance(name, str) and name), None)
+        where = "model.arch.type" if arch == named else "model.model_config.architectures"
         if named is not None:
-            m.set("model.architectures", named)
-            m.action(arch_path if arch == named else (*MC, "architectures"),
-                     f"model.architectures: {named}, but mf has no such model (available: {_AVAILABLE}): the file "
-                     "validates, `mf train` will refuse it")
-        else:
-            m.action(("model",), f"names no architecture (model.arch.type); set model.model_type to one of "
-                     f"{_AVAILABLE}")
-        m.facts.family = None
-        _identity_leftovers(m, family=None)
-        return
+            raise ConfigError(where, f"{named}: mf has no such model (available: {_AVAILABLE}); the config is "
+                                     "refused rather than migrated as a different architecture")
+        hf_dir = m.value(("pretrained_model_dir",))
+        if isinstance(hf_dir, str) and hf_dir:
+            raise ConfigError("model.arch.type", f"not given: MindFormers took the architecture from "
+                                                 f"{hf_dir}/config.json, which a migration does not read; refused "
+                                                 f"(write model.model_type, one of {', '.join(MODEL_TYPES)}, and the "
+                                                 "hyper-parameters of that file by hand)")
+        raise ConfigError("model.arch.type", f"names no architecture; mf's models are {_AVAILABLE}")
     m.set("model.model_type", family)
     m.set("model.architectures", architecture)
     m.facts.family = family
     _identity_leftovers(m, family)
+
+
+def _variant(m: Migration) -> None:
+    """MindFormers ran Qwen1.5/2 (q/k/v biases) and Mixtral (experts) through its llama classes, and
+    Qwen3-MoE through its qwen3 ones: pick the mf model with the same architecture, or refuse one
+    mf does not have (never train a different network than the old file described)."""
+    family = m.facts.family
+    mc = m.src.mapping(MC)
+    moe = m.src.mapping(("moe_config",))
+    experts = moe.get("expert_num", 1)
+    sparse = isinstance(experts, int) and not isinstance(experts, bool) and experts > 1
+    bias = mc.get("qkv_has_bias") is True
+    shared = moe.get("shared_expert_num") or 0
+    new = family
+    if family == "llama" and bias and sparse:
+        raise ConfigError("moe_config.expert_num", f"{experts} experts with q/k/v biases is Qwen2-MoE, which mf does "
+                                                   "not have (its shared expert has a gate); refused")
+    if family in ("llama", "qwen3") and sparse:
+        if shared:
+            raise ConfigError("moe_config.shared_expert_num", f"{fmt_value(shared)}: shared experts exist only in "
+                                                              "mf's deepseek_v3; this architecture is refused")
+        new = "mixtral" if family == "llama" else "qwen3_moe"
+    elif family == "llama" and bias:
+        new = "qwen2"
+    if new != family:
+        why = ("q/k/v biases on a llama are Qwen1.5/Qwen2" if new == "qwen2"
+               else f"{family} with {experts} routed experts (moe_config) is {new}")
+        m.set("model.model_type", new)
+        m.set("model.architectures", MODEL_TYPES[new])
+        m.facts.family = new
+        m.line(("model",), "translated", f"model.model_type: {new}, model.architectures: {MODEL_TYPES[new]} "
+               f"({why}; MindFormers ran it through its {family} classes)", mark=False)
+
+
+def _params_dtype(m: Migration) -> None:
+    """float16 master weights overflow / underflow without loss scaling (mf has none): a CPU run
+    went NaN after one step. Training keeps float32 parameters (compute_dtype still sets the
+    matmul precision); a predict config upcasts its weights on load, which loses nothing."""
+    path = (*MC, "param_init_type")
+    if m.value(path) != "float16" or "params_dtype" in m.src.mapping(MC):
+        return
+    m.set("model.params_dtype", "float32")
+    if m.value(("run_mode",), "train") == "predict":
+        m.translated(path, "model.params_dtype: float32 (float16 weights are upcast on load; nothing is lost)")
+    else:
+        m.action(path, "model.params_dtype: float32 is written instead of float16: float16 master weights without "
+                       "loss scaling go non-finite within steps; keep float32 (or set bfloat16 by hand)",
+                 fix="model.params_dtype")
 
 
 def _identity_leftovers(m: Migration, family: str | None) -> None:
@@ -146,12 +197,17 @@ def _structure_switches(m: Migration) -> None:
         else:
             m.set("model.hidden_act", act)
             m.action((*MC, "hidden_act"), f"model.hidden_act: {fmt_value(act)}, but mf's models implement SwiGLU "
-                                          "(silu) only: `mf train` will refuse it")
+                                          "(silu) only: `mf train` will refuse it",
+                     fix="model.hidden_act")
     no_dropout = "mf's models have no dropout (0.0 is what they do)"
     for key in ("hidden_dropout", "attention_dropout", "emb_dropout_prob"):
         fixed(key, 0, no_dropout, "dropout is not implemented in mf's models")
-    fixed("qkv_has_bias", False, "mf's llama has no q/k/v biases either",
-          "q/k/v-only biases (Qwen2 style) do not exist in mf's llama (attention_bias would add an output bias too)")
+    if family == "qwen2":
+        fixed("qkv_has_bias", True, "mf's qwen2 always has q/k/v biases",
+              "mf's qwen2 always has q/k/v biases (the old model had none)")
+    else:
+        fixed("qkv_has_bias", False, f"mf's {family} has no q/k/v biases either",
+              f"q/k/v-only biases do not exist in mf's {family} model")
     fixed("add_bias_linear", False, "mf's models have no biases on their linear layers either",
           "biases on every linear layer are not supported")
     fixed("gated_linear_unit", True, "mf's MLPs are gated (SwiGLU)", "mf's MLPs are always gated (SwiGLU)")
@@ -171,12 +227,26 @@ def _structure_switches(m: Migration) -> None:
                    note="the negation of untie_embeddings_and_output_weights")
 
 
+_LLAMA_CLASSES = ("llama", "qwen2", "mixtral")  # the families MindFormers built with its llama FeedForward
+
+
+def llama_ffn_width(hidden: int, multiple_of: int = 256, ffn_dim_multiplier: float | None = None) -> int:
+    """MindFormers' LlamaFeedForward width (mindformers/models/llama/llama_layer.py): from 4 x hidden,
+    the multiplier (+ 0.01) first, then 2/3, then up to a multiple. Meta's order (2/3 first, no
+    0.01) gives 28416 for llama2-70B; MindFormers' gives 28672, the width of the released weights."""
+    width = 4 * hidden
+    if ffn_dim_multiplier is not None:
+        width = int((ffn_dim_multiplier + 0.01) * width)
+    width = int(2 * width / 3)
+    return multiple_of * ((width + multiple_of - 1) // multiple_of)
+
+
 def _intermediate_size(m: Migration) -> None:
     """MindFormers' llama derives the MLP width from multiple_of / ffn_dim_multiplier when
-    intermediate_size is not given (Meta's rule); mf needs the number."""
+    intermediate_size is not given; mf needs the number."""
     mc = m.src.mapping(MC)
     keys = [k for k in ("multiple_of", "ffn_dim_multiplier") if k in mc]
-    if "intermediate_size" in mc or m.facts.family != "llama":
+    if "intermediate_size" in mc or m.facts.family not in _LLAMA_CLASSES:
         why = ("intermediate_size is given" if "intermediate_size" in mc
                else f"only MindFormers' llama derives the MLP width from it (model {m.facts.family})")
         for key in keys:
@@ -190,17 +260,14 @@ def _intermediate_size(m: Migration) -> None:
     if not (isinstance(multiple, int) and not isinstance(multiple, bool) and multiple > 0) or not (
             multiplier is None or isinstance(multiplier, (int, float)) and not isinstance(multiplier, bool)):
         for key in keys:
-            m.dropped((*MC, key), "intermediate_size cannot be derived from multiple_of "
-                                  f"{fmt_value(multiple)} and ffn_dim_multiplier {fmt_value(multiplier)}: set "
-                                  "model.intermediate_size")
+            m.action((*MC, key), "intermediate_size cannot be derived from multiple_of "
+                                 f"{fmt_value(multiple)} and ffn_dim_multiplier {fmt_value(multiplier)}: set "
+                                 "model.intermediate_size", fix="model.intermediate_size")
         return
-    width = int(2 * (4 * hidden) / 3)
-    if multiplier is not None:
-        width = int(multiplier * width)
-    width = multiple * math.ceil(width / multiple)
+    width = llama_ffn_width(hidden, multiple, multiplier)
     m.set("model.intermediate_size", width)
-    rule = (f"model.intermediate_size: {width}, derived as MindFormers' llama does from hidden_size {hidden}, "
-            f"multiple_of {multiple}" + (f", ffn_dim_multiplier {multiplier}" if multiplier is not None else ""))
+    rule = (f"model.intermediate_size: {width}, derived as MindFormers' LlamaFeedForward does from hidden_size "
+            f"{hidden}, multiple_of {multiple}" + (f", ffn_dim_multiplier {multiplier}" if multiplier is not None else ""))
     if keys:
         for key in keys:
             m.translated((*MC, key), rule)
@@ -236,8 +303,14 @@ def _multi_token_prediction(m: Migration) -> None:
         return
     if isinstance(depth, int) and not isinstance(depth, bool) and depth > 0:
         m.facts.mtp_depth = depth
-        m.dropped(path, "multi-token-prediction layers are not trained by mf (the pipeline placement below leaves "
-                        "them out)")
+        if m.facts.family == "deepseek_v3":
+            m.set("model.num_nextn_predict_layers", depth)
+            m.dropped(path, f"model.num_nextn_predict_layers: {depth} is written (so checkpoints name their MTP "
+                            "layers as DeepSeek's do), but mf builds and trains no multi-token-prediction layers: "
+                            "the MTP loss is lost (the pipeline placement below leaves them out)")
+        else:
+            m.dropped(path, "multi-token-prediction layers are not trained by mf (the pipeline placement below leaves "
+                            "them out)")
     else:
         m.unneeded(path, "no multi-token-prediction layers")
 
@@ -252,11 +325,11 @@ def _moe(m: Migration) -> None:
         for key in moe:
             m.unneeded(("moe_config", key), "the model is dense (expert_num is 1): MoE settings had no effect")
         return
-    if m.facts.family != "deepseek_v3":
-        for key in moe:
-            m.dropped(("moe_config", key), f"mf's {m.facts.family or 'selected'} model is dense: mixture-of-experts "
-                                           "layers exist only in deepseek_v3")
+    if m.facts.family in MOE_RENAMES_BY_FAMILY:
+        _routed_experts(m, moe)
         return
+    if m.facts.family != "deepseek_v3":  # not reached: _variant maps or refuses every sparse dense family
+        raise ConfigError("moe_config.expert_num", f"mf's {m.facts.family} model is dense; refused")
     mc = m.src.mapping(MC)
     for key, new in MOE_RENAMES.items():
         if key not in moe:
@@ -284,6 +357,41 @@ def _moe(m: Migration) -> None:
     m.drop_table(("moe_config",), MOE_DROPS, gone("not a mixture-of-experts setting mf knows"))
 
 
+def _routed_experts(m: Migration, moe: dict) -> None:
+    """moe_config -> mixtral / qwen3_moe expert keys; MindFormers' per-layer balance loss
+    (aux_loss_factor) is the Switch loss those models train with output_router_logits."""
+    family, mc = m.facts.family, m.src.mapping(MC)
+    for key, new in MOE_RENAMES_BY_FAMILY[family].items():
+        if key not in moe:
+            continue
+        if new in mc:
+            m.unneeded(("moe_config", key), f"model_config.{new} is also given and is the one kept")
+        else:
+            m.copy(("moe_config", key), f"model.{new}", moe[key])
+    for key, value in MOE_DEFAULTS_BY_FAMILY[family].items():
+        if m.get_new(f"model.{key}") is None and key not in mc:
+            m.set(f"model.{key}", value)
+            m.line(("moe_config",), "translated", f"model.{key}: {fmt_value(value)} (MindFormers' MoE default)",
+                   mark=False)
+    aux = moe.get("aux_loss_factor")
+    if "aux_loss_factor" in moe:
+        if isinstance(aux, (int, float)) and not isinstance(aux, bool) and aux > 0:
+            m.set("model.output_router_logits", True)
+            m.copy(("moe_config", "aux_loss_factor"), "model.router_aux_loss_coef", float(aux),
+                   note="with model.output_router_logits: True (the load-balancing loss is trained)")
+        else:
+            m.unneeded(("moe_config", "aux_loss_factor"), "no load-balancing loss")
+    if "aux_loss_types" in moe:
+        m.dropped(("moe_config", "aux_loss_types"), f"mf's {family} trains the Switch balance loss only")
+    if "capacity_factor" in moe:
+        m.line(("moe_config", "capacity_factor"), "dropped" if (moe["capacity_factor"] or 0) > 0 else "unneeded",
+               "mf's MoE is dropless: MindFormers dropped tokens above the capacity, mf routes every token")
+    if "use_gating_sigmoid" in moe:
+        m.line(("moe_config", "use_gating_sigmoid"), "dropped" if moe["use_gating_sigmoid"] else "unneeded",
+               f"mf's {family} router scores with softmax")
+    m.drop_table(("moe_config",), MOE_DROPS, gone(f"not a mixture-of-experts setting of mf's {family}"))
+
+
 # -- LoRA and generation ----------------------------------------------------------------------------
 _LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "target_modules")
 
@@ -304,7 +412,8 @@ def _lora(m: Migration) -> None:
                     "llama names" if key == "target_modules" else "")
             m.copy((*base, key), f"lora.{key}", pet[key], note=note)
     if "target_modules" not in pet:
-        m.action(base, "lora.target_modules is required by mf: set the regular expression of the adapted modules")
+        m.action(base, "lora.target_modules is required by mf: set the regular expression of the adapted modules",
+                 fix="lora.target_modules")
         m.set("lora.target_modules", ".*")
     m.drop_table(base, {
         "param_init_type": moot("adapters take the model's params_dtype"),
@@ -317,11 +426,31 @@ def _lora(m: Migration) -> None:
     }, gone("not a LoRA setting mf knows"))
 
 
+_GENERATION = ("do_sample", "top_k", "top_p", "temperature", "max_new_tokens")
+
+
 def _generation(m: Migration) -> None:
+    """MindFormers keeps generation settings in model_config. A predict config carries them to the
+    inference section; a training config generates nothing with them (its end-of-training sample
+    needs prompts), so they are not written there."""
     mc = m.src.mapping(MC)
-    for key in ("do_sample", "top_k", "top_p", "max_new_tokens"):
-        if key in mc and mc[key] is not None:
-            value = float(mc[key]) if key == "top_p" and isinstance(mc[key], int) else mc[key]
-            m.copy((*MC, key), f"inference.{key}", value, note="used by `mf generate` with this config")
-        elif key in mc:
+    predict = m.value(("run_mode",), "train") == "predict"
+    for key in _GENERATION:
+        if key not in mc:
+            continue
+        value = mc[key]
+        if value is None:
             m.unneeded((*MC, key), "null: the default of inference")
+        elif not predict:
+            m.unneeded((*MC, key), "a generation setting; a training run generates nothing with it (migrate the "
+                                   "model's predict config for `mf generate`)")
+        else:
+            if key in ("top_p", "temperature") and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            m.copy((*MC, key), f"inference.{key}", value, note="used by `mf generate` with this config")
+    penalty = mc.get("repetition_penalty")
+    if "repetition_penalty" in mc:
+        lossless = penalty is None or (isinstance(penalty, (int, float)) and penalty == 1) or not predict
+        m.line((*MC, "repetition_penalty"), "unneeded" if lossless else "dropped",
+               "a repetition penalty is not supported by `mf generate`" if predict
+               else "a generation setting; a training run generates nothing with it")

@@ -17,10 +17,19 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
     "DeepseekV3ForCausalLM": ("deepseek_v3", "DeepseekV3ForCausalLM"),
     "TrainingDeepseekV3ForCausalLM": ("deepseek_v3", "DeepseekV3ForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
 }
-CONFIG_TYPES: dict[str, str] = {"LlamaConfig": "llama", "Qwen3Config": "qwen3", "DeepseekV3Config": "deepseek_v3"}
+CONFIG_TYPES: dict[str, str] = {"LlamaConfig": "llama", "Qwen3Config": "qwen3", "DeepseekV3Config": "deepseek_v3",
+                                "Qwen2Config": "qwen2", "MixtralConfig": "mixtral", "Qwen3MoeConfig": "qwen3_moe"}
 MODEL_TYPES: dict[str, str] = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                               "deepseek_v3": "DeepseekV3ForCausalLM"}
+                               "deepseek_v3": "DeepseekV3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                               "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+# MindFormers ran several architectures through its llama classes; the switches that tell them apart
+# pick mf's matching model (a dense llama with q/k/v biases is Qwen1.5/2; llama with experts is Mixtral).
+LLAMA_VARIANTS = {"qkv_bias": "qwen2", "experts": "mixtral"}
+DENSE_TO_MOE = {"llama": "mixtral", "qwen3": "qwen3_moe"}
 
 _BASE_KEYS = frozenset({
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -66,7 +75,7 @@ MODEL_HANDLED_ELSEWHERE = frozenset({
     "type", "model_type", "architectures", "offset", "pp_interleave_num", "layers_per_stage", "mtp_depth",
     "pet_config", "multiple_of", "ffn_dim_multiplier", "extend_method", "scaling_factor", "qkv_has_bias",
     "untie_embeddings_and_output_weights", "hidden_act", "checkpoint_name_or_path", "top_k", "top_p",
-    "do_sample", "max_new_tokens", "qk_layernorm", "add_bias_linear", "gated_linear_unit",
+    "do_sample", "max_new_tokens", "temperature", "repetition_penalty", "qk_layernorm", "add_bias_linear", "gated_linear_unit",
     "position_embedding_type", "hidden_dropout", "attention_dropout", "emb_dropout_prob", "rotary_pct",
 })
 
@@ -88,7 +97,6 @@ MODEL_DROPS: dict[str, Drop] = {
                        "inference.max_new_tokens instead"),
     "min_length": gone("a minimum generation length is not supported", 0, None),
     "min_new_tokens": gone("a minimum generation length is not supported", 0, None),
-    "repetition_penalty": gone("a repetition penalty is not supported by `mf generate`", 1, 1.0),
     "return_dict_in_generate": moot("a return-format switch of MindFormers' generate"),
     "output_scores": moot("a return-format switch of MindFormers' generate"),
     "output_logits": moot("a return-format switch of MindFormers' generate"),
@@ -113,6 +121,18 @@ MODEL_DROPS: dict[str, Drop] = {
     "pretrain_seqlen": moot("documentation of the pretrained checkpoint; the length trained is seq_length"),
 }
 MODEL_DEFAULT = "not a hyper-parameter of mf's {family} model"
+
+# moe_config of the older format -> the expert keys of mf's mixtral and qwen3_moe (HF names).
+MOE_RENAMES_BY_FAMILY: dict[str, dict[str, str]] = {
+    "mixtral": {"expert_num": "num_local_experts", "num_experts_chosen": "num_experts_per_tok"},
+    "qwen3_moe": {"expert_num": "num_experts", "num_experts_chosen": "num_experts_per_tok",
+                  "moe_intermediate_size": "moe_intermediate_size", "norm_topk_prob": "norm_topk_prob"},
+}
+# MindFormers' defaults (MoEConfig) where HF's differ, for the keys mixtral / qwen3_moe need.
+MOE_DEFAULTS_BY_FAMILY: dict[str, dict[str, object]] = {
+    "mixtral": {"num_experts_per_tok": 1},
+    "qwen3_moe": {"num_experts_per_tok": 1, "norm_topk_prob": False},
+}
 
 # moe_config of the older format -> mf model keys (deepseek_v3).
 MOE_RENAMES: dict[str, str] = {
@@ -160,6 +180,8 @@ MOE_DROPS: dict[str, Drop] = {
     "cold_token_percent": moot("used only with enable_cold_hot_expert"),
     "update_step": moot("used only with enable_cold_hot_expert"),
     "cur_layer": moot("internal bookkeeping of MindFormers' MoE"),
+    "router_dense_type": moot(_DTYPE),
+    "shared_expert_num": gone("shared experts exist only in mf's deepseek_v3", 0, 0.0),
     "moe_module_name": moot("internal bookkeeping of MindFormers' MoE"),
 }
 

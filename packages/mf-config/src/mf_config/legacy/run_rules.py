@@ -51,14 +51,16 @@ _PROFILE_KEYS = {"profile_start_step": "start_step", "profile_stop_step": "end_s
 
 
 def migrate_run(m: Migration) -> None:
+    predict = m.value(("run_mode",)) == "predict"
     _top_level(m)
     _context(m)
     _runner(m)
-    _checkpoint(m)
-    _callbacks(m)
-    _monitor(m)
+    _checkpoint(m, predict)
+    if not predict:  # a predict config's callbacks and monitors were reported as training-only
+        _callbacks(m)
+        _monitor(m)
     _profiler(m)
-    _tokenizer(m)
+    _tokenizer(m, predict)
     _trainer_and_metric(m)
     m.drop_table((), TOP_LEVEL)
 
@@ -121,11 +123,11 @@ def _runner(m: Migration) -> None:
     m.drop_table(wrapper, RUNNER_WRAPPER)
 
 
-def _checkpoint(m: Migration) -> None:
+def _checkpoint(m: Migration, predict: bool = False) -> None:
     load = m.value(("load_checkpoint",))
     name_path = ("model", "model_config", "checkpoint_name_or_path")
     named = m.value(name_path)
-    resume = m.value(("resume_training",))
+    resume = None if predict else m.value(("resume_training",))
     fmt = m.value(("load_ckpt_format",))
     if load in ("", None) and isinstance(named, str) and named:
         if "/" in named or "\\" in named or os.path.splitext(named)[1] in (".ckpt", ".safetensors"):
@@ -142,7 +144,8 @@ def _checkpoint(m: Migration) -> None:
         elif os.path.splitext(str(load))[1] in (".ckpt", ".safetensors") or fmt == "ckpt":
             m.set("checkpoint.load_path", load)
             m.action(("load_checkpoint",), f"checkpoint.load_path: {fmt_value(load)}, but mf loads an mf checkpoint "
-                     "directory or a Hugging Face directory, not a MindSpore checkpoint file: convert it first")
+                     "directory or a Hugging Face directory, not a MindSpore checkpoint file: convert it first",
+                     fix="checkpoint.load_path")
         else:
             m.copy(("load_checkpoint",), "checkpoint.load_path")
     loading = load not in ("", None)
@@ -154,16 +157,22 @@ def _checkpoint(m: Migration) -> None:
         m.copy(("resume_training",), "checkpoint.no_load_optim", False,
                note="optimizer state and step are restored from checkpoint.load_path" + note)
     elif resume not in (None, False):
-        m.action(("resume_training",), "set checkpoint.load_path to the checkpoint directory to resume from")
-    elif loading:
+        m.action(("resume_training",), "set checkpoint.load_path to the checkpoint directory to resume from",
+                 fix="checkpoint.load_path")
+    elif loading and not predict:
         m.set("checkpoint.no_load_optim", True)
         line = "checkpoint.no_load_optim: True (weights only, as MindFormers loads without resume_training)"
         if m.src.has(("resume_training",)):
             m.translated(("resume_training",), line)
         else:
             m.line(("load_checkpoint",), "translated", line, mark=False)
-    elif m.src.has(("resume_training",)):
+    elif m.src.has(("resume_training",)) and not m.src.is_handled(("resume_training",)):
         m.unneeded(("resume_training",), "off")
+    if m.value(("run_mode",)) == "finetune" and not loading:
+        m.action(("load_checkpoint",) if m.src.has(("load_checkpoint",)) else ("run_mode",),
+                 "checkpoint.load_path: run_mode finetune starts from pretrained weights, and the old file names "
+                 "none (load_checkpoint is empty): set it to a Hugging Face directory or an mf checkpoint",
+                 fix="checkpoint.load_path")
 
 
 def _callbacks(m: Migration) -> None:
@@ -258,7 +267,12 @@ def _profiler(m: Migration) -> None:
     m.drop_table((), PROFILE)
 
 
-def _tokenizer(m: Migration) -> None:
+_HF_FOR_TRAINING = ("a Hugging Face tokenizer ({path}) is not written to a training config: training reads "
+                    "pre-tokenised data (give the directory to `mf data preprocess-sft --tokenizer`), and the "
+                    "end-of-training sample takes sentencepiece tokenizers only")
+
+
+def _tokenizer(m: Migration, predict: bool = False) -> None:
     base = ("processor", "tokenizer")
     tok = m.src.mapping(base)
     vocab = tok.get("vocab_file") or tok.get("tokenizer_file")
@@ -267,11 +281,15 @@ def _tokenizer(m: Migration) -> None:
         if vocab.endswith(".model"):
             m.copy((*base, key), "tokenizer.path", vocab)
             m.set("tokenizer.type", "sentencepiece")
+        elif not predict:
+            m.unneeded((*base, key), _HF_FOR_TRAINING.format(path=os.path.dirname(vocab) or "."))
         else:
             directory = os.path.dirname(vocab) or "."
             m.copy((*base, key), "tokenizer.path", directory, note="a Hugging Face tokenizer directory (the one "
                                                                   "holding the vocabulary files)")
             m.set("tokenizer.type", "hf")
+    elif m.value(("pretrained_model_dir",)) and not predict:
+        m.unneeded(("pretrained_model_dir",), _HF_FOR_TRAINING.format(path=m.value(("pretrained_model_dir",))))
     elif m.value(("pretrained_model_dir",)):
         m.copy(("pretrained_model_dir",), "tokenizer.path", note="tokenizer.type hf; to start from its weights, set "
                                                                  "checkpoint.load_path to it as well")

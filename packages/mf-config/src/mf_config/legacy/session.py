@@ -68,12 +68,12 @@ class Migration:
         return node
 
     # -- the report --------------------------------------------------------------------------------
-    def line(self, path: Path, kind: Kind, message: str, mark: bool = True) -> None:
+    def line(self, path: Path, kind: Kind, message: str, mark: bool = True, fix: str | None = None) -> None:
         """Report `path`; `mark=False` for a summary line about a section whose keys are reported
-        (or carried) one by one."""
+        (or carried) one by one; `fix` (actions) the new key whose value resolves it."""
         if mark:
             self.src.mark(path)
-        self.report.append(ReportLine(show_path(path), kind, message))
+        self.report.append(ReportLine(show_path(path), kind, message, fix))
 
     def translated(self, path: Path, message: str) -> None:
         self.line(path, "translated", message)
@@ -84,8 +84,8 @@ class Migration:
     def unneeded(self, path: Path, reason: str) -> None:
         self.line(path, "unneeded", reason)
 
-    def action(self, path: Path, message: str) -> None:
-        self.line(path, "action", message)
+    def action(self, path: Path, message: str, fix: str | None = None) -> None:
+        self.line(path, "action", message, fix=fix)
 
     # -- common rules ------------------------------------------------------------------------------
     def copy(self, old: Path, new: NewPath, value: Any = _UNSET, note: str = "") -> None:
