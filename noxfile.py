@@ -114,22 +114,35 @@ def lint(session: nox.Session) -> None:
 REFERENCE_VENV = ROOT / "benchmarks" / ".work" / "torchvenv"
 
 
-def _reference_venv(session: nox.Session) -> Path:
-    """The benchmarks' references (torch CPU, megatron-core) in their own venv, made with pip.
+def _reference_venv(session: nox.Session, venv: Path = REFERENCE_VENV,
+                    requirements: Path = ROOT / "benchmarks" / "requirements-reference.txt") -> Path:
+    """A venv of reference libraries (torch CPU, megatron-core, transformers) apart from mf, made with pip.
 
     pip, not uv: this machine's pip configuration finds the CPU wheel of torch on local disk,
     where uv would fetch a multi-GB CUDA build. Reinstalled when the requirements file changes.
     """
-    requirements = ROOT / "benchmarks" / "requirements-reference.txt"
-    python = REFERENCE_VENV / "bin" / "python"
-    stamp = REFERENCE_VENV / ".mf-requirements"
+    python = venv / "bin" / "python"
+    stamp = venv / ".mf-requirements"
     wanted = requirements.read_text()
     if not python.exists():
-        session.run("python3", "-m", "venv", str(REFERENCE_VENV), external=True)
+        session.run("python3", "-m", "venv", str(venv), external=True)
     if not stamp.exists() or stamp.read_text() != wanted:
         session.run(str(python), "-m", "pip", "install", "--quiet", "-r", str(requirements), external=True)
         stamp.write_text(wanted)
     return python
+
+
+HF_VENV = ROOT / "tests-integration" / ".work" / "hfvenv"
+
+
+@nox.session
+def hf_interop(session: nox.Session) -> None:
+    """Exports read by transformers / peft themselves, in their own venv (no mf package there)."""
+    _install_local(session, _all_packages(), with_tests=_all_packages())
+    python = _reference_venv(session, HF_VENV, ROOT / "tests-integration" / "hf_interop" / "requirements.txt")
+    session.env["MF_HF_PYTHON"] = str(python)
+    session.env["PATH"] = os.pathsep.join([str(Path(session.bin)), os.environ.get("PATH", "")])
+    _pytest(session, str(ROOT / "tests-integration" / "hf_interop"))
 
 
 @nox.session

@@ -184,3 +184,43 @@ class Builders:
 @pytest.fixture
 def hf_builders() -> type[Builders]:
     return Builders
+
+
+# ---- tokenizers a checkpoint can carry ----------------------------------------------------------
+def _corpus_lines() -> list[str]:
+    from pydoc_data.topics import topics  # real English text that ships with Python
+
+    return [line for text in list(topics.values())[:60] for line in text.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def spm_files(tmp_path_factory) -> dict[str, bytes]:
+    """A 300-piece sentencepiece model with the tokenizer_config.json mf-data writes beside one
+    (special tokens, no BOS/EOS added): what a checkpoint of a sentencepiece run carries."""
+    import io
+    import json
+
+    spm = pytest.importorskip("sentencepiece", reason="sentencepiece (mf-ckpt's test extra) makes the test tokenizer")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.Train(sentence_iterator=iter(_corpus_lines()), model_writer=model, vocab_size=300,
+                                   minloglevel=2)
+    config = {"tokenizer_class": "TokenizersBackend", "add_bos_token": False, "add_eos_token": False,
+              "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "clean_up_tokenization_spaces": False}
+    return {"tokenizer.model": model.getvalue(), "tokenizer_config.json": json.dumps(config).encode()}
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_files(tmp_path_factory) -> dict[str, bytes]:
+    """A byte-level BPE tokenizer.json (tokenizers) with its tokenizer_config.json and a chat template."""
+    import json
+
+    tokenizers = pytest.importorskip("tokenizers", reason="tokenizers (mf-ckpt's test extra) makes the test tokenizer")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token=None))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus_lines(), trainer)
+    config = {"tokenizer_class": "TokenizersBackend", "eos_token": "<|endoftext|>", "model_max_length": 1024}
+    return {"tokenizer.json": tok.to_str().encode(), "tokenizer_config.json": json.dumps(config).encode(),
+            "chat_template.jinja": b"{% for m in messages %}{{ m['content'] }}{% endfor %}"}

@@ -8,8 +8,8 @@ For each it forks a child that saves iteration after iteration, prints `pid N`, 
 child to die and prints `exited STATUS`. Forking from a warm process makes each round cost
 milliseconds instead of a fresh interpreter start, so the test can afford many kills.
 
-Tensor values encode the iteration, so the parent can tell a consistent checkpoint from a torn
-one. After each commit the child appends `committed N` to LOG (flushed to the OS, which a
+Tensor values (and the bytes of a carried file) encode the iteration, so the parent can tell a
+consistent checkpoint from a torn one. After each commit the child appends `committed N` to LOG (flushed to the OS, which a
 SIGKILL does not lose): the parent checks the marker is never behind what was reported.
 """
 
@@ -51,7 +51,9 @@ def run(root: str, first: int, mode: str, log_path: str) -> None:
         it = first
         while True:
             model, optim = state(it, comm.rank, world)
-            result = saver.save(it, model, optim, common={"step": it})
+            # a carried file (like a tokenizer) whose bytes name the iteration too
+            result = saver.save(it, model, optim, common={"step": it},
+                                assets={"tokenizer/tokenizer.json": f'{{"iteration": {it}}}'.encode() * 4096})
             if asynchronous:
                 while not saver.poll():
                     time.sleep(0.002)

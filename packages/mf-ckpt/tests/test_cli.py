@@ -137,7 +137,7 @@ def test_destination_is_protected(hf_fixtures, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,needles", [
     (["frobnicate"], ["invalid choice: 'frobnicate'"]),
-    (["convert", "--from", "hf", "--to", "mf", "SRC", "DST"], ["--arch is required"]),
+    (["convert", "--from", "hf", "--to", "mf", "/nonexistent/SRC", "DST"], ["/nonexistent/SRC: checkpoint directory does not exist"]),
     (["convert", "--from", "hf", "--to", "hf", "SRC", "DST"], ["is not a conversion"]),
     (["merge", "--max-shard-size", "lots", "A", "B"], ["invalid size 'lots'"]),
     (["inspect", "/nonexistent/ckpt"], ["/nonexistent/ckpt: checkpoint directory does not exist"]),

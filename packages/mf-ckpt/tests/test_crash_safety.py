@@ -2,7 +2,7 @@
 
 A child saves iteration after iteration (single rank, two threaded ranks, async); we kill it at
 24 random instants (metadata, writing, commit, rotation), then check that the marker points at a
-complete checkpoint whose every value belongs to one iteration, never behind what the child
+complete checkpoint whose every value, and the file it carries, belongs to one iteration, never behind what the child
 reported committed, and resume saving from there as a restarted job would. Children are forked
 from a warm helper process (see crash_child.py) so the whole test takes a few seconds.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mf_ckpt import SaveOptions, Saver, load
+from mf_ckpt import SaveOptions, Saver, find_tokenizer, load
 
 CHILD = Path(__file__).with_name("crash_child.py")
 SHAPES = {"w": (256, 128), "v": (64, 96), "b": (128,)}
@@ -95,5 +95,7 @@ def check_checkpoint(root: Path, marker: int, k: int) -> None:
         assert (arr == 2 * marker).all(), f"{name} mixes iterations after kill {k}"
     meta = json.loads((root / f"iteration_{marker:08d}" / "metadata.json").read_text())
     assert set(meta["model"]) == set(SHAPES)
+    carried = find_tokenizer(root)   # checked against its recorded checksum
+    assert carried.files["tokenizer.json"].read_bytes() == f'{{"iteration": {marker}}}'.encode() * 4096
     # More than save_max iteration directories may remain here: a kill between the marker and
     # the rotation defers the deletion to the next commit, which is checked at the end.

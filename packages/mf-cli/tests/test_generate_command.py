@@ -103,6 +103,28 @@ def test_checkpoint_with_its_recorded_tokenizer(tiny, tmp_path, capsys):
     assert capsys.readouterr().out == PROMPTS[0] + greedy_text(tiny, PROMPTS[0], 12)[1] + "\n\n"
 
 
+def test_a_copied_checkpoint_generates_with_the_tokenizer_it_carries(tiny, tmp_path, capsys):
+    """The tokenizer travels inside the checkpoint (mf-ckpt assets): copy the run's checkpoint away,
+    delete the original tokenizer file, and generate with no --tokenizer."""
+    import shutil
+
+    spm = tmp_path / "gone" / "spm.model"
+    spm.parent.mkdir()
+    shutil.copy(tiny["spm"], spm)
+    train = {"output_dir": "output/tiny", "tokenizer": {"path": str(spm)}}
+    saved = tmp_path / "output" / "tiny" / "checkpoint"
+    mf_ckpt.save(str(saved), 5, mf_models.model_state(tiny["model"]),
+                 common={"step": 5, "hf_config": tiny["section"], "train_config": train},
+                 assets=mf_ckpt.tokenizer_assets(mf_data.tokenizer_files(str(spm))))
+    copied = tmp_path / "elsewhere" / "checkpoint"
+    shutil.copytree(saved, copied)
+    shutil.rmtree(spm.parent)
+    assert main(["generate", str(copied), "--prompt", PROMPTS[0], "--max-new-tokens", "12", "--mode", "pynative"]) == 0
+    out, err = capsys.readouterr()
+    assert out == PROMPTS[0] + greedy_text(tiny, PROMPTS[0], 12)[1] + "\n\n"
+    assert "does not exist" not in err
+
+
 def test_stop_strings_cut_the_text(tiny, tmp_path):
     ids, text = greedy_text(tiny, PROMPTS[1], 24, stop_at_eos=False)
     assert len(text) > 8, text

@@ -80,6 +80,17 @@ def test_completions_over_http_equal_transformers(server, hf_fixtures):
     assert answer["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": new, "total_tokens": len(prompt) + new}
 
 
+def test_metrics_endpoint_counts_what_was_served(server):
+    _, url = server
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as response:
+        assert response.status == 200 and response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    # the completion of the test above: one 200 on /v1/completions, its tokens and a first-token time
+    assert 'mf_http_requests_total{route="/v1/completions",status="200"} 1.0' in text
+    assert "mf_generation_tokens_total " in text and "mf_time_to_first_token_seconds_count 1.0" in text
+    assert "mf_requests_waiting 0.0" in text and "mf_engine_healthy 1.0" in text
+
+
 def test_errors_are_openai_shaped(server):
     _, url = server
     for path, body, status, param in (("/v1/completions", {"prompt": "text"}, 400, "prompt"),

@@ -138,9 +138,9 @@ def test_load_pretrained_reads_an_mf_checkpoint_without_yaml(tmp_path, tiny):
     section = mf_models.tiny_model_section("qwen3")
     (tmp_path / "tok.model").write_bytes(b"placeholder")  # only its path is looked up here
     common = {"step": 3, "hf_config": section, "train_config": {"tokenizer": {"path": str(tmp_path / "tok.model")}}}
-    mf_ckpt.save(str(tmp_path / "ckpt"), 3, mf_models.model_state(tiny), common=common)
-    loaded = load_pretrained(tmp_path / "ckpt")
-    assert (loaded.kind, loaded.iteration, loaded.name) == ("mf", 3, "ckpt")
+    mf_ckpt.save(str(tmp_path / "tiny-qwen"), 3, mf_models.model_state(tiny), common=common)
+    loaded = load_pretrained(tmp_path / "tiny-qwen")
+    assert (loaded.kind, loaded.iteration, loaded.name) == ("mf", 3, "tiny-qwen")
     assert loaded.tokenizer_path == str(tmp_path / "tok.model") and loaded.eos_token_ids == []
     engine = InferenceEngine(loaded.model, max_slots=1, max_len=16)
     assert engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4))[0].output_ids == reference(tiny, PROMPTS[0], 4)
@@ -152,7 +152,7 @@ def test_load_pretrained_reads_an_mf_checkpoint_without_yaml(tmp_path, tiny):
     mf_ckpt.save(str(tmp_path / "run" / "out" / "checkpoint"), 2, mf_models.model_state(tiny),
                  common={"hf_config": section, "train_config": relative})
     found = load_pretrained(tmp_path / "run" / "out" / "checkpoint" / "iteration_00000002")
-    assert found.tokenizer_path == str(tmp_path / "run" / "data" / "spm.model") and found.name == "checkpoint"
+    assert found.tokenizer_path == str(tmp_path / "run" / "data" / "spm.model") and found.name == "out"  # the run's name, not "checkpoint"
     relative["tokenizer"]["path"] = "data/missing.model"
     mf_ckpt.save(str(tmp_path / "run" / "out" / "checkpoint"), 3, mf_models.model_state(tiny),
                  common={"hf_config": section, "train_config": relative})
@@ -161,3 +161,40 @@ def test_load_pretrained_reads_an_mf_checkpoint_without_yaml(tmp_path, tiny):
     mf_ckpt.save(str(tmp_path / "bare"), 1, mf_models.model_state(tiny), common={"step": 1})
     with pytest.raises(mf_ckpt.CheckpointError, match="does not record its model"):
         load_pretrained(tmp_path / "bare")
+
+
+def test_a_recorded_tokenizer_path_with_a_nul_byte_is_one_line(tmp_path, tiny):
+    section = mf_models.tiny_model_section("qwen3")
+    mf_ckpt.save(str(tmp_path / "nul"), 1, mf_models.model_state(tiny),
+                 common={"hf_config": section, "train_config": {"tokenizer": {"path": "data/a\x00b.model"}}})
+    with pytest.raises(mf_ckpt.CheckpointError) as info:
+        load_pretrained(tmp_path / "nul")
+    assert "tokenizer.path holds a NUL byte" in str(info.value) and "--tokenizer" in str(info.value)
+
+
+def test_model_name_is_the_run_not_a_generic_directory(tmp_path):
+    from mf_models.inference import model_name
+
+    assert model_name(tmp_path / "llama-7b-sft", {}) == "llama-7b-sft"
+    assert model_name(tmp_path / "llama-7b-sft" / "iteration_00000010", {}) == "llama-7b-sft"
+    run = {"train_config": {"output_dir": "output/tiny"}}
+    assert model_name(tmp_path / "output" / "tiny" / "checkpoint", run) == "tiny"
+    assert model_name(tmp_path / "exp3" / "checkpoint" / "iteration_00000002", run) == "tiny"
+    # no recorded run (or a NUL in it): the parent directory's name
+    assert model_name(tmp_path / "exp3" / "merged", {"train_config": {"output_dir": "a\x00b"}}) == "exp3"
+
+
+def test_weights_are_checked_against_the_config_before_building(tmp_path, tiny):
+    section = mf_models.tiny_model_section("qwen3")
+    mf_ckpt.save(str(tmp_path / "ckpt"), 1, mf_models.model_state(tiny), common={"hf_config": section})
+    assert mf_models.check_weights_fit(section, tmp_path / "ckpt") is True
+    # a crafted hidden_size must be refused from the headers alone, before the model is allocated
+    with pytest.raises(mf_ckpt.CheckpointError) as info:
+        mf_models.check_weights_fit({**section, "hidden_size": 196608}, tmp_path / "ckpt")
+    assert "has shape" in str(info.value) and "implies" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(mf_ckpt.CheckpointError, match="num_hidden_layers 40"):
+        mf_models.check_weights_fit({**section, "num_hidden_layers": 40}, tmp_path / "ckpt")
+    mf_ckpt.save(str(tmp_path / "bad"), 1, mf_models.model_state(tiny),
+                 common={"hf_config": {**section, "intermediate_size": 4096}})
+    with pytest.raises(mf_ckpt.CheckpointError, match="the hf_config in common.json implies"):
+        load_pretrained(tmp_path / "bad")

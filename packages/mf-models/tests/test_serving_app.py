@@ -268,3 +268,72 @@ def test_a_failing_request_fails_alone(model):
             assert engine.stats.failed_requests == 4
     finally:
         runner.stop()
+
+
+# ---- /metrics (Prometheus) and request defaults from the generation config ----------------------
+def _samples(text: str) -> dict[str, float]:
+    """{'name{labels}': value} of Prometheus' text format, parsed by prometheus_client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+def test_metrics_count_requests_tokens_and_latencies(runner):
+    with TestClient(create_app(runner, tokenizer=TOK, model_name="tiny")) as client:
+        before = _samples(client.get("/metrics").text)
+        assert before['mf_engine_healthy{}'] == 1.0 and before['mf_requests_waiting{}'] == 0.0
+        body = client.post("/v1/completions", json={"prompt": "Hi there", "max_tokens": 5, "temperature": 0}).json()
+        client.post("/v1/completions", json={"prompt": "x", "max_tokens": 0.5})       # a 400
+        client.get("/no/such/route")                                                    # a 404, as "other"
+        response = client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    after = _samples(response.text)
+    done = body["usage"]["completion_tokens"]
+    assert after['mf_http_requests_total{route="/v1/completions",status="200"}'] == 1
+    assert after['mf_http_requests_total{route="/v1/completions",status="400"}'] == 1
+    assert after['mf_http_requests_total{route="other",status="404"}'] == 1
+    assert after['mf_prompt_tokens_total{}'] == 8 and after['mf_generation_tokens_total{}'] == done
+    assert after['mf_time_to_first_token_seconds_count{}'] == 1
+    assert after['mf_request_generation_tokens_sum{}'] == done
+    assert after['mf_http_request_duration_seconds_count{route="/v1/completions"}'] == 2
+
+
+def test_requests_follow_the_generation_config(runner, model):
+    from mf_models.serving import SamplingDefaults
+
+    greedy_defaults = SamplingDefaults.from_generation_config({"do_sample": False, "temperature": 0.7,
+                                                               "max_new_tokens": 4}, "generation_config.json")
+    assert (greedy_defaults.temperature, greedy_defaults.max_tokens) == (0.0, 4)
+    assert "greedy" in greedy_defaults.describe()
+    with TestClient(create_app(runner, tokenizer=TOK, model_name="tiny", defaults=greedy_defaults)) as client:
+        # no temperature, no max_tokens: greedy and 4 tokens, as generate() would do with that config
+        first = client.post("/v1/completions", json={"prompt": "Hi there"}).json()["choices"][0]
+        again = client.post("/v1/completions", json={"prompt": "Hi there", "seed": 9}).json()["choices"][0]
+        given = client.post("/v1/completions", json={"prompt": "Hi there", "max_tokens": 6,
+                                                     "temperature": 0}).json()["choices"][0]
+    assert first["token_ids"] == again["token_ids"] == greedy(model, TOK.encode("Hi there"), 4)
+    assert given["token_ids"] == greedy(model, TOK.encode("Hi there"), 6)     # the request's own values win
+    sampled = SamplingDefaults.from_generation_config({"do_sample": True, "temperature": 0.6, "top_p": 0.9,
+                                                       "top_k": 20})
+    assert (sampled.temperature, sampled.top_p, sampled.top_k, sampled.max_tokens) == (0.6, 0.9, 20, None)
+    assert SamplingDefaults.from_generation_config({}) == SamplingDefaults()
+
+
+@pytest.mark.parametrize("config,needle", [
+    ({"temperature": -1}, "temperature must be a number in (0.0, 100.0]"),
+    ({"top_p": 1.5}, "top_p must be a number in (0.0, 1.0]"),
+    ({"top_k": "many"}, "top_k must be an integer"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be an integer in [1,"),
+    ({"do_sample": "yes"}, "do_sample must be true or false"),
+])
+def test_a_bad_generation_config_is_one_line(config, needle):
+    from mf_models.serving import SamplingDefaults
+
+    with pytest.raises(ValueError) as info:
+        SamplingDefaults.from_generation_config(config, "gc.json")
+    assert str(info.value).startswith("gc.json: ") and needle in str(info.value) and "\n" not in str(info.value)

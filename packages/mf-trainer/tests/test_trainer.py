@@ -113,6 +113,25 @@ def test_checkpoints_rotate_and_hooks_fire_in_order(full_run):
         assert key in blob
 
 
+def test_every_checkpoint_carries_its_tokenizer_and_generation_config(full_run, tokenizer_model):
+    import mf_ckpt
+    import mf_data
+
+    _, _, out, _ = full_run
+    for it in ("iteration_00000004", "iteration_00000006"):
+        carried = mf_ckpt.find_tokenizer(out / "checkpoint" / it)     # checked against metadata.json
+        assert carried.kind == "sentencepiece"
+        assert carried.files["tokenizer.model"].read_bytes() == open(tokenizer_model, "rb").read()
+    # what mf generate / mf serve load from the copy: the same tokenizer
+    copy = mf_data.load_tokenizer(carried.path)
+    assert copy.encode(["the for statement"]) == mf_data.SentencePieceTokenizer(tokenizer_model).encode(
+        ["the for statement"])
+    common = json.loads((out / "checkpoint" / "iteration_00000006" / "common.json").read_text())["common"]
+    generation = common["hf_generation_config"]
+    # the YAML's inference settings away from their defaults, the tokenizer's EOS as the stop id
+    assert generation["max_new_tokens"] == 5 and generation["eos_token_id"] == copy.eod
+
+
 def test_profiler_and_end_of_training_sample(full_run):
     _, result, out, _ = full_run
     assert list((out / "profile").rglob("*.csv")) or list((out / "profile").rglob("*.json"))

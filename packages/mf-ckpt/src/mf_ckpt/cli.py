@@ -12,6 +12,7 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import __version__
 from .errors import CheckpointError
@@ -40,38 +41,46 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+ITERATION_HELP = "an iteration other than the latest committed one (mf save directories)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mf-ckpt", description="Inspect, verify, merge and convert mf checkpoints.")
-    parser.add_argument("--version", action="version", version=f"mf-ckpt {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.add_argument("--version", action="version", version=f"mf-ckpt {__version__}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     p = sub.add_parser("inspect", help="show step, tensors, shapes, dtypes, shards and sizes")
     p.add_argument("path", help="save directory, iteration directory, HF directory or merged directory")
-    p.add_argument("--iteration", type=int, help="an iteration other than the latest committed one")
+    p.add_argument("--iteration", type=int, help=ITERATION_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("verify", help="check metadata against every file and read every chunk")
-    p.add_argument("path")
-    p.add_argument("--iteration", type=int)
+    p.add_argument("path", help="save directory, iteration directory, HF directory or merged directory")
+    p.add_argument("--iteration", type=int, help=ITERATION_HELP)
 
     p = sub.add_parser("merge", help="write one full (unsharded) copy, optionally in size-limited shards")
-    p.add_argument("path")
-    p.add_argument("out")
-    p.add_argument("--iteration", type=int)
+    p.add_argument("path", help="the checkpoint to merge (any directory `inspect` reads)")
+    p.add_argument("out", help="the merged directory to write (model.safetensors [+ optimizer], common.json)")
+    p.add_argument("--iteration", type=int, help=ITERATION_HELP)
     p.add_argument("--max-shard-size", type=_size, help="e.g. 2GB: shards plus an HF-style index")
     p.add_argument("--no-optim", action="store_true", help="leave the optimizer state out")
     p.add_argument("--force", action="store_true", help="replace a non-empty OUT")
 
-    p = sub.add_parser("convert", help="Hugging Face <-> mf")
-    p.add_argument("--from", dest="src_format", choices=["hf", "mf"], required=True)
-    p.add_argument("--to", dest="dst_format", choices=["hf", "mf"], required=True)
-    p.add_argument("--arch", help=f"architecture of an HF source ({', '.join(supported_model_types())})")
-    p.add_argument("--hf-config", help="config.json (or its directory) for mf -> hf when the checkpoint has none")
+    p = sub.add_parser("convert", help="Hugging Face <-> mf (LoRA adapters: PEFT <-> mf)")
+    p.add_argument("--from", dest="src_format", choices=["hf", "mf"], required=True,
+                   help="the format of SRC: hf (config.json + safetensors, or a PEFT adapter) or mf")
+    p.add_argument("--to", dest="dst_format", choices=["hf", "mf"], required=True,
+                   help="the format to write at DST")
+    p.add_argument("--arch", help="hf source: the architecture config.json must declare "
+                                  f"({', '.join(supported_model_types())}); default: its model_type")
+    p.add_argument("--hf-config", help="config.json (or its directory): mf -> hf when the checkpoint carries none; "
+                                       "a PEFT source whose base is not a local directory")
     p.add_argument("--iteration", type=int, help="mf source: iteration; hf source: iteration to write (default 0)")
     p.add_argument("--max-shard-size", type=_size, help="hf output: shard size limit, e.g. 2GB")
     p.add_argument("--force", action="store_true", help="replace a non-empty DST")
-    p.add_argument("src")
-    p.add_argument("dst")
+    p.add_argument("src", help="the checkpoint to convert")
+    p.add_argument("dst", help="the directory to write")
 
     p = sub.add_parser("merge-lora", help="merge a LoRA adapter checkpoint into its base weights")
     p.add_argument("base", help="the base weights: mf checkpoint, merged directory or Hugging Face directory")
@@ -104,11 +113,18 @@ def _print_inspect(info: dict) -> None:
         width = max((len(n) for n in tensors), default=0)
         for name, t in tensors.items():
             shape = "[" + ", ".join(str(d) for d in t["shape"]) + "]"
-            print(f"  {name:<{width}}  {t['dtype']:<7} {shape:<20} chunks={t['chunks']}")
+            if "mf" in t:  # an HF directory: its own names, and the mf tensor each becomes
+                print(f"  {name:<{width}}  {t['dtype']:<7} {shape:<20} -> {t['mf'] or '(skipped: no mf counterpart)'}")
+            else:
+                print(f"  {name:<{width}}  {t['dtype']:<7} {shape:<20} chunks={t['chunks']}")
     files = info["files"]
     print(f"files: {len(files)}, {format_size(info['file_bytes'])}")
     for name, size in files.items():
         print(f"  {name}  {format_size(size) if size is not None else 'MISSING'}")
+    if info["assets"]:
+        print(f"carried files: {len(info['assets'])}")
+        for name, a in info["assets"].items():
+            print(f"  {name}  {format_size(a['bytes'])}  crc32c {a['crc32c']}")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -130,8 +146,9 @@ def _run(args: argparse.Namespace) -> int:
             checked = f"a {result['kind']} directory carries no checksums: data read back but not checked against any"
         else:
             checked = f"{result['checksums_verified']} of {result['chunks']} chunks checked against their checksums"
+        carried = f"; {len(result['assets'])} carried file(s) match theirs" if result["assets"] else ""
         print(f"OK: {result['tensors']} tensors, {result['chunks']} chunks, {format_size(result['bytes'])} "
-              f"read back from {result['path']}; {checked}")
+              f"read back from {result['path']}; {checked}{carried}")
         return 0
     if args.command == "merge":
         merge(args.path, args.out, iteration=args.iteration, max_shard_size=args.max_shard_size,
@@ -140,12 +157,10 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "convert":
         if (args.src_format, args.dst_format) == ("hf", "mf"):
-            if not args.arch:
-                raise _UsageError("mf-ckpt convert: --arch is required with --from hf")
-            if args.hf_config or args.max_shard_size:
-                raise _UsageError("mf-ckpt convert: --hf-config and --max-shard-size apply to --to hf only")
+            if args.max_shard_size:
+                raise _UsageError("mf-ckpt convert: --max-shard-size applies to --to hf only")
             convert_hf_to_mf(args.src, args.dst, arch=args.arch, iteration=args.iteration or 0,
-                             overwrite=args.force, progress=progress)
+                             hf_config=args.hf_config, overwrite=args.force, progress=progress)
         elif (args.src_format, args.dst_format) == ("mf", "hf"):
             if args.arch:
                 raise _UsageError("mf-ckpt convert: --arch applies to --from hf only (mf -> hf uses the carried config.json)")
@@ -153,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
                              max_shard_size=args.max_shard_size, overwrite=args.force, progress=progress)
         else:
             raise _UsageError(f"mf-ckpt convert: --from {args.src_format} --to {args.dst_format} is not a conversion")
-        print(f"converted {args.src} ({args.src_format}) -> {args.dst} ({args.dst_format})")
+        print(f"converted {args.src} ({args.src_format}) -> {args.dst} ({args.dst_format}){_written(args.dst)}")
         return 0
     if args.command == "merge-lora":
         if args.dst_format == "mf" and (args.hf_config or args.max_shard_size):
@@ -164,6 +179,27 @@ def _run(args: argparse.Namespace) -> int:
               f"{args.adapter} into {summary['base']} -> {args.out} ({args.dst_format}, {format_size(summary['bytes'])})")
         return 0
     raise AssertionError(args.command)
+
+
+def _written(out: str) -> str:
+    """What an output holds besides its weights (the tokenizer, generation config), said after `convert`."""
+    from .sources import open_source
+    from .tokenizer_files import TOKENIZER_DIR, hf_tokenizer_files
+
+    root = Path(out)
+    if (root / "adapter_config.json").is_file():
+        extra = ["PEFT LoRA adapter: adapter_config.json + adapter_model.safetensors"]
+        tokenizer = sorted(hf_tokenizer_files(root))
+    elif (root / "config.json").is_file():
+        extra = ["config.json"] + (["generation_config.json"] if (root / "generation_config.json").is_file() else [])
+        tokenizer = sorted(hf_tokenizer_files(root))
+    else:
+        layout = open_source(root)
+        extra = ["LoRA adapter"] if "adapter" in layout.common else []
+        tokenizer = sorted(name.split("/", 1)[1] for name in layout.info.get("assets", {})
+                           if name.startswith(TOKENIZER_DIR + "/"))
+    extra.append(f"tokenizer: {', '.join(tokenizer)}" if tokenizer else "no tokenizer (the source carries none)")
+    return f" [{'; '.join(extra)}]"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,10 +45,39 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _temp_name(directory: Path, name: str, suffix: str) -> Path:
+    return Path(directory) / f".{name}.{secrets.token_hex(6)}{suffix}"
+
+
+def make_temp_dir(directory: Path, name: str, suffix: str) -> Path:
+    """A new, uniquely named directory `.name.<random><suffix>` in `directory`, created with the
+    usual permissions (0777 less the umask, like `mkdir`): tempfile.mkdtemp's 0700 would carry over
+    to an output directory renamed into place."""
+    for _ in range(100):
+        path = _temp_name(directory, name, suffix)
+        try:
+            os.mkdir(path, 0o777)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{directory}: cannot find a free temporary name for {name}")
+
+
+def _create_temp_file(directory: Path, name: str) -> tuple[int, str]:
+    # 0666 less the umask, like open(): tempfile.mkstemp's 0600 would survive the rename.
+    for _ in range(100):
+        path = _temp_name(directory, name, ".tmp")
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), str(path)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{directory}: cannot find a free temporary name for {name}")
+
+
 def atomic_write_bytes(path: Path, data: bytes, *, fsync: bool = True) -> None:
     """Write `data` to a temp file beside `path`, then rename over it: readers see old or new."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp_file(path.parent, path.name)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -145,7 +174,7 @@ def atomic_output_dir(out_dir: str | os.PathLike, *, overwrite: bool = False) ->
     out_dir = Path(out_dir)
     check_output_dir(out_dir, overwrite=overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    tmp = make_temp_dir(out_dir.parent, out_dir.name, ".tmp")
     try:
         yield tmp
     except BaseException:
@@ -154,8 +183,7 @@ def atomic_output_dir(out_dir: str | os.PathLike, *, overwrite: bool = False) ->
     old = None
     if out_dir.exists():
         if any(out_dir.iterdir()):
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent))
-            os.rmdir(old)
+            old = _temp_name(out_dir.parent, out_dir.name, ".old")
             os.replace(out_dir, old)
         else:
             os.rmdir(out_dir)

@@ -5,7 +5,8 @@ Streams like the other tools: base tensors are read one at a time while the outp
 (`W + (alpha / r) B @ A`, in float64, stored in the base's dtype). Everything is checked before the
 first byte is written: the adapter's marking, every adapted module against the base (present,
 shapes fitting the rank), the HF plan for `--to hf`. The output goes to a temp directory renamed
-into place, so a failure never leaves a half-written OUT.
+into place, so a failure never leaves a half-written OUT. The tokenizer of the fine-tune (the
+adapter's, else the base's) goes along, as in `convert`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from . import assets as carried
 from .errors import CheckpointError
 from .extract import read_box
 from .fsutil import atomic_output_dir, check_not_an_input, check_output_dir
@@ -28,7 +30,8 @@ from .lora import merged_weight, open_adapter_base, open_lora_adapter, plan_merg
 from .progress import Progress
 from .sources import validate_files
 from .st_io import Entry, ReaderPool
-from .tools import _hf_config, write_single_rank_checkpoint
+from .tokenizer_files import tokenizer_assets, tokenizer_bytes
+from .tools import _generation_config, _hf_config, write_single_rank_checkpoint
 from .units import parse_size
 
 
@@ -44,7 +47,7 @@ def _output_common(base: CheckpointLayout, adapter_path, adapter_common: dict, m
     common: dict[str, Any] = {}
     if hf_config is not None:
         common["hf_config"] = hf_config
-    generation = base.common.get("hf_generation_config")
+    generation = adapter_common.get("hf_generation_config") or base.common.get("hf_generation_config")
     if isinstance(generation, dict):
         common["hf_generation_config"] = generation
     if isinstance(adapter_common.get("train_config"), dict):
@@ -99,13 +102,14 @@ def merge_lora_checkpoint(base, adapter, out, *, to: str = "mf", hf_config=None,
         config = config if isinstance(config, dict) else None
     headers = validate_files(layout, {("model", n) for n in metas})
     total = sum(m.nbytes for m in metas.values())
+    tokenizer = tokenizer_bytes(adapter_layout) or tokenizer_bytes(layout)
     with atomic_output_dir(out, overwrite=overwrite) as tmp, ReaderPool(headers) as pool:
         if to == "mf":
             entries = [Entry(name, m.dtype, m.shape, lambda name=name: whole(pool, name)) for name, m in metas.items()]
             with Progress(total, "merge-lora", enabled=progress) as bar:
                 write_single_rank_checkpoint(tmp, layout, pool, iteration,
                                              _output_common(layout, adapter, adapter_common, meta, iteration, config),
-                                             bar, entries=entries)
+                                             bar, entries=entries, assets=carried.prepare(tokenizer_assets(tokenizer)))
         else:
             entries = []
             for name, target in hf_plan.targets.items():
@@ -119,7 +123,8 @@ def merge_lora_checkpoint(base, adapter, out, *, to: str = "mf", hf_config=None,
                         def read(name=name, p=p):
                             return read_box(layout, pool, "model", name, p.offset, p.shape).reshape(p.hf_shape)
                     entries.append(Entry(p.hf, code, p.hf_shape, read))
-            write_hf_files(tmp, entries, config, limit, generation_config=layout.common.get("hf_generation_config"),
+            generation = _generation_config(adapter_layout) or _generation_config(layout)
+            write_hf_files(tmp, entries, config, limit, generation_config=generation, tokenizer=tokenizer,
                            progress=progress)
     return {"modules": len(plan), "rank": meta["rank"], "alpha": meta["alpha"], "bytes": total,
             "base": str(layout.root), "adapter": str(adapter), "out": str(out), "to": to}

@@ -13,8 +13,10 @@ One save, in order (all ranks call `Saver.save` together):
    hidden staging directory; rank 0 adds metadata.json. With `async_save` the chunks are copied to
    host memory first and a background thread writes them.
 3. commit (at once, or for async saves at the next save/poll/wait/finalize): the ranks gather
-   their write status; if all succeeded rank 0 writes common.json, renames the staging directory
-   to `iteration_{N:08d}`, replaces `latest_checkpointed_iteration.txt` atomically, and rotates.
+   their write status; if all succeeded rank 0 writes the assets (files the checkpoint carries,
+   e.g. `tokenizer/tokenizer.model`, see assets.py), metadata.json (with every chunk's and asset's
+   checksum) and common.json, renames the staging directory to `iteration_{N:08d}`, replaces
+   `latest_checkpointed_iteration.txt` atomically, and rotates.
    Any failure is raised on every rank. A process killed at any point leaves the previous
    committed checkpoint, and the marker pointing at it, intact.
 """
@@ -35,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from . import assets as carried
 from . import checksums as crc
 from . import jsonable
 from .async_writer import AsyncWriter
@@ -87,6 +90,7 @@ class _Pending:
     unconfirmed: tuple[int, bool] | None = None
     metadata: bytes | None = None   # rank 0: metadata.json without its checksums (added at commit)
     checksums: dict[str, dict[str, int]] = field(default_factory=dict)  # this rank's {file: {key: crc}}
+    assets: dict[str, bytes] = field(default_factory=dict)  # rank 0: files to carry, read at save()
 
 
 class _StaleLayout(Exception):
@@ -119,16 +123,21 @@ def common_info(iteration: int, world_size: int, common_json: Any, per_rank: lis
     return info
 
 
-def with_checksums(metadata: bytes, written: dict[str, dict[str, int]]) -> bytes:
+def with_checksums(metadata: bytes, written: dict[str, dict[str, int]],
+                   assets: dict[str, carried.Record] | None = None) -> bytes:
     """metadata.json's bytes with the "checksums" entry (one per chunk) from what the ranks wrote
-    ({file: {key: crc}}). The layout part (cached between saves, possibly megabytes) is spliced,
-    not encoded again: it is a compact JSON object, so the entry goes in before its closing brace."""
-    entry = crc.for_layout(json.loads(metadata), written)
+    ({file: {key: crc}}), and the "assets" entry when the checkpoint carries files. The layout part
+    (cached between saves, possibly megabytes) is spliced, not encoded again: it is a compact JSON
+    object, so the entries go in before its closing brace."""
+    entries = {"checksums": crc.for_layout(json.loads(metadata), written)}
+    if assets:
+        entries[carried.KEY] = carried.to_json(assets)
     body = metadata.rstrip()
     if not body.endswith(b"}") or body == b"{}":
         raise AssertionError("metadata is not a non-empty JSON object")
-    blob = json.dumps(entry, separators=(",", ":"), sort_keys=True).encode("utf-8")
-    return body[:-1] + b',"checksums":' + blob + b"}\n"
+    blob = b"".join(b',"' + key.encode() + b'":' + json.dumps(value, separators=(",", ":"), sort_keys=True).encode("utf-8")
+                    for key, value in entries.items())
+    return body[:-1] + blob + b"}\n"
 
 
 def _describe_error(e: BaseException) -> str:
@@ -169,12 +178,16 @@ class Saver:
         *,
         common: Mapping[str, Any] | None = None,
         per_rank: Any = None,
+        assets: Mapping[str, Any] | None = None,
     ) -> SaveResult | None:
         """Save one iteration. Returns None when `enable_save` is false.
 
         `model_state` / `optimizer_state` map names to ShardedTensor (or plain arrays, taken as
         replicated). `common` (step, consumed_samples, RNG states, `hf_config`, ...) is written by
         rank 0 to common.json; `per_rank` is gathered from every rank and stored beside it.
+        `assets` are files the checkpoint carries, {"dir/file": bytes or a path read now}, e.g.
+        `mf_ckpt.tokenizer_assets(...)`: written by rank 0 into the iteration directory and
+        checksummed in metadata.json (other ranks may pass them too; only rank 0 reads them).
         Synchronous saves return once committed; async saves return after the snapshot.
         """
         if not self.options.enable_save:
@@ -184,6 +197,7 @@ class Saver:
         opts = self.options
         t0, cpu0 = time.perf_counter(), time.thread_time()
         error = states = common_json = per_rank_json = None
+        prepared: dict[str, bytes] = {}
         try:
             if isinstance(iteration, bool) or not isinstance(iteration, (int, np.integer)) or iteration < 0:
                 raise CheckpointError(f"iteration must be a non-negative integer, got {iteration!r}")
@@ -193,12 +207,15 @@ class Saver:
                 states["optimizer"] = as_sharded(optimizer_state, "optimizer")
             common_json = jsonable.encode(dict(common or {}), "common")
             per_rank_json = jsonable.encode(per_rank, "per_rank")
+            if self.comm.rank == 0:
+                prepared = carried.prepare(assets)
         except CheckpointError as e:
             error = str(e)
         cache = self._cache if opts.save_global_layout_cache else None
         if cache is not None and self._writer is None:
             try:
-                return self._save_by_cache(cache, iteration, states, error, common_json, per_rank_json, t0, cpu0)
+                return self._save_by_cache(cache, iteration, states, error, common_json, per_rank_json, t0, cpu0,
+                                           prepared)
             except _StaleLayout:
                 self._cache = cache = None        # every rank got here: redo through the full exchange
                 t0, cpu0 = time.perf_counter(), time.thread_time()
@@ -212,7 +229,8 @@ class Saver:
         t2 = time.perf_counter()
         result = SaveResult(iteration, staging, False, hit,
                             timings={"metadata": t1 - t0, "metadata_cpu": cpu1 - cpu0, "snapshot": t2 - t1})
-        pending = _Pending(iteration, staging, common_json, per_rank_json, result, metadata=plan.metadata_bytes)
+        pending = _Pending(iteration, staging, common_json, per_rank_json, result, metadata=plan.metadata_bytes,
+                           assets=prepared)
         self._pending = pending
         if self._writer is not None:
             pending.future = self._writer.submit(lambda: self._write(plan, entries, staging, result, pending))
@@ -224,7 +242,7 @@ class Saver:
         return self._commit(block=True)
 
     def _save_by_cache(self, cache: LayoutCache, iteration: int, states, error: str | None, common_json,
-                       per_rank_json, t0: float, cpu0: float) -> SaveResult:
+                       per_rank_json, t0: float, cpu0: float, prepared: dict[str, bytes]) -> SaveResult:
         """A synchronous save by the cached plan, with no collective before writing (raises
         _StaleLayout on every rank when some rank's structure changed)."""
         unchanged = error is None and signature(states) == cache.signature
@@ -233,7 +251,7 @@ class Saver:
         result = SaveResult(iteration, staging, False, True,
                             timings={"metadata": t1 - t0, "metadata_cpu": cpu1 - cpu0, "snapshot": 0.0})
         pending = _Pending(iteration, staging, common_json, per_rank_json, result, error=error,
-                           unconfirmed=(iteration, unchanged), metadata=cache.plan.metadata_bytes)
+                           unconfirmed=(iteration, unchanged), metadata=cache.plan.metadata_bytes, assets=prepared)
         self._pending = pending
         if unchanged:
             try:
@@ -365,10 +383,12 @@ class Saver:
         return result
 
     def _publish(self, pending: _Pending, per_rank: list[Any], checksums: dict[str, dict[str, int]]) -> list[int]:
-        """Rank 0: metadata.json (with every rank's checksums), common.json, rename into place,
-        move the marker, rotate."""
+        """Rank 0: the assets, metadata.json (with every rank's checksums), common.json, rename into
+        place, move the marker, rotate."""
         opts, root, it = self.options, self.root, pending.iteration
-        atomic_write_bytes(pending.staging / METADATA, with_checksums(pending.metadata, checksums), fsync=opts.fsync)
+        records = carried.write(pending.staging, pending.assets, fsync=opts.fsync)
+        atomic_write_bytes(pending.staging / METADATA, with_checksums(pending.metadata, checksums, records),
+                           fsync=opts.fsync)
         write_json(pending.staging / COMMON, common_info(it, self.comm.world_size, pending.common, per_rank),
                    fsync=opts.fsync)
         if opts.fsync:
@@ -400,6 +420,7 @@ def save(
     common: Mapping[str, Any] | None = None,
     per_rank: Any = None,
     comm: Collective | None = None,
+    assets: Mapping[str, Any] | None = None,
 ) -> SaveResult | None:
     """One-shot save (committed when it returns). For repeated saves keep a `Saver`, which holds
     the layout cache and the async writer."""
@@ -407,7 +428,7 @@ def save(
         options = SaveOptions(save_path=os.fspath(options))
     saver = Saver(options, comm)
     try:
-        result = saver.save(iteration, model_state, optimizer_state, common=common, per_rank=per_rank)
+        result = saver.save(iteration, model_state, optimizer_state, common=common, per_rank=per_rank, assets=assets)
         final = saver.finalize()
         return final or result
     finally:

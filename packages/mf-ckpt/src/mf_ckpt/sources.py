@@ -15,7 +15,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from . import checksums, jsonable
+from . import assets, checksums, jsonable
 from .ckpt_dir import COMMON, FORMAT, FORMAT_VERSION, MARKER, METADATA, committed_dirs, resolve
 from .errors import CheckpointError, brief
 from .fsutil import loads_json, read_json, safe_member
@@ -85,6 +85,8 @@ def _parse_metadata(path: Path) -> tuple[dict, dict[str, dict[str, TensorMeta]]]
         if type(files) is not list or not all(type(f) is str for f in files):
             raise CheckpointError(f"{where}: files must be a list of file names, got {brief(files)}")
         sums = checksums.parse(meta["checksums"], where) if "checksums" in meta else None
+        if assets.KEY in meta:
+            assets.parse(meta[assets.KEY], where)
         parts = {p: parse_tensors(meta[p], f"{where} [{p}]", None if sums is None else sums.get(p, {}))
                  for p in PARTS if p in meta}
         if "model" not in parts:
@@ -120,8 +122,9 @@ def open_mf(path: Path, iteration: int | None = None) -> CheckpointLayout:
     meta, parts = _parse_metadata(directory / METADATA)
     common, per_rank, _, info = _common_json(directory / COMMON)
     world = meta.get("world_size")
+    carried = assets.parse(meta.get(assets.KEY, {}), str(directory / METADATA))
     return CheckpointLayout("mf", directory, parts, iteration, common, per_rank, world,
-                            {"metadata": meta, "common.json": info})
+                            {"metadata": meta, "common.json": info, "assets": carried})
 
 
 def open_hf(path: Path) -> CheckpointLayout:
@@ -154,10 +157,12 @@ def open_merged(path: Path) -> CheckpointLayout:
             for name, file in locations.items()
             for info in [part_headers[file].tensors[name]]
         }
-    common, per_rank, iteration = {}, None, None
+    common, per_rank, iteration, carried = {}, None, None, {}
     if (path / COMMON).is_file():
-        common, _, iteration, _ = _common_json(path / COMMON)
-    return CheckpointLayout("safetensors", path, parts, iteration, common, per_rank, None, {"headers": headers})
+        common, _, iteration, raw = _common_json(path / COMMON)
+        carried = assets.parse(raw.get(assets.KEY, {}), str(path / COMMON))
+    return CheckpointLayout("safetensors", path, parts, iteration, common, per_rank, None,
+                            {"headers": headers, "assets": carried})
 
 
 def validate_files(layout: CheckpointLayout, needed=None) -> dict[Path, FileHeader]:

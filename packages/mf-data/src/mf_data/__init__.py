@@ -46,9 +46,10 @@ from .sft_indexed import SFTIndexedDataset, loss_mask_prefix
 from .sft_preprocess import preprocess_sft, sft_output_prefix
 from .summary import summarize
 from .tokenizer import SentencePieceTokenizer, train_sentencepiece
+from .tokenizer_files import tokenizer_files
 from .utils import Split, get_blend_from_list, parse_and_normalize_split
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "BUILTIN_TEMPLATE_DOC",
@@ -100,5 +101,6 @@ __all__ = [
     "sft_output_prefix",
     "summarize",
     "token_range",
+    "tokenizer_files",
     "train_sentencepiece",
 ]

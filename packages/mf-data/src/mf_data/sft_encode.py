@@ -27,9 +27,13 @@ __all__ = ["BUILTIN_TEMPLATE_DOC", "ChatEncoder", "load_tokenizer"]
 
 
 def load_tokenizer(path: str) -> SentencePieceTokenizer | HFTokenizer:
-    """A sentencepiece `.model` file, or a Hugging Face tokenizer directory."""
+    """A sentencepiece `.model` file, or a tokenizer directory: a Hugging Face one (`tokenizer.json`),
+    or one holding only a sentencepiece `tokenizer.model` (as a checkpoint's `tokenizer/` does)."""
     path = os.fspath(path)
     if os.path.isdir(path):
+        model = os.path.join(path, "tokenizer.model")
+        if not os.path.isfile(os.path.join(path, "tokenizer.json")) and os.path.isfile(model):
+            return SentencePieceTokenizer(model)
         return HFTokenizer(path)
     if os.path.isfile(path):
         return SentencePieceTokenizer(path)

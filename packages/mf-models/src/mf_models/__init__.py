@@ -46,7 +46,8 @@ __all__ = [
     "LlamaArgs", "LlamaForCausalLM", "Qwen3Args", "Qwen3ForCausalLM", "DeepseekV3Args", "DeepseekV3ForCausalLM",
     "Qwen2Args", "Qwen2ForCausalLM", "MixtralArgs", "MixtralForCausalLM", "Qwen3MoeArgs", "Qwen3MoeForCausalLM",
     "RoutingStats", "update_expert_bias",
-    "available_models", "build_args", "build_model", "generate", "init_weights", "load_hf", "load_state",
+    "available_models", "build_args", "build_model", "check_weights_fit", "generate", "init_weights", "load_hf",
+    "load_state",
     "load_pretrained", "load_weights", "model_state", "register_model", "resolve_spec", "SamplingParams",
     "tiny_model_section", "LoraLinear", "adapter_state", "apply_lora", "describe_lora_modules", "linear_modules",
     "load_adapter_state", "lora_modules",
@@ -78,6 +79,7 @@ _LAZY = {
     "tiny_model_section": ("presets", "tiny_model_section"),
     **{name: ("state", name) for name in ("load_hf", "load_state", "model_state")},
     "load_weights": ("weights", "load_weights"),
+    "check_weights_fit": ("weights", "check_weights_fit"),
     **{name: ("common.pipeline", name) for name in ("PipelineChunk", "PipelineStage", "pipeline_stage")},
 }
 

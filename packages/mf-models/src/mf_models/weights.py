@@ -9,6 +9,11 @@ optimizer state the checkpoint holds is not read.
 
 Used by mf-trainer (a fine-tune's base weights, `mf eval`) and inference (`load_pretrained`,
 `mf generate`, `mf serve`); errors are `mf_ckpt.CheckpointError` / `ModelStateError` (one line).
+
+`check_weights_fit(section, source)` compares the stored tensors' shapes (metadata and safetensors
+headers only) with the shapes a model section implies, before the model is built: a config whose
+sizes do not match its weights (`hidden_size: 196608`) is refused in one line naming the tensor
+and both shapes, instead of first allocating the model it describes.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import numpy as np
 
 import mf_ckpt
 
+from .registry import build_args
 from .state import load_state
 
 
@@ -38,6 +44,26 @@ class LoadedWeights:
                     f"{self.adapter.get('base')}")
         return f"{self.kind} checkpoint {self.path}" + (f" (iteration {self.iteration})"
                                                          if self.iteration is not None else "")
+
+
+def check_weights_fit(model_section: dict[str, Any], source: str | os.PathLike, *, iteration: int | None = None,
+                      config_name: str = "the model section") -> bool:
+    """Raise `mf_ckpt.CheckpointError` (one line: the tensor and both shapes, or a tensor missing)
+    when the weights at `source` (for a LoRA adapter: its base's) do not have the shapes
+    `model_section` implies. Reads no tensor data. False when mf-ckpt has no rename rules for the
+    model type, so nothing could be compared (the strict load still compares, after building)."""
+    spec, args = build_args(model_section)
+    config = {**args.to_dict(), "model_type": spec.model_type}
+    path = os.fspath(source)
+    info = mf_ckpt.load(path, {}, strict=False, iteration=iteration)
+    adapter = mf_ckpt.read_adapter_meta(info.common, path)
+    if adapter is not None:
+        if not adapter.get("base") or not os.path.exists(adapter["base"]):
+            return False   # the merge says where the base should be
+        iteration = adapter.get("base_iteration") if adapter.get("base_kind") == "mf" else None
+        path = adapter["base"]
+    stored = mf_ckpt.stored_tensors(path, iteration)
+    return mf_ckpt.check_config_shapes(config, stored, info.source if adapter is None else path, config_name)
 
 
 def load_weights(model, source: str | os.PathLike, *, iteration: int | None = None,

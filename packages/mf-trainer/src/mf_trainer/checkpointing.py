@@ -6,7 +6,11 @@ Saved (mf-ckpt layout, `<save_path>/iteration_<step>/`):
   optimizer  `exp_avg.<name>`, `exp_avg_sq.<name>` (unless `no_save_optim`)
   common     step, consumed_samples, optimizer_step (AdamW's t), skipped/non-finite counters, the
              RNG states, the resolved LR schedule, `hf_config` (the model section, so
-             `mf ckpt convert --to hf` works) and the whole resolved YAML (`train_config`).
+             `mf ckpt convert --to hf` works), the whole resolved YAML (`train_config`) and
+             `hf_generation_config` (generation defaults in HF's generation_config.json terms)
+  tokenizer  the tokenizer's files under `iteration_<step>/tokenizer/` (mf-ckpt assets,
+             checksummed): `tokenizer.path`, or without one the tokenizer `load_path` carries. A
+             copied checkpoint then generates, serves and converts to HF with no --tokenizer.
 
 Loading (`load_path`), by what the directory holds:
   mf checkpoint with optimizer state  -> full resume: weights, moments, optimizer step, LR schedule
@@ -23,7 +27,8 @@ Loading (`load_path`), by what the directory holds:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import mf_ckpt
 from mf_trainer.errors import TrainerConfigError, TrainingError
@@ -132,15 +137,104 @@ def load_checkpoint(ckpt_cfg, model_state: dict, optimizer_state: dict, *, path:
     return Restored(True, result.kind, result.iteration, common, result.source)
 
 
+@dataclass
+class Carried:
+    """What every checkpoint of a run carries so it stands on its own (`carried(cfg)`)."""
+
+    assets: dict = field(default_factory=dict)     # mf-ckpt assets: {"tokenizer/<file>": bytes}
+    common: dict = field(default_factory=dict)     # added to common.json: hf_generation_config
+    tokenizer: str | None = None                   # where the tokenizer came from
+
+
+def _tokenizer_source(cfg) -> str | None:
+    """tokenizer.path, or (fine-tuning or resuming without one) the tokenizer load_path carries."""
+    path = cfg.tokenizer.path
+    if path:
+        if os.path.exists(path):
+            return path
+        log.warning("tokenizer.path %s not found: checkpoints will carry no tokenizer", path)
+        return None
+    if cfg.checkpoint.load_path and os.path.isdir(cfg.checkpoint.load_path):
+        try:
+            found = mf_ckpt.find_tokenizer(cfg.checkpoint.load_path)
+        except mf_ckpt.CheckpointError as exc:
+            raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
+        return found.path if found is not None else None
+    return None
+
+
+def _base_generation_config(cfg) -> dict:
+    if not (cfg.checkpoint.load_path and os.path.isdir(cfg.checkpoint.load_path)):
+        return {}
+    try:
+        common = mf_ckpt.load(cfg.checkpoint.load_path, {}, strict=False).common
+    except mf_ckpt.CheckpointError:
+        return {}   # the restore reports what is wrong with it, with its field
+    generation = common.get("hf_generation_config")
+    return dict(generation) if isinstance(generation, dict) else {}
+
+
+def generation_config(cfg, tokenizer=None, base: dict | None = None) -> dict:
+    """generation_config.json (HF's names) of the run's checkpoints: the base model's, if it has one
+    (a fine-tune keeps its base's recommended sampling), then the `inference` settings the YAML sets
+    away from their defaults, and the stop ids: the model's eos_token_id (else the tokenizer's EOS)
+    plus inference.stop_token_ids, the ids `mf generate` and `mf serve` stop at."""
+    import mf_config
+
+    out = dict(base or {})
+    inf, defaults = cfg.inference, mf_config.InferenceConfig()
+    out.setdefault("do_sample", inf.do_sample)
+    out.setdefault("max_new_tokens", inf.max_new_tokens)
+    for name in ("do_sample", "max_new_tokens", "temperature", "top_k", "top_p"):
+        if getattr(inf, name) != getattr(defaults, name):
+            out[name] = getattr(inf, name)
+    model = cfg.model.extra
+    eos = out.get("eos_token_id", model.get("eos_token_id"))
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eod
+    ids = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
+    ids += [t for t in inf.stop_token_ids or () if t not in ids]
+    if ids:
+        out["eos_token_id"] = ids[0] if len(ids) == 1 else ids
+    for name, value in (("bos_token_id", model.get("bos_token_id", tokenizer.bos if tokenizer is not None else None)),
+                        ("pad_token_id", model.get("pad_token_id"))):
+        if value is not None:
+            out.setdefault(name, value)
+    return out
+
+
+def carried(cfg) -> Carried:
+    """The tokenizer's files and the generation defaults every checkpoint of `cfg`'s run carries."""
+    import mf_data
+
+    source = _tokenizer_source(cfg)
+    tokenizer, assets = None, {}
+    if source is not None:
+        try:
+            tokenizer = mf_data.load_tokenizer(source)
+            assets = mf_ckpt.tokenizer_assets(mf_data.tokenizer_files(source))
+        except (mf_data.MFDataError, mf_ckpt.CheckpointError) as exc:
+            key = "tokenizer.path" if cfg.tokenizer.path else "checkpoint.load_path"
+            raise TrainerConfigError(f"{key}: {exc}") from None
+    generation = generation_config(cfg, tokenizer, _base_generation_config(cfg))
+    return Carried(assets, {"hf_generation_config": generation}, source)
+
+
 class CheckpointSaver:
     """Owns the mf-ckpt Saver: saves on schedule and at the end, fires `on_save` once committed.
-    `comm`: mf-parallel's `Communicator` in a parallel run (each rank writes its own blocks)."""
+    `comm`: mf-parallel's `Communicator` in a parallel run (each rank writes its own blocks).
+    `carry`: what every checkpoint carries besides the training state (`carried(cfg)`)."""
 
-    def __init__(self, ckpt_cfg, comm=None):
+    def __init__(self, ckpt_cfg, comm=None, carry: Carried | None = None):
         self.options = save_options(ckpt_cfg)
         self.saver = mf_ckpt.Saver(self.options, comm) if self.options.enable_save else None
         self._pending = None  # (step, SaveResult) of an async save not yet committed
         self.last_saved_step: int | None = None
+        self.carry = carry or Carried()
+        if self.saver is not None and carry is not None:
+            log.info("checkpoints carry %s and the generation defaults %s",
+                     f"the tokenizer {carry.tokenizer}" if carry.assets else "no tokenizer",
+                     carry.common.get("hf_generation_config"))
 
     @property
     def pending(self) -> bool:
@@ -156,7 +250,8 @@ class CheckpointSaver:
             return []
         committed = self.poll(block=True)
         try:
-            result = self.saver.save(step, model_state, optimizer_state, common=common)
+            result = self.saver.save(step, model_state, optimizer_state, common={**common, **self.carry.common},
+                                     assets=self.carry.assets)
         except mf_ckpt.CheckpointError as exc:
             raise TrainingError(f"saving checkpoint {step} failed: {exc}") from None
         self.last_saved_step = step

@@ -31,7 +31,7 @@ import numpy as np
 import mf_models
 from mf_trainer import runtime
 from mf_trainer.callbacks import Callback, CallbackList, build_callbacks
-from mf_trainer.checkpointing import CheckpointSaver, load_checkpoint
+from mf_trainer.checkpointing import CheckpointSaver, carried, load_checkpoint
 from mf_trainer.data import build_loader, ensure_demo_corpus
 from mf_trainer.errors import TrainerConfigError, TrainingError
 from mf_trainer.evaluation import build_evaluator
@@ -121,7 +121,7 @@ class Trainer:
                  f"{self.peak_flops:.3g}" if self.peak_flops else "unknown", peak_source,
                  sum(p.size for p in self.model.trainable_params()) / 1e6, self.accumulation,
                  cfg.training.local_batch_size)
-        self.checkpointer = CheckpointSaver(cfg.checkpoint, self.parallel.comm)
+        self.checkpointer = CheckpointSaver(cfg.checkpoint, self.parallel.comm, carried(cfg))
         built_in: list[Callback] = []
         if self.parallel.is_rank0:   # one writer of metrics.jsonl, TensorBoard, console progress, profile
             built_in.append(MetricsLogger(self.output_dir, cfg.monitor.log_interval, cfg.monitor.tensorboard))

@@ -113,6 +113,7 @@ def skipped(c: ConfigView):
 
 ARCH = Architecture(
     model_type="deepseek_v3",
+    hf_class="DeepseekV3ForCausalLM",
     defaults=DEFAULTS,
     dims=dims,
     conditions=conditions,

@@ -4,6 +4,9 @@
 buffer); `save_hf` writes transformers' layout (`model.safetensors`, or
 `model-0000k-of-0000n.safetensors` + `model.safetensors.index.json` when `max_shard_size` is set
 and exceeded) into a temp directory renamed into place, so a failure never leaves half a model.
+Beside the weights go config.json (mf-only keys left out, `architectures` and `dtype` filled in
+when missing), generation_config.json and the tokenizer's files, so transformers'
+`AutoModelForCausalLM`, `AutoTokenizer` and `generate` work on the directory as saved.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from ..fsutil import atomic_output_dir, read_json
 from ..progress import Progress
 from ..st_dir import has_tensors, tensor_locations, write_tensors
 from ..st_io import Entry, FileHeader, ReaderPool
+from ..tokenizer_files import hf_export_files, write_files
 from ..units import parse_size
-from .convert import assemble, mf_to_hf, plan_for, warn_skipped
+from .convert import ARCHITECTURES, assemble, mf_to_hf, plan_for, warn_skipped
 from .rules import Plan, check_hf
 
 
@@ -97,6 +101,30 @@ def load_hf_state(hf_dir: str | Path, dtype=None, *, progress: bool = False) -> 
     return hf.config, state
 
 
+# Keys of the mf model section that mean nothing to transformers (mf-models' extras).
+MF_ONLY_KEYS = ("seq_length", "compute_dtype", "params_dtype", "use_flash_attention")
+_TORCH_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+def export_config(hf_config: Mapping[str, Any], entries: list[Entry]) -> dict[str, Any]:
+    """config.json of an export: the carried config without mf-only keys, with `architectures`
+    (transformers' class) and `dtype` (of the stored weights) when it has none."""
+    config = {k: v for k, v in hf_config.items() if k not in MF_ONLY_KEYS}
+    arch = ARCHITECTURES.get(config.get("model_type"))
+    if isinstance(config.get("architectures"), str):
+        config["architectures"] = [config["architectures"]]
+    if config.get("architectures") is None and arch is not None and arch.hf_class:
+        config["architectures"] = [arch.hf_class]
+    stored = next((_TORCH_DTYPES[e.dtype] for e in entries if e.dtype in _TORCH_DTYPES), None)
+    if config.get("dtype") is None and config.get("torch_dtype") is None and stored is not None:
+        config["dtype"] = stored
+    return config
+
+
+def write_json(path: Path, obj: Mapping[str, Any]) -> None:
+    path.write_text(json.dumps(dict(obj), indent=2, sort_keys=True) + "\n")
+
+
 def write_hf_files(
     out: Path,
     entries: list[Entry],
@@ -104,16 +132,20 @@ def write_hf_files(
     max_shard_size: int | str | None = None,
     *,
     generation_config: Mapping[str, Any] | None = None,
+    tokenizer: Mapping[str, bytes] | None = None,
     progress: bool = False,
 ) -> None:
-    """Write config.json and the safetensors shards (+ index) of `entries` into existing dir `out`."""
+    """Write config.json, the safetensors shards (+ index) of `entries`, generation_config.json
+    and the tokenizer's files ({name: bytes}) into the existing directory `out`."""
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
     total = sum(e.nbytes for e in entries)
     with Progress(total, "write", enabled=progress) as bar:
         write_tensors(out, entries, "model", limit, {"format": "pt"}, on_bytes=bar.update)
-    (out / "config.json").write_text(json.dumps(dict(hf_config), indent=2, sort_keys=True) + "\n")
+    write_json(out / "config.json", export_config(hf_config, entries))
     if generation_config is not None:
-        (out / "generation_config.json").write_text(json.dumps(dict(generation_config), indent=2, sort_keys=True) + "\n")
+        write_json(out / "generation_config.json", generation_config)
+    if tokenizer:
+        write_files(out, hf_export_files(tokenizer, hf_config, str(out)))
 
 
 def save_hf(
@@ -123,16 +155,19 @@ def save_hf(
     max_shard_size: int | str | None = None,
     *,
     generation_config: Mapping[str, Any] | None = None,
+    tokenizer: Mapping[str, bytes] | None = None,
     overwrite: bool = False,
     progress: bool = False,
 ) -> Path:
     """Write an mf-named state as a Hugging Face directory (config.json + safetensors [+ index]).
 
-    `max_shard_size` (bytes or "2GB") splits into shards with `model.safetensors.index.json`.
+    `max_shard_size` (bytes or "2GB") splits into shards with `model.safetensors.index.json`;
+    `tokenizer` ({file name: bytes}, e.g. tokenizer.model + tokenizer_config.json) goes beside.
     The directory appears complete or not at all; a non-empty `out_dir` needs `overwrite=True`.
     """
     hf_state = mf_to_hf(mf_state, hf_config)
     entries = [Entry.of(name, arr) for name, arr in hf_state.items()]
     with atomic_output_dir(out_dir, overwrite=overwrite) as tmp:
-        write_hf_files(tmp, entries, hf_config, max_shard_size, generation_config=generation_config, progress=progress)
+        write_hf_files(tmp, entries, hf_config, max_shard_size, generation_config=generation_config,
+                       tokenizer=tokenizer, progress=progress)
     return Path(out_dir)

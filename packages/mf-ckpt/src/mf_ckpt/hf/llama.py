@@ -58,6 +58,7 @@ def skip_rotary_buffers(c: ConfigView):
 
 ARCH = Architecture(
     model_type="llama",
+    hf_class="LlamaForCausalLM",
     defaults=DEFAULTS,
     dims=dense_dims,
     conditions=lambda c: {

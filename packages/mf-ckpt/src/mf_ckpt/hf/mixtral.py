@@ -26,6 +26,7 @@ def dims(c: ConfigView) -> dict[str, int]:
 
 ARCH = Architecture(
     model_type="mixtral",
+    hf_class="MixtralForCausalLM",
     defaults=DEFAULTS,
     dims=dims,
     conditions=lambda c: {"untied": not c.bool("tie_word_embeddings")},

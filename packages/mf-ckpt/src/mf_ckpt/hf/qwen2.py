@@ -17,6 +17,7 @@ MLP = tuple(r for r in llama.MLP if "mlp_bias" not in r.when)
 
 ARCH = Architecture(
     model_type="qwen2",
+    hf_class="Qwen2ForCausalLM",
     defaults=DEFAULTS,
     dims=llama.dense_dims,
     conditions=lambda c: {"untied": not c.bool("tie_word_embeddings")},

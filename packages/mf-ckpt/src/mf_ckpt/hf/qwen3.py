@@ -18,6 +18,7 @@ MLP = tuple(r for r in llama.MLP if "mlp_bias" not in r.when)
 
 ARCH = Architecture(
     model_type="qwen3",
+    hf_class="Qwen3ForCausalLM",
     defaults=DEFAULTS,
     dims=lambda c: llama.dense_dims(c, default_head_dim=128),
     conditions=lambda c: {

@@ -57,6 +57,7 @@ def layer_conditions(c: ConfigView, i: int) -> dict[str, bool]:
 
 ARCH = Architecture(
     model_type="qwen3_moe",
+    hf_class="Qwen3MoeForCausalLM",
     defaults=DEFAULTS,
     dims=dims,
     conditions=lambda c: {"untied": not c.bool("tie_word_embeddings"), "attention_bias": c.bool("attention_bias")},

@@ -96,6 +96,8 @@ class Architecture:
     # HF tensors that are legitimately present but have no mf counterpart (e.g. DeepSeek's MTP
     # layer, which transformers itself ignores); skipped with a warning.
     skipped: Callable[[ConfigView], Callable[[str], bool]] = field(default=lambda c: (lambda name: False))
+    # transformers' model class, written as config.json's `architectures` when a config lacks it.
+    hf_class: str | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,10 @@ def _whole(hf: str, shape: tuple[int, ...]) -> Piece:
     return Piece(hf, zeros, shape, (), zeros, shape)
 
 
+# DeepSeek-V3 (61 layers x 256 experts x 3) is about 47,000 tensors.
+MAX_PLAN_PIECES = 300_000
+
+
 def build_plan(arch: Architecture, config: Mapping[str, Any], hf_names: Iterable[str] | None = None) -> Plan:
     """Expand `arch` for `config`. With `hf_names`, layers stored fused are planned as fused."""
     view = ConfigView(config, arch.model_type, arch.defaults)
@@ -154,6 +160,11 @@ def build_plan(arch: Architecture, config: Mapping[str, Any], hf_names: Iterable
     conditions = arch.conditions(view)
     present = set(hf_names) if hf_names is not None else None
     num_layers = view.int("num_hidden_layers")
+    # A crafted config (num_hidden_layers: 10**9) must be refused, not expanded for minutes.
+    pieces = num_layers * sum(dims[r.shape[0]] if r.experts else 1 for r in arch.layer)
+    if pieces > MAX_PLAN_PIECES:
+        raise CheckpointError(f"config.json ({arch.model_type}): num_hidden_layers {num_layers} with these sizes would "
+                              f"describe {pieces} tensors, more than any model has (at most {MAX_PLAN_PIECES})")
     targets: dict[str, Target] = {}
 
     def shape_of(rule: Rule) -> tuple[int, ...]:
@@ -228,19 +239,23 @@ def check_hf(plan: Plan, found: Mapping[str, tuple[str, tuple[int, ...]]], where
     return skipped
 
 
-def check_mf(plan: Plan, found: Mapping[str, tuple[str, tuple[int, ...]]], where: str) -> None:
-    """Validate mf tensors {name: (dtype, shape)} against the plan."""
+def check_mf(plan: Plan, found: Mapping[str, tuple[str, tuple[int, ...]]], where: str,
+             config_name: str = "config.json") -> None:
+    """Validate mf tensors {name: (dtype, shape)} against the plan (`config_name` names the config
+    in messages, e.g. "the hf_config in common.json")."""
     missing = sorted(plan.targets.keys() - found.keys())
     if missing:
-        raise CheckpointError(f"{where}: missing tensor {first_few(missing)} required by config.json ({plan.summary})")
+        raise CheckpointError(f"{where}: missing tensor {first_few(missing)} required by {config_name} ({plan.summary})")
     unexpected = sorted(found.keys() - plan.targets.keys())
     if unexpected:
-        raise CheckpointError(f"{where}: unexpected tensor {first_few(unexpected)} not described by config.json ({plan.summary})")
+        raise CheckpointError(f"{where}: unexpected tensor {first_few(unexpected)} not described by {config_name} "
+                              f"({plan.summary})")
     for name, target in plan.targets.items():
         shape = tuple(found[name][1])
         if shape != target.shape:
             raise CheckpointError(
-                f"{where}: tensor {name!r} has shape {list(shape)}, config.json implies {list(target.shape)} ({plan.summary})"
+                f"{where}: tensor {name!r} has shape {list(shape)}, {config_name} implies {list(target.shape)} "
+                f"({plan.summary})"
             )
 
 

@@ -6,8 +6,11 @@ SOURCE is one of
     top_p, stop_token_ids, batch_size = engine slots, prompts / input_file, output_file);
     `training.seed` seeds sampling. Command-line flags override these keys (as `--set` does).
   - an mf checkpoint (save directory or iteration directory) written by mf-trainer: the model
-    comes from its common.json (`hf_config`), the tokenizer from the training config it recorded.
+    comes from its common.json (`hf_config`), the tokenizer from the files it carries
+    (`iteration_N/tokenizer/`; older checkpoints: the training config's tokenizer.path), so a copied
+    checkpoint needs no --tokenizer.
   - a Hugging Face directory (config.json + safetensors; tokenizer.json / tokenizer.model beside).
+The stored tensors' shapes are checked against the model config before the model is built.
 
 Prompts: `--prompt TEXT` and `--prompt-ids 1,2,3` (repeatable, in order) or `--input FILE.jsonl`
 with one {"prompt": text} or {"prompt_ids": [...]} object per line (an "id" key is copied to the
@@ -74,6 +77,7 @@ class Source:
     inference: Any = None          # mf_config.InferenceConfig (CONFIG sources)
     seed: int | None = None        # training.seed (CONFIG sources)
     notes: list[str] = field(default_factory=list)
+    generation_config: dict = field(default_factory=dict)  # the checkpoint's (HF generation_config.json names)
 
 
 def bad_input_errors() -> tuple[type[BaseException], ...]:
@@ -118,10 +122,11 @@ def load_source(path: str, *, tokenizer: str | None = None, overrides: list[str]
             set_mode(mode or "graph")
             from mf_models.inference import load_pretrained
 
-            loaded = load_pretrained(path)
-            tok = _tokenizer(tokenizer or loaded.tokenizer_path)
+            loaded = load_pretrained(path, tokenizer=tokenizer)
+            tok = _tokenizer(loaded.tokenizer_path)
             eos = loaded.eos_token_ids or ([tok.eos_token_id] if tok and tok.eos_token_id is not None else [])
-            return Source(loaded.model, loaded.name, eos, tok, notes=loaded.notes)
+            return Source(loaded.model, loaded.name, eos, tok, notes=loaded.notes,
+                          generation_config=loaded.generation_config)
         return _load_config_source(path, tokenizer, [*predict_overrides, *overrides], mode, command)
     except bad as exc:
         raise UsageError(str(exc).strip().splitlines()[0]) from None
@@ -148,12 +153,19 @@ def _load_config_source(path: str, tokenizer: str | None, overrides: list[str], 
     section = {"model_type": cfg.model.model_type, **cfg.model.extra}
     if cfg.model.architectures:
         section["architectures"] = cfg.model.architectures
+    from mf_models.inference import find_tokenizer, read_checkpoint_info
+
+    _, _, common = read_checkpoint_info(load_path)
+    mf_models.check_weights_fit(section, load_path)   # before the model is built from the section
     model = mf_models.build_model(section, init=False)
     mf_models.load_weights(model, load_path)
-    tok = _tokenizer(cfg.tokenizer.path)
+    notes: list[str] = []
+    tok = _tokenizer(cfg.tokenizer.path or find_tokenizer(load_path, common, notes))
+    generation = common.get("hf_generation_config") if isinstance(common.get("hf_generation_config"), dict) else {}
     eos = model.args.eos_token_ids or ([tok.eos_token_id] if tok and tok.eos_token_id is not None else [])
-    name = os.path.splitext(os.path.basename(path))[0]
-    return Source(model, name, eos, tok, inference=cfg.inference, seed=cfg.training.seed)
+    name = os.path.splitext(os.path.basename(path))[0]   # a predict YAML: its own name is the model id
+    return Source(model, name, eos, tok, inference=cfg.inference, seed=cfg.training.seed,
+                  notes=notes, generation_config=dict(generation))
 
 
 # ---- mf generate ------------------------------------------------------------------------------

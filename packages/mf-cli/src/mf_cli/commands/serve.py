@@ -4,7 +4,10 @@ The model and tokenizer load as for `mf generate` (a CONFIG must be a `run_mode:
 its `inference` section is not used here: every request brings its own settings). Endpoints,
 limits and error shapes are mf_models.serving's (see its README): /v1/completions,
 /v1/chat/completions (chat rendered by mf-data's ChatEncoder, as SFT data is), streaming via
-server-sent events, /v1/models, /health. Requests share the engine's slots by continuous batching.
+server-sent events, /v1/models, /health, /metrics (Prometheus). Requests share the engine's slots
+by continuous batching. The model id defaults to the run's name (`tiny` for
+output/tiny/checkpoint); settings a request leaves out (temperature, top_p, top_k, max_tokens)
+follow the model's generation config, and its EOS ids are the stop ids.
 
 Once the warm-up compile is done, one line `mf serve: listening on http://HOST:PORT` goes to
 stdout (`--port 0` picks a free port). SIGINT/SIGTERM stop it after in-flight requests finish.
@@ -25,7 +28,8 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
     p.add_argument("source", metavar="CHECKPOINT|HF_DIR|CONFIG", help="mf checkpoint, HF directory or predict YAML")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
-    p.add_argument("--model-name", help="the model id clients use (default: the source's directory name)")
+    p.add_argument("--model-name", help="the model id clients use (default: the checkpoint's directory name, or "
+                                        "for a generic one such as 'checkpoint' the run's name)")
     p.add_argument("--tokenizer", metavar="PATH", help="sentencepiece .model or HF tokenizer directory")
     p.add_argument("--max-slots", type=int, default=8, help="requests decoded together (default 8)")
     p.add_argument("--max-len", type=int, help="prompt + completion tokens per request "
@@ -87,12 +91,17 @@ def _bind(host: str, port: int) -> socket.socket:
 def _serve(args, sock, unused: list[str]) -> int:
     from mf_cli.commands.generate import load_source
     from mf_models.inference import InferenceEngine
-    from mf_models.serving import ServerLimits, serve
+    from mf_models.serving import SamplingDefaults, ServerLimits, serve
 
     source = load_source(args.source, tokenizer=args.tokenizer, overrides=args.overrides, mode=args.mode,
                          predict_overrides=unused, command="serve")
     for note in source.notes:
         print(f"mf serve: note: {note}", file=sys.stderr)
+    try:
+        defaults = SamplingDefaults.from_generation_config(source.generation_config,
+                                                           "the model's generation config")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     try:
         engine = InferenceEngine(source.model, max_slots=args.max_slots, max_len=args.max_len,
                                  eos_token_ids=source.eos_token_ids)
@@ -104,12 +113,12 @@ def _serve(args, sock, unused: list[str]) -> int:
     def ready(url: str) -> None:
         tokenizer = source.tokenizer.path if source.tokenizer else "none (token-id prompts only)"
         print(f"mf serve: model {args.model_name or source.name}, {args.max_slots} slots x {engine.max_len} "
-              f"tokens, tokenizer {tokenizer}", file=sys.stderr)
+              f"tokens, tokenizer {tokenizer}; request defaults: {defaults.describe()}", file=sys.stderr)
         print(f"mf serve: listening on {url}", flush=True)
 
     try:
         serve(engine, tokenizer=source.tokenizer, model_name=args.model_name or source.name, sock=sock,
-              limits=limits, on_ready=ready, log_level=args.log_level)
+              limits=limits, on_ready=ready, log_level=args.log_level, defaults=defaults)
     except Exception as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"mf serve: failed: {message}", file=sys.stderr)

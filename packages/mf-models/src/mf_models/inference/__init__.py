@@ -8,13 +8,13 @@
 
 from .cache import DecodeView, PrefillView, SlotKVCache
 from .engine import EngineFailure, EngineStats, InferenceEngine
-from .loading import Pretrained, load_pretrained, load_weights, read_checkpoint_info
+from .loading import Pretrained, find_tokenizer, load_pretrained, load_weights, model_name, read_checkpoint_info
 from .sampling import SamplingParams, TokenChooser
 from .scheduler import Request, RequestError
 from .text import TextStream
 
 __all__ = [
     "DecodeView", "EngineFailure", "EngineStats", "InferenceEngine", "PrefillView", "Pretrained", "Request", "RequestError",
-    "SamplingParams", "SlotKVCache", "TextStream", "TokenChooser", "load_pretrained", "load_weights",
-    "read_checkpoint_info",
+    "SamplingParams", "SlotKVCache", "TextStream", "TokenChooser", "find_tokenizer", "load_pretrained", "load_weights",
+    "model_name", "read_checkpoint_info",
 ]

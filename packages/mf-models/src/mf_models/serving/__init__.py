@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP serving of an `InferenceEngine` (the `serve` extra: starlette, uvicorn).
+"""OpenAI-compatible HTTP serving of an `InferenceEngine` (the `serve` extra: starlette, uvicorn,
+prometheus_client for `/metrics`).
 
     from mf_models.serving import serve
     serve(engine, tokenizer=my_tokenizer, model_name="tiny", host="127.0.0.1", port=8000)
@@ -8,8 +9,10 @@
 """
 
 from .app import ServingTokenizer, create_app
-from .protocol import APIError, ServerLimits
+from .metrics import ServerMetrics
+from .protocol import APIError, SamplingDefaults, ServerLimits
 from .runner import EngineRunner, TokenStream
 from .server import bind, serve
 
-__all__ = ["APIError", "EngineRunner", "ServerLimits", "ServingTokenizer", "TokenStream", "bind", "create_app", "serve"]
+__all__ = ["APIError", "EngineRunner", "SamplingDefaults", "ServerLimits", "ServerMetrics", "ServingTokenizer",
+           "TokenStream", "bind", "create_app", "serve"]

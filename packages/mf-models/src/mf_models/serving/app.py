@@ -1,9 +1,13 @@
 """The HTTP application: OpenAI-compatible completions and chat over the engine runner (Starlette).
 
     GET  /health                 {"status": "ok"} or 503 when the engine thread has failed
+    GET  /metrics                Prometheus metrics (metrics.py): requests, tokens, queue, latencies
     GET  /v1/models              the one served model
     POST /v1/completions         prompt(s) as text or token ids; stream: true -> server-sent events
     POST /v1/chat/completions    messages rendered by the tokenizer's chat template
+
+Settings a request leaves out come from `defaults` (SamplingDefaults: OpenAI's, or the model's
+generation config).
 
 Every error is JSON in OpenAI's shape with a 4xx/5xx status: 400 for a bad field (named in `param`),
 404 for an unknown model or route, 405 for a wrong method, 413 for a body over the byte limit,
@@ -23,13 +27,15 @@ from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..inference.scheduler import RequestError
 from .choices import Choice, run_choice
-from .protocol import APIError, Job, ServerLimits, parse_chat, parse_completion
+from .metrics import MetricsMiddleware, ServerMetrics
+from .protocol import APIError, Job, SamplingDefaults, ServerLimits, parse_chat, parse_completion
 from .runner import EngineRunner
 
 log = logging.getLogger("mf_models")
@@ -70,11 +76,13 @@ async def _read_json(request: HTTPRequest, limit: int) -> dict[str, Any]:
 
 
 class Server:
-    """The routes' shared state: runner, tokenizer, model name, limits."""
+    """The routes' shared state: runner, tokenizer, model name, limits, request defaults, metrics."""
 
     def __init__(self, runner: EngineRunner, tokenizer: ServingTokenizer | None, model_name: str,
-                 limits: ServerLimits):
+                 limits: ServerLimits, defaults: SamplingDefaults | None = None):
         self.runner, self.tokenizer, self.model_name, self.limits = runner, tokenizer, model_name, limits
+        self.defaults = defaults or SamplingDefaults()
+        self.metrics = ServerMetrics(runner)
         self.created = int(time.time())
         engine = runner.engine
         self.max_len = engine.max_len
@@ -91,26 +99,33 @@ class Server:
         return JSONResponse({"status": "ok", "active": len(engine.scheduler.active()),
                              "waiting": engine.scheduler.waiting, "slots": engine.max_slots})
 
+    async def prometheus(self, request: HTTPRequest) -> Response:
+        body, content_type = self.metrics.render()
+        return Response(body, media_type=content_type)
+
     async def models(self, request: HTTPRequest) -> Response:
         return JSONResponse({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "mf",
              "max_model_len": self.max_len}]})
 
     async def completions(self, request: HTTPRequest) -> Response:
+        arrived = time.perf_counter()
         try:
             body = await _read_json(request, self.limits.max_request_bytes)
             self._check_model(body)
-            job = parse_completion(body, self.limits, self.max_tokens_cap, self.vocab_size)
+            job = parse_completion(body, self.limits, self.max_tokens_cap, self.vocab_size, self.defaults)
             prompt_ids = [self._encode(p) for p in job.prompts]
-            return await self._respond(job, prompt_ids, [self._prompt_text(p, ids) for p, ids in zip(job.prompts, prompt_ids)])
+            return await self._respond(job, prompt_ids, [self._prompt_text(p, ids) for p, ids in zip(job.prompts, prompt_ids)],
+                                       arrived)
         except APIError as exc:
             return _error(exc)
 
     async def chat(self, request: HTTPRequest) -> Response:
+        arrived = time.perf_counter()
         try:
             body = await _read_json(request, self.limits.max_request_bytes)
             self._check_model(body)
-            job = parse_chat(body, self.limits, self.max_tokens_cap, self.vocab_size)
+            job = parse_chat(body, self.limits, self.max_tokens_cap, self.vocab_size, self.defaults)
             if self.tokenizer is None:
                 raise APIError(400, "this server has no tokenizer, so it cannot render chat messages; "
                                     "use /v1/completions with token ids", "messages")
@@ -118,7 +133,7 @@ class Server:
                 ids = self.tokenizer.encode_chat(job.prompts[0])
             except ValueError as exc:
                 raise APIError(400, f"messages: {exc}", "messages") from None
-            return await self._respond(job, [ids], [""])
+            return await self._respond(job, [ids], [""], arrived)
         except APIError as exc:
             return _error(exc)
 
@@ -144,15 +159,19 @@ class Server:
             return prompt
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
-    def _choices(self, job: Job, prompt_ids: list[list[int]], prompt_texts: list[str]) -> list[Choice]:
+    def _choices(self, job: Job, prompt_ids: list[list[int]], prompt_texts: list[str], arrived: float) -> list[Choice]:
         choices = []
+        default = self.defaults.max_tokens if self.defaults.max_tokens is not None else (None if job.chat else 16)
         for i, ids in enumerate(prompt_ids):
             param = "messages" if job.chat else "prompt"
             if len(ids) > self.max_prompt_tokens:
                 raise APIError(400, f"{param}: {len(ids)} tokens exceed the limit of {self.max_prompt_tokens} prompt "
                                     "tokens", param)
             room = self.max_len - len(ids)
-            max_tokens = job.max_tokens if job.max_tokens is not None else min(self.max_tokens_cap, room)
+            if job.max_tokens is None:  # a default: as much of it as fits
+                max_tokens = min(self.max_tokens_cap, room, default if default is not None else room)
+            else:
+                max_tokens = job.max_tokens
             if max_tokens > room:
                 raise APIError(400, f"This model's maximum context length is {self.max_len} tokens. However, you "
                                     f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} "
@@ -160,7 +179,8 @@ class Server:
             for j in range(job.n):
                 seed = job.params.seed + j if job.params.seed is not None else None
                 params = dataclasses.replace(job.params, max_new_tokens=max_tokens, seed=seed)
-                choices.append(Choice(len(choices), ids, params, prompt_texts[i] if job.echo else ""))
+                choices.append(Choice(len(choices), ids, params, prompt_texts[i] if job.echo else "",
+                                      arrived_at=arrived))
         return choices
 
     def _submit(self, choices: list[Choice]) -> None:
@@ -177,11 +197,12 @@ class Server:
                     choice.stream.cancel()
             raise APIError(400, str(exc), "prompt") from None
 
-    async def _respond(self, job: Job, prompt_ids: list[list[int]], prompt_texts: list[str]) -> Response:
+    async def _respond(self, job: Job, prompt_ids: list[list[int]], prompt_texts: list[str],
+                       arrived: float) -> Response:
         if job.stop and self.tokenizer is None:
             raise APIError(400, "stop: stop strings need a tokenizer, and this server has none; use stop_token_ids",
                            "stop")
-        choices = self._choices(job, prompt_ids, prompt_texts)
+        choices = self._choices(job, prompt_ids, prompt_texts, arrived)
         self._submit(choices)
         if job.user:
             log.info("request for user %r: %d choice(s)", job.user, len(choices))
@@ -196,6 +217,7 @@ class Server:
             for c in choices:
                 if not c.done:
                     c.stream.cancel()
+            self.metrics.observe_choices(choices)
         if any(c.finish_reason == "error" for c in choices):
             raise APIError(500, "generation failed in the engine (see the server log)")
         out = [self._choice_body(job, c, c.text) for c in choices]
@@ -255,6 +277,7 @@ class Server:
             for c in choices:
                 if not c.done:
                     c.stream.cancel()
+            self.metrics.observe_choices(choices)
 
 
 def _usage(choices: list[Choice]) -> dict[str, int]:
@@ -275,13 +298,16 @@ async def _internal_error(request: HTTPRequest, exc: Exception) -> Response:
 
 
 def create_app(runner: EngineRunner, *, tokenizer: ServingTokenizer | None = None, model_name: str = "model",
-               limits: ServerLimits | None = None) -> Starlette:
-    """The Starlette app over a started (or about to be started) `EngineRunner`."""
-    server = Server(runner, tokenizer, model_name, limits or ServerLimits())
+               limits: ServerLimits | None = None, defaults: SamplingDefaults | None = None) -> Starlette:
+    """The Starlette app over a started (or about to be started) `EngineRunner`; `defaults` fill in
+    the sampling settings requests leave out (e.g. `SamplingDefaults.from_generation_config(...)`)."""
+    server = Server(runner, tokenizer, model_name, limits or ServerLimits(), defaults)
     routes = [Route("/health", server.health, methods=["GET"]),
+              Route("/metrics", server.prometheus, methods=["GET"]),
               Route("/v1/models", server.models, methods=["GET"]),
               Route("/v1/completions", server.completions, methods=["POST"]),
               Route("/v1/chat/completions", server.chat, methods=["POST"])]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _internal_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+                    middleware=[Middleware(MetricsMiddleware, metrics=server.metrics)])
     app.state.server = server
     return app

@@ -9,6 +9,7 @@ and cancels the engine request, which leaves its slot at the next step.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +30,10 @@ class Choice:
     finish_reason: str | None = None
     stop_token_generated: bool = False   # ended by a stop token: it was generated, but is not returned
     done: bool = False
+    arrived_at: float = 0.0              # perf_counter() when the request arrived
+    first_token_at: float | None = None  # ... when its first / latest token came out of the engine
+    last_token_at: float | None = None
+    counted: bool = False                # already in the server's metrics
 
     @property
     def completion_tokens(self) -> int:
@@ -40,6 +45,10 @@ async def run_choice(choice: Choice, decode: Callable[[list[int]], str] | None, 
     """Fill `choice` from its stream; with `queue`, put (choice, text delta, new ids, finish) per event."""
     text = TextStream(decode, stops, choice.prompt_ids) if decode is not None else None
     async for new_ids, reason in choice.stream:
+        if new_ids:
+            choice.last_token_at = time.perf_counter()
+            if choice.first_token_at is None:
+                choice.first_token_at = choice.last_token_at
         choice.token_ids.extend(new_ids)
         delta = text.push(new_ids) if text is not None else ""
         if text is not None and text.stopped and reason is None:

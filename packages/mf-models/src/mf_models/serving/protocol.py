@@ -43,6 +43,66 @@ class ServerLimits:
     max_stop_token_ids: int = 64      # stop_token_ids per request
 
 
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a request gets for the settings it leaves out: OpenAI's defaults, or those of the
+    model's generation config (`from_generation_config`), as `generate()` would apply them.
+
+    `temperature` 0 means greedy. `max_tokens` None means the endpoint's own default (16 for
+    completions, as OpenAI; as much as fits for chat); a default is cut to what fits in the
+    context, a value the request gives is checked against it.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int | None = None
+    source: str = "OpenAI's defaults"
+
+    @classmethod
+    def from_generation_config(cls, config: dict | None, where: str = "generation config") -> SamplingDefaults:
+        """From HF's generation_config.json fields: `do_sample: false` means greedy (what
+        `generate()` does); otherwise `temperature`, `top_p`, `top_k` and `max_new_tokens` as given
+        (absent: OpenAI's values, and top_k off). Raises ValueError naming a bad field."""
+        if not config:
+            return cls()
+
+        def number(key: str, default: float, low: float, high: float, low_open: bool = True) -> float:
+            value = config.get(key)
+            if value is None:
+                return default
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value > high or value < low or (low_open and value == low):
+                raise ValueError(f"{where}: {key} must be a number in {'(' if low_open else '['}{low}, {high}], "
+                                 f"got {_shown(value)}")
+            return float(value)
+
+        def integer(key: str, low: int) -> int | None:
+            value = config.get(key)
+            if value is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= INT32_MAX:
+                raise ValueError(f"{where}: {key} must be an integer in [{low}, {INT32_MAX}], got {_shown(value)}")
+            return value
+
+        do_sample = config.get("do_sample")
+        if do_sample is not None and not isinstance(do_sample, bool):
+            raise ValueError(f"{where}: do_sample must be true or false, got {_shown(do_sample)}")
+        temperature = number("temperature", 1.0, 0.0, 100.0)
+        top_p = number("top_p", 1.0, 0.0, 1.0)
+        top_k = integer("top_k", 0) or 0
+        max_tokens = integer("max_new_tokens", 1)
+        if do_sample is False:
+            return cls(0.0, 1.0, 0, max_tokens, f"{where} (do_sample false: greedy)")
+        return cls(temperature, top_p, top_k, max_tokens, where)
+
+    def describe(self) -> str:
+        sampling = "greedy" if self.temperature == 0 else \
+            f"temperature {self.temperature:g}, top_p {self.top_p:g}, top_k {self.top_k or 'off'}"
+        tokens = f", max_tokens {self.max_tokens}" if self.max_tokens is not None else ""
+        return f"{sampling}{tokens} ({self.source})"
+
+
 @dataclass
 class Job:
     """One validated request: prompts (text or ids) and how to continue each."""
@@ -55,7 +115,7 @@ class Job:
     include_usage: bool = False
     stop: list[str] = field(default_factory=list)
     echo: bool = False
-    max_tokens: int | None = None     # None: as much as fits (chat's default)
+    max_tokens: int | None = None     # as the request gives it; None: the default (SamplingDefaults)
     user: str | None = None
 
 
@@ -75,8 +135,8 @@ def _shown(value: Any) -> str:
 
 
 def _int(body: dict, key: str, default: Any, low: int | None = None, high: int | None = None) -> Any:
-    value = body.get(key, default)
-    if value is None:
+    value = body.get(key)
+    if value is None:  # absent (or null): the default, which is the server's own choice
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(key, f"must be an integer, got {_shown(value)}")
@@ -87,7 +147,7 @@ def _int(body: dict, key: str, default: Any, low: int | None = None, high: int |
 
 
 def _number(body: dict, key: str, default: float, low: float, high: float, low_open: bool = False) -> float:
-    value = body.get(key, default)
+    value = body.get(key)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -158,11 +218,12 @@ def _stop_strings(body: dict, limits: ServerLimits) -> list[str]:
     return stops
 
 
-def _sampling(body: dict, limits: ServerLimits, max_tokens: int, vocab_size: int | None) -> SamplingParams:
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+def _sampling(body: dict, limits: ServerLimits, max_tokens: int, vocab_size: int | None,
+              defaults: SamplingDefaults) -> SamplingParams:
+    temperature = _number(body, "temperature", defaults.temperature, 0.0, 2.0)
+    top_p = _number(body, "top_p", defaults.top_p, 0.0, 1.0, low_open=True)
     # -1 and 0 mean off (vLLM / HF); anything above the vocabulary would keep every token anyway
-    top_k = _int(body, "top_k", 0, -1, min(vocab_size or INT32_MAX, INT32_MAX))
+    top_k = _int(body, "top_k", min(defaults.top_k, vocab_size or INT32_MAX), -1, min(vocab_size or INT32_MAX, INT32_MAX))
     stop_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
         raise _bad("stop_token_ids", "must be a list of token ids")
@@ -192,8 +253,11 @@ def _stream(body: dict) -> tuple[bool, bool]:
     return stream, _bool(options, "include_usage")
 
 
-def parse_completion(body: dict, limits: ServerLimits, max_tokens_cap: int, vocab_size: int | None = None) -> Job:
-    """A validated /v1/completions job; `vocab_size` bounds token ids and top_k (400 otherwise)."""
+def parse_completion(body: dict, limits: ServerLimits, max_tokens_cap: int, vocab_size: int | None = None,
+                     defaults: SamplingDefaults | None = None) -> Job:
+    """A validated /v1/completions job; `vocab_size` bounds token ids and top_k (400 otherwise);
+    `defaults` fill in the settings the request leaves out."""
+    defaults = defaults or SamplingDefaults()
     _check_keys(body, _COMPLETION_KEYS)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -216,10 +280,11 @@ def parse_completion(body: dict, limits: ServerLimits, max_tokens_cap: int, voca
     best_of = _int(body, "best_of", None, 1)
     if best_of is not None and best_of != n:
         raise _bad("best_of", f"must equal n (ranking by log-probability is not supported), got {_shown(best_of)}")
-    max_tokens = _int(body, "max_tokens", 16, 1, max_tokens_cap)
+    max_tokens = _int(body, "max_tokens", None, 1, max_tokens_cap)
     stream, include_usage = _stream(body)
-    return Job(False, prompts, _sampling(body, limits, max_tokens, vocab_size), n, stream, include_usage,
-               _stop_strings(body, limits), _bool(body, "echo"), max_tokens, _user(body))
+    # the real max_new_tokens is set once the prompt length is known (see app.py)
+    return Job(False, prompts, _sampling(body, limits, max_tokens or 1, vocab_size, defaults), n, stream,
+               include_usage, _stop_strings(body, limits), _bool(body, "echo"), max_tokens, _user(body))
 
 
 def _user(body: dict) -> str | None:
@@ -243,8 +308,10 @@ def _content(message: dict, index: int) -> str:
     raise _bad(f"messages[{index}].content", "must be a string or a list of text parts")
 
 
-def parse_chat(body: dict, limits: ServerLimits, max_tokens_cap: int, vocab_size: int | None = None) -> Job:
+def parse_chat(body: dict, limits: ServerLimits, max_tokens_cap: int, vocab_size: int | None = None,
+               defaults: SamplingDefaults | None = None) -> Job:
     """A validated /v1/chat/completions job (see parse_completion)."""
+    defaults = defaults or SamplingDefaults()
     _check_keys(body, _CHAT_KEYS)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -268,6 +335,6 @@ def parse_chat(body: dict, limits: ServerLimits, max_tokens_cap: int, vocab_size
     n = _int(body, "n", 1, 1, limits.max_n)
     stream, include_usage = _stream(body)
     # the real max_new_tokens is set once the prompt length is known (see app.py)
-    params = _sampling(body, limits, max_tokens or 1, vocab_size)
+    params = _sampling(body, limits, max_tokens or 1, vocab_size, defaults)
     return Job(True, [parsed], params, n, stream, include_usage, _stop_strings(body, limits), False, max_tokens,
                _user(body))

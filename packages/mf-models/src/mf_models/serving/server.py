@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from ..inference.engine import InferenceEngine
 from ..inference.sampling import SamplingParams
 from .app import ServingTokenizer, create_app
-from .protocol import ServerLimits
+from .protocol import SamplingDefaults, ServerLimits
 from .runner import EngineRunner
 
 log = logging.getLogger("mf_models")
@@ -60,8 +60,9 @@ def _graceful_signals() -> Iterator[None]:
 def serve(engine: InferenceEngine, *, tokenizer: ServingTokenizer | None = None, model_name: str = "model",
           host: str = "127.0.0.1", port: int = 8000, sock: socket.socket | None = None,
           limits: ServerLimits | None = None, warmup: bool = True, on_ready: Callable[[str], None] | None = None,
-          log_level: str = "warning") -> None:
-    """Serve until interrupted; `sock` (from `bind`) replaces host/port."""
+          log_level: str = "warning", defaults: SamplingDefaults | None = None) -> None:
+    """Serve until interrupted; `sock` (from `bind`) replaces host/port; `defaults` fill in the
+    settings requests leave out (OpenAI's, or the model's generation config)."""
     import uvicorn
 
     sock = sock if sock is not None else bind(host, port)  # before any slow work: a taken port fails at once
@@ -74,7 +75,7 @@ def serve(engine: InferenceEngine, *, tokenizer: ServingTokenizer | None = None,
             if runner.error is not None:
                 raise RuntimeError(f"warm-up failed: {runner.error}")
             engine.stats.reset()
-        app = create_app(runner, tokenizer=tokenizer, model_name=model_name, limits=limits)
+        app = create_app(runner, tokenizer=tokenizer, model_name=model_name, limits=limits, defaults=defaults)
         config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=30)
         server = uvicorn.Server(config)
 
