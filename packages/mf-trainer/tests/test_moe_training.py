@@ -174,3 +174,26 @@ def test_moe_monitor_on_moe_layers_is_accepted(tmp_path, tiny_corpus, tiny_confi
     raw = tiny_config(tmp_path, tiny_corpus, model=mf_models.tiny_model_section("qwen3_moe"),
                       monitor={"moe_monitor": {"save_tokens_per_expert_interval": 5, "target_layers": [1]}})
     assert preflight(mf_config.load_config(raw), "train", 1, "CPU").problems == []
+
+
+class _Writer:
+    def __init__(self):
+        self.calls = []
+
+    def add_scalar(self, tag, value, step):
+        self.calls.append(("scalar", tag, value, step))
+
+    def add_histogram_raw(self, tag, **kw):
+        self.calls.append(("histogram", tag, kw))
+
+
+def test_tensorboard_gets_the_moe_scalars_and_one_bucket_per_expert():
+    from mf_trainer.moe import write_tensorboard
+
+    writer = _Writer()
+    write_tensorboard(writer, {"loss": 1.0, "moe/aux_loss": 0.5, "moe/layer1/tokens_per_expert": [3.0, 0.0, 5.0]}, 7)
+    assert writer.calls[0] == ("scalar", "moe/aux_loss", 0.5, 7) and len(writer.calls) == 2
+    kind, tag, hist = writer.calls[1]
+    assert (kind, tag, hist["global_step"]) == ("histogram", "moe/layer1/tokens_per_expert", 7)
+    assert hist["bucket_counts"] == [3.0, 0.0, 5.0] and hist["bucket_limits"] == [0.5, 1.5, 2.5]
+    assert hist["num"] == 8.0 and hist["sum"] == 10.0 and hist["sum_squares"] == 20.0
