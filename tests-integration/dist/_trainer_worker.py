@@ -49,7 +49,19 @@ CASES = {
     "fsdp2_tp2": ({"tensor_parallel": 2}, {"local_batch_size": 2}, 0, 4),
     # Context parallelism: both ranks read the same 4 samples and keep their zigzag chunks of each.
     "cp2": ({"context_parallel": 2}, {"local_batch_size": 4}, 0, 2),
+    # MoE training (tiny DeepSeek-V3: balance loss, expert-bias update; see test_moe_parity.py)
+    "moe_reference": ({}, {"local_batch_size": 4}, 1, 1),
+    "moe_fsdp2": ({}, {"local_batch_size": 2}, 0, 2),
 }
+# The tiny DeepSeek-V3 of the moe_* cases: MLA, first layer dense, 4 experts in 2 groups, a shared
+# expert, the sequence-wise balance loss on and the aux-loss-free bias update at 10x DeepSeek's rate.
+MOE_MODEL = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+             "max_position_embeddings": 32, "moe_intermediate_size": 16, "n_routed_experts": 4,
+             "num_experts_per_tok": 2, "n_group": 2, "topk_group": 2, "n_shared_experts": 1,
+             "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_nope_head_dim": 8,
+             "qk_rope_head_dim": 4, "v_head_dim": 8, "aux_loss_alpha": 0.01, "seq_aux": True,
+             "moe_router_bias_update_rate": 0.01}
 
 
 def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None = None, out: str | None = None):
@@ -66,9 +78,10 @@ def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None =
         "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": LR, "warmup_steps": 2},
         "parallelism": parallelism,
         "train_dataset": toy_train_dataset(workdir),
-        "model": {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                  "max_position_embeddings": 32, "tie_word_embeddings": True, "attention_bias": True},
+        "model": MOE_MODEL if base.startswith("moe_") else {
+            "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 32, "tie_word_embeddings": True, "attention_bias": True},
         "monitor": {"peak_flops_per_device": 1e11, "tensorboard": False,
                     "train_state": {"local_loss": True, "device_loss": True, "device_norm": True}},
     }
@@ -104,6 +117,8 @@ def run(workdir: Path, name: str) -> None:
                "mode": trainer.mode, "start_step": trainer.state.start_step, "dims": trainer.parallel.dims.describe(),
                "comm": recorder.records[1].get("comm") if len(recorder.records) > 1 else None,
                "metrics_keys": sorted(recorder.records[0]) if recorder.records else [],
+               "moe": {key: [r[key] for r in recorder.records] for key in ("moe/aux_loss", "moe/max_imbalance")
+                       if recorder.records and key in recorder.records[0]},
                "seconds": time.monotonic() - start}
     if name == "reference" and rank0:          # ... and the one-process continuation of its own checkpoint
         cont = Trainer(config(workdir, name, STEPS + MORE, load_path=str(out / "ckpt"), out="reference_cont")).train()

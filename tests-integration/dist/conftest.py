@@ -33,6 +33,7 @@ from _launches import (  # noqa: E402
     CP_WORLD2_CASES,
     CP_WORLD4_CASES,
     TRAINER_WORKER,
+    REFERENCE_CASES,
     WORLD2_CASES,
     WORLD4_CASES,
     WORLD4_WORKER,
@@ -99,7 +100,7 @@ def trainer_workdir(scratch):
 @pytest.fixture(scope="session")
 def reference(trainer_workdir):
     """The one-process run: 8 steps, a checkpoint at step 8, and 2 more steps resumed from it."""
-    proc = run_one_process(trainer_workdir, "reference")
+    proc = run_one_process(trainer_workdir, *REFERENCE_CASES)
     if proc.returncode != 0:
         pytest.fail(f"reference run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return trainer_workdir

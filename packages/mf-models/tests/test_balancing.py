@@ -219,3 +219,14 @@ def test_update_expert_bias_on_an_fsdp_sharded_model():
     update_expert_bias(model, load, mesh=mesh)
     np.testing.assert_array_equal(mp.gather_full_state(model, mesh)["layers.1.moe.router.expert_bias"],
                                   bias_update(load, 1e-3)[0])
+
+
+@pytest.mark.parametrize("kind, extra", [("llama", {}), ("qwen2", {}), ("mixtral", {}), ("deepseek_v3", {}),
+                                         ("deepseek_v3", {"first_k_dense_replace": 2}),
+                                         ("qwen3_moe", {"mlp_only_layers": [1], "num_hidden_layers": 3})])
+def test_the_arguments_know_the_moe_layers_the_model_builds(kind, extra):
+    # the trainer's preflight asks the arguments (no MindSpore); the model's statistics have these rows
+    args = mf_models.build_args(tiny_model_section(kind, **extra))[1]
+    assert args.moe_layer_ids() == build_model(tiny_model_section(kind, **extra)).moe_layer_ids()
+    rate = args.expert_bias_rate()
+    assert rate == (1e-3 if kind == "deepseek_v3" else 0.0)

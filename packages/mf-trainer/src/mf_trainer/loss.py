@@ -71,7 +71,10 @@ class MaskedLMLoss(nn.Cell):
         self.cross_entropy = cross_entropy if cross_entropy is not None else TokenCrossEntropy()
 
     def construct(self, labels, loss_mask, inv_tokens, *model_inputs):
-        logits = self.model(*model_inputs)
+        return self.masked_loss(self.model(*model_inputs), labels, loss_mask, inv_tokens)
+
+    def masked_loss(self, logits, labels, loss_mask, inv_tokens):
+        """sum(per-token loss * loss_mask) * inv_tokens of logits [B, S, V] (or vocab shards)."""
         if self.vocab_parallel:
             per_token = self.cross_entropy(logits, labels).reshape(-1)
         else:

@@ -3,7 +3,9 @@
 Every step appends one JSON object to `<output_dir>/metrics.jsonl` (`step`, `loss`, `lr`,
 `grad_norm`, `step_time_s`, `tokens_per_s`, `mfu`, `rss_bytes`, `consumed_samples`, `skipped`,
 ..., `comm_bytes`, `comm_issued_bytes`, `comm_calls` and `comm`: the step's collectives by
-kind, from mf-parallel's counter; zero in one process, where the console line leaves them out). Every `monitor.log_interval` steps (and on the last step) one console line shows progress,
+kind, from mf-parallel's counter; zero in one process, where the console line leaves them out);
+MoE models add `moe/...` routing metrics (mf_trainer/moe.py), TensorBoard gets them under the same
+names (tokens per expert as a histogram). Every `monitor.log_interval` steps (and on the last step) one console line shows progress,
 loss, LR, grad norm, throughput, MFU, memory and the ETA. With `monitor.tensorboard` the scalars
 go to `<output_dir>/tensorboard` through tensorboardX.
 
@@ -26,6 +28,7 @@ import os
 from pathlib import Path
 
 from mf_trainer.callbacks import BUILT_IN_ALWAYS_ON, Callback
+from mf_trainer.moe import write_tensorboard as write_moe_tensorboard
 
 log = logging.getLogger("mf_trainer")
 
@@ -100,6 +103,7 @@ class MetricsLogger(Callback):
                 value = metrics.get(key)
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self._writer.add_scalar(f"train/{key}", value, step)
+            write_moe_tensorboard(self._writer, metrics, step)
         # The first step includes graph compilation: leave it out of the ETA.
         if step > trainer.state.start_step + 1:
             self._times.append(metrics["step_time_s"])
@@ -131,6 +135,8 @@ class MetricsLogger(Callback):
         if m.get("mfu") is not None:
             parts.append(f"MFU {100.0 * m['mfu']:.1f}%")
         parts.append(f"rss {m['rss_bytes'] / 2**30:.2f} GiB")
+        if m.get("moe/max_imbalance") is not None:   # MoE models: the worst layer's max/mean expert load
+            parts.append(f"moe imbalance {m['moe/max_imbalance']:.2f}")
         if m.get("comm_calls"):   # this rank's collectives in the step (one process has none)
             parts.append(f"comm {m['comm_bytes'] / 1e6:.2f} MB in {m['comm_calls']} calls")
         parts.append(f"ETA {_fmt_duration(eta)}")

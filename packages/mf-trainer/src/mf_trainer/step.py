@@ -14,6 +14,10 @@ coef = max_norm / (norm + 1e-6), gradients scaled by min(coef, 1) (multiplying b
 when not clipping changes no bit). If the loss or the norm is NaN/Inf, nothing is updated (the
 optimizer moments and step counter included; see `AdamW.construct` for how the skip is exact
 without a graph `if`); the host counts such steps.
+
+A loss cell with `has_aux = True` returns (loss, *extras): only the loss is differentiated; the
+extras (e.g. a MoE model's balance loss and routing counts, mf_trainer/moe.py) come back from the
+step, summed over micro-batches, in `StepResult.extras`.
 """
 
 from __future__ import annotations
@@ -65,18 +69,20 @@ class FusedStep(nn.Cell):
         self.optimizer = optimizer
         self.weights = optimizer.params
         self.max_norm = float(max_norm)
-        self.grad_fn = ms.value_and_grad(loss_cell, None, self.weights)
+        self.has_aux = bool(getattr(loss_cell, "has_aux", False))
+        self.grad_fn = ms.value_and_grad(loss_cell, None, self.weights, has_aux=self.has_aux)
         self.norm = norm or GradNorm()
         self.local_norm = local_norm
 
     def construct(self, labels, loss_mask, inv_tokens, lr, eps, decay, *model_inputs):
-        loss, grads = self.grad_fn(labels, loss_mask, inv_tokens, *model_inputs)
+        out, grads = self.grad_fn(labels, loss_mask, inv_tokens, *model_inputs)
+        loss, extras = (out[0], out[1:]) if self.has_aux else (out, ())
         norm = self.norm(grads)
         finite = ops.logical_and(ops.isfinite(norm), ops.isfinite(loss))
         local = _global_norm(grads) if self.local_norm else norm
         grads = _clip_or_zero(grads, norm, self.max_norm, finite)
         self.optimizer(grads, finite, lr, eps, decay)
-        return loss, norm, finite, local
+        return (loss, norm, finite, local) + extras
 
 
 class AccumulateStep(nn.Cell):
@@ -87,13 +93,14 @@ class AccumulateStep(nn.Cell):
         self.loss_cell = loss_cell
         self.weights = optimizer.params
         self.buffers = buffers
-        self.grad_fn = ms.value_and_grad(loss_cell, None, self.weights)
+        self.has_aux = bool(getattr(loss_cell, "has_aux", False))
+        self.grad_fn = ms.value_and_grad(loss_cell, None, self.weights, has_aux=self.has_aux)
 
     def construct(self, labels, loss_mask, inv_tokens, *model_inputs):
-        loss, grads = self.grad_fn(labels, loss_mask, inv_tokens, *model_inputs)
+        out, grads = self.grad_fn(labels, loss_mask, inv_tokens, *model_inputs)
         for i in range(len(self.buffers)):
             ops.assign(self.buffers[i], self.buffers[i] + grads[i])
-        return loss
+        return out
 
 
 class ApplyStep(nn.Cell):
@@ -158,6 +165,7 @@ class StepResult:
     applied: bool        # False: a non-finite loss or norm, nothing was updated
     tokens: float        # loss-mask tokens of the global batch
     local_norm: float    # the norm of this rank's own gradients (the global one unless asked for)
+    extras: tuple = ()   # a has_aux loss cell's extra outputs, summed over micro-batches (numpy)
 
 
 class StepRunner:
@@ -195,15 +203,20 @@ class StepRunner:
         scalars = self.optimizer.scalars(lr)
         if self.accumulation == 1:
             mb = micro_batches[0]
-            loss, norm, finite, local = self.fused(*_targets(mb), inv, *scalars, *_model_inputs(mb))
+            loss, norm, finite, local, *aux = self.fused(*_targets(mb), inv, *scalars, *_model_inputs(mb))
             loss_value = float(loss.asnumpy())
+            extras = tuple(a.asnumpy() for a in aux)
         else:
-            loss_value = 0.0
+            loss_value, extras = 0.0, ()
             for mb in micro_batches:
                 part = self.accumulate(*_targets(mb), inv, *_model_inputs(mb))
+                if isinstance(part, (tuple, list)):
+                    part, *aux = part
+                    aux = [a.asnumpy() for a in aux]
+                    extras = tuple(aux) if not extras else tuple(e + a for e, a in zip(extras, aux))
                 loss_value += float(part.asnumpy())
             norm, finite, local = self.apply(Tensor(loss_value, ms.float32), *scalars)
         applied = bool(finite.asnumpy())
         if applied:
             self.optimizer.step += 1
-        return StepResult(loss_value, float(norm.asnumpy()), applied, tokens, float(local.asnumpy()))
+        return StepResult(loss_value, float(norm.asnumpy()), applied, tokens, float(local.asnumpy()), extras)

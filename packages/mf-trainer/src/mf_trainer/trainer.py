@@ -38,6 +38,7 @@ from mf_trainer.evaluation import build_evaluator
 from mf_trainer.loss import MaskedLMLoss
 from mf_trainer.lr_schedulers import build_scheduler
 from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device
+from mf_trainer.moe import MoETraining
 from mf_trainer.monitor import MetricsLogger
 from mf_trainer.optimizer import build_adamw
 from mf_trainer.parallel import ParallelContext, ShardedState, build_dims, comm_metrics
@@ -102,6 +103,9 @@ class Trainer:
         # Where the weights come from and what a checkpoint holds (run_mode train / finetune).
         self.start = start_plan(cfg, cfg.training.seed)
         self.model = self._build_model()
+        # Balance loss, expert-bias update and routing metrics of MoE models (inactive for dense ones).
+        self.moe = MoETraining(self.model, self.model.args, cfg.monitor.moe_monitor,
+                               self.parallel)
         self.optimizer = build_adamw([(p.name, p) for p in self.model.trainable_params()], cfg.optimizer)
         self.sharded = ShardedState(self.parallel, self.model, self.optimizer, self.start.held(self.model))
         self.state = TrainState(total_steps=cfg.training.steps)
@@ -159,7 +163,9 @@ class Trainer:
     def _make_runner(self) -> StepRunner:
         par, cfg = self.parallel, self.config
         clip = par.clip(self.model, self.optimizer.params, cfg.training.max_norm)
-        return StepRunner(MaskedLMLoss(self.model, par.cross_entropy()), self.optimizer, cfg.training.max_norm,
+        loss_cell = (self.moe.loss_cell(par.cross_entropy(), self.accumulation) if self.moe.active
+                     else MaskedLMLoss(self.model, par.cross_entropy()))
+        return StepRunner(loss_cell, self.optimizer, cfg.training.max_norm,
                           self.accumulation, norm=GradNorm(clip), local_norm=cfg.monitor.train_state.device_norm,
                           global_tokens=par.global_tokens, loss_scale=par.loss_scale)
 
@@ -269,6 +275,7 @@ class Trainer:
                 comm_metrics()   # drop what happened between steps (checkpoints, evaluation)
                 t0 = time.perf_counter()
                 done = self._run_step(micro, lr)
+                routing = self.moe.after_step(step, done)   # the expert-bias update belongs to the step
                 loss = self.parallel.global_loss(done.loss)
                 seconds = time.perf_counter() - t0
                 state.step = step
@@ -276,7 +283,8 @@ class Trainer:
                 state.nonfinite_in_row = 0 if done.applied else state.nonfinite_in_row + 1
                 state.skipped_steps += 0 if done.applied else 1
                 result.losses.append(loss)
-                self.callbacks.on_step_end(self, self._metrics(step, loss, lr, done, seconds, tokens_per_step, micro))
+                self.callbacks.on_step_end(self, {**self._metrics(step, loss, lr, done, seconds, tokens_per_step, micro),
+                                                  **routing})
                 if not done.applied:
                     log.warning("step %d: non-finite loss or gradient norm (loss %s, grad_norm %s): update skipped "
                                 "(%d in a row)", step, loss, done.grad_norm, state.nonfinite_in_row)

@@ -149,6 +149,21 @@ class BaseArgs:
         """The model key that switches on a MoE balance loss when it is on (None: no balance loss)."""
         return None
 
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether decoder layer `i` has a routed MoE (dense models: never)."""
+        return False
+
+    def moe_layer_ids(self) -> list[int]:
+        """The decoder layers with a routed MoE, from the arguments alone (no MindSpore): the rows of
+        `forward_train`'s routing statistics, and what the trainer's preflight checks
+        `monitor.moe_monitor.target_layers` against."""
+        return [i for i in range(self.num_hidden_layers) if self.is_moe_layer(i)]
+
+    def expert_bias_rate(self) -> float:
+        """The rate of the aux-loss-free expert-bias update after each optimizer step (0: the
+        model's routers have no bias, or the update is switched off)."""
+        return 0.0
+
 
 def default_head_dim(args: BaseArgs) -> None:
     """GQA models: head_dim defaults to hidden_size / num_attention_heads and must be even (RoPE)."""

@@ -141,3 +141,9 @@ class DeepseekV3Args(BaseArgs):
 
     def balance_loss_key(self) -> str | None:
         return "aux_loss_alpha" if self.aux_loss_alpha != 0 else None
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.first_k_dense_replace <= i < self.num_hidden_layers
+
+    def expert_bias_rate(self) -> float:
+        return float(self.moe_router_bias_update_rate)

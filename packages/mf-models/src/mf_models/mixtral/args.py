@@ -58,3 +58,6 @@ class MixtralArgs(BaseArgs):
 
     def balance_loss_key(self) -> str | None:
         return "output_router_logits" if self.output_router_logits else None
+
+    def is_moe_layer(self, i: int) -> bool:
+        return 0 <= i < self.num_hidden_layers
