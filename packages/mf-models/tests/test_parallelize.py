@@ -202,7 +202,6 @@ def _model(model_type="llama", **extra):
      r"parallelism.tensor_parallel: 3 does not divide model.num_attention_heads = 4; use a tensor_parallel that "
      r"divides both head counts"),
     (mp.ParallelDims(2, tp=2), None, r"parallelism.tensor_parallel: 2 does not divide model.vocab_size = 65"),
-    (mp.ParallelDims(2, pp=2), None, r"parallelism.pipeline_parallel: 2 > 1 is not implemented for llama"),
     (mp.ParallelDims(2, cp=2), None, r"parallelism.context_parallel: 2 > 1 is not implemented for llama"),
     (mp.ParallelDims(2), dict(cpu_offload=True), r"parallelism.cpu_offload: means nothing on device_target CPU"),
     (mp.ParallelDims(2), dict(reshard_after_forward_policy="sometimes"),

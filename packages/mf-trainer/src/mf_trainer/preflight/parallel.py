@@ -2,8 +2,8 @@
 layout arithmetic against the world size (mf_parallel.ParallelDims, no MindSpore).
 
 Training commands honour FSDP/HSDP/DDP (`data_parallel_shard_strategy` optim_grads_params or
-no_shard) and tensor + sequence parallelism; pipeline, context and expert parallelism and ZeRO-1/2
-are refused with their reason. One-process commands (`mf eval`, `mf generate`, `mf serve`) take no
+no_shard), tensor + sequence parallelism and pipeline parallelism (its own checks: pipeline.py);
+context and expert parallelism and ZeRO-1/2 are refused with their reason. One-process commands (`mf eval`, `mf generate`, `mf serve`) take no
 layout at all.
 """
 
@@ -18,7 +18,7 @@ STRATEGIES = {
     "optim_grads_params": "parameters, gradients and optimizer states sharded (ZeRO-3)",
     "no_shard": "every data-parallel rank holds everything (DDP)",
 }
-UNIMPLEMENTED = {"pipeline_parallel": "pipeline", "context_parallel": "context", "expert_parallel": "expert"}
+UNIMPLEMENTED = {"context_parallel": "context", "expert_parallel": "expert"}  # pipeline: preflight/pipeline.py
 DEGREES = ("tensor_parallel", "context_parallel", "pipeline_parallel", "expert_parallel")
 FSDP_KNOBS = ("data_parallel_shard_strategy", "reshard_after_forward_policy", "disable_gradient_division")
 # Fields that only act with a feature that is not implemented: field -> (its degree, what turns it on).
@@ -70,7 +70,8 @@ def feature_knobs(t):
     for name, (degree, needs) in FEATURE_KNOBS.items():
         # With the feature's degree set, the degree's own refusal says it all.
         if changed(par, name) and getattr(par, degree) == 1:
-            yield (f"parallelism.{name}", f"{getattr(par, name)!r} only acts with {needs}, which is not implemented "
+            missing = "" if degree == "pipeline_parallel" else ", which is not implemented"
+            yield (f"parallelism.{name}", f"{getattr(par, name)!r} only acts with {needs}{missing} "
                                           "(leave it at its default)")
 
 
@@ -118,7 +119,7 @@ def layout(t):
         return      # refused already (unimplemented_degrees); the arithmetic would only repeat it
     if t.command == TRAIN and t.world == 1:
         found = False
-        for key in ("tensor_parallel", "data_parallel_shard"):
+        for key in ("tensor_parallel", "pipeline_parallel", "data_parallel_shard"):
             degree = getattr(par, key)
             if degree > 1:
                 found = True
