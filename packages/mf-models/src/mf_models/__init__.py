@@ -19,7 +19,7 @@ load at once, everything else on first use (PEP 562), so checking a config costs
 The OpenAI-compatible HTTP server is `mf_models.serving` (extra `serve`: starlette, uvicorn).
 """
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 from .common.args import BaseArgs
 from .common.layout import tensor_parallel_problems

@@ -4,7 +4,7 @@
 `build_schedule`, `simulate_schedule`, ...) import without MindSpore; everything else needs it.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from mf_parallel.dims import AXES, GROUP_NAMES, ParallelDims
 from mf_parallel.errors import ParallelConfigError
