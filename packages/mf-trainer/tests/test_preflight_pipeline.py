@@ -53,3 +53,13 @@ def test_what_cannot_run_is_one_keyed_line(tmp_path, tiny_config, world, paralle
         report = _report(tmp_path, tiny_config, world, parallelism, **sections)
     lines = [line for line in report.lines() if line.startswith(key + ":")]
     assert lines and reason in lines[0], report.lines()
+
+
+def test_dry_run_counts_what_each_pipeline_rank_holds(tmp_path, tiny_config):
+    raw = tiny_config(tmp_path, tmp_path / "none", parallelism={"pipeline_parallel": 2},
+                      training={"local_batch_size": 1}, model={"num_hidden_layers": 4, "tie_word_embeddings": True})
+    plan = mf_trainer.dry_run(mf_config.load_config(raw), world=2, device="CPU", build_model=True)
+    table, norm, total = 64 * 32, 32, plan.parameters["total"]
+    layer = (total - table - norm) // 4
+    # rank 0: the table + layers 0-1; rank 1: layers 2-3, the final norm and its copy of the tied table
+    assert plan.parameters["per rank"] == f"pp rank 0: {table + 2 * layer}, pp rank 1: {2 * layer + norm + table}"

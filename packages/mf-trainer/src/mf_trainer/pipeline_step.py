@@ -165,8 +165,8 @@ class PipelinePlan:
         mp.validate_schedule(self.schedule)
         self.pp_rank = mesh["pp"].rank
         # Every weight's global name, shape and dtype, known on every rank before the cut.
-        self.global_layouts = mp.param_layouts(model, mesh)
-        self.dtypes = {name: p.dtype for name, p in model.parameters_and_names()}
+        layouts = mp.param_layouts(model, mesh)
+        self.every = {name: (layouts[name].global_shape, p.asnumpy().dtype) for name, p in model.parameters_and_names()}
         try:
             self.stage = mf_models.pipeline_stage(model, self.layout, self.pp_rank)
         except mf_models.ModelConfigError as exc:
@@ -193,31 +193,9 @@ class PipelinePlan:
                                     offset=self.parallel.world)
 
     def full_state(self) -> dict[str, np.ndarray]:
-        """Every weight of the whole model as its full array, on every rank (one all-reduce per
-        dtype over the world: each block is added by exactly one rank, its replica 0)."""
-        local = mp.param_layouts(self.stage, self.parallel.mesh)
-        params = {name: p for name, p in self.stage.parameters_and_names()}
-        by_dtype: dict = {}
-        for name in sorted(self.global_layouts):
-            glob = self.global_layouts[name]
-            buf = np.zeros(glob.global_shape, dtype=ms.dtype_to_nptype(self.dtypes[name]))
-            param = params.get(name)
-            if param is not None and id(param) not in self.copies:
-                lay = local[name]
-                if lay.replica_id == 0 and all(s > 0 for s in lay.shape):
-                    index = tuple(slice(o, o + s) for o, s in zip(lay.offset, lay.shape))
-                    buf[index] = lay.to_block(param.asnumpy())
-            by_dtype.setdefault(buf.dtype, []).append((name, buf))
-        world = self.parallel.mesh["world"]
-        out = {}
-        for items in by_dtype.values():
-            flat = np.concatenate([buf.reshape(-1) for _, buf in items])
-            total = mp.all_reduce(Tensor(flat), world).asnumpy() if world.size > 1 else flat
-            pos = 0
-            for name, buf in items:
-                out[name] = total[pos:pos + buf.size].reshape(buf.shape)
-                pos += buf.size
-        return out
+        """Every weight of the whole model as its full array, on every rank (a collective)."""
+        return mp.gather_full_state(self.stage, self.parallel.mesh, every=self.every,
+                                    skip=[p for p in self.stage.tied if id(p) in self.copies])
 
 
 def pipeline_plan(cfg, parallel, model, accumulation: int) -> PipelinePlan | None:

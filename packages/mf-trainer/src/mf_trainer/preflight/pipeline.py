@@ -106,6 +106,6 @@ def pipeline_data_parallel(t):
     if _pp(t) <= 1 or t.dims is None or t.dims.dp == 1:
         return
     yield ("parallelism.pipeline_parallel",
-           f"{_pp(t)} x data parallelism ({t.dims.describe()}) is not implemented yet (the sharded or replicated "
-           f"stage gradients of every micro-batch are not reduced over the data-parallel group by the pipeline "
-           f"executor); start {_pp(t)} ranks, or set data_parallel_shard so that dp is 1")
+           f"{_pp(t)} x data parallelism ({t.dims.describe()}) is not implemented yet (the pipeline path neither "
+           f"shards the stages' parameters, the last stage's copy of a tied table included, nor reduces their "
+           f"gradients over the data-parallel group); start {_pp(t)} ranks so that the data-parallel size is 1")
