@@ -28,6 +28,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 from _launches import (  # noqa: E402
+    REFERENCES,
     TRAINER_WORKER,
     WORLD2_CASES,
     WORLD4_CASES,
@@ -94,8 +95,9 @@ def trainer_workdir(scratch):
 
 @pytest.fixture(scope="session")
 def reference(trainer_workdir):
-    """The one-process run: 8 steps, a checkpoint at step 8, and 2 more steps resumed from it."""
-    proc = run_one_process(trainer_workdir, "reference")
+    """The one-process runs (the 2-layer model, and the 4- and 6-layer models of the pipeline
+    cases): 8 steps, a checkpoint at step 8, and 2 more steps resumed from it."""
+    proc = run_one_process(trainer_workdir, *REFERENCES)
     if proc.returncode != 0:
         pytest.fail(f"reference run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return trainer_workdir
