@@ -15,9 +15,13 @@ TRAINER_WORKER = HERE / "_trainer_worker.py"
 WORLD4_WORKER = HERE / "_world4_worker.py"
 # Trainer cases per launch (see _trainer_worker.CASES). The 4-rank ones after the reference run:
 # `fsdp2_tp2_from_reference` continues from the one-process checkpoint.
-WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean", "cp2", "moe_fsdp2")
-REFERENCE_CASES = ("reference", "moe_reference")   # one process, no msrun
-WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", "fsdp2_tp2_from_fsdp2_tp2")
+# The pipeline cases train the 4- and 6-layer models of `reference4` / `reference6`;
+# `pp2_1f1b_from_reference4` continues the one-process checkpoint under PP2.
+PIPELINE2_CASES = ("pp2_1f1b", "pp2_gpipe", "pp2_interleaved", "pp2_1f1b_split", "pp2_zbv", "pp2_1f1b_from_reference4")
+PIPELINE4_CASES = ("pp4_1f1b_uneven",)
+REFERENCES = ("reference", "moe_reference", "reference4", "reference6")      # one process, one after another
+WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean", "cp2", "moe_fsdp2", *PIPELINE2_CASES)
+WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", "fsdp2_tp2_from_fsdp2_tp2", *PIPELINE4_CASES)
 # Context parallelism (_cp_worker.py): attention Cells first, then these model cases, one launch each.
 CP_WORKER = HERE / "_cp_worker.py"
 CP_WORLD2_CASES = ("llama_cp2_colossal", "qwen3_cp2_colossal", "llama_cp2_ulysses", "qwen3_cp2_ulysses",

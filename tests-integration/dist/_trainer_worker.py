@@ -52,7 +52,21 @@ CASES = {
     # MoE training (tiny DeepSeek-V3: balance loss, expert-bias update; see test_moe_parity.py)
     "moe_reference": ({}, {"local_batch_size": 4}, 1, 1),
     "moe_fsdp2": ({}, {"local_batch_size": 2}, 0, 2),
+    # Pipeline parallelism on the 4-layer model (reference4): 4 micro-batches of 1 sample per step.
+    "reference4": ({}, {"local_batch_size": 4}, 1, 1),
+    "pp2_1f1b": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 2),
+    "pp2_gpipe": ({"pipeline_parallel": 2, "pipeline_parallel_schedule": "gpipe"}, {"local_batch_size": 1}, 1, 2),
+    "pp2_interleaved": ({"pipeline_parallel": 2, "pipeline_parallel_interleave_num": 2}, {"local_batch_size": 1}, 0, 2),
+    "pp2_1f1b_split": ({"pipeline_parallel": 2, "pipeline_parallel_enable_dxdw_split": True},
+                       {"local_batch_size": 1}, 1, 2),
+    "pp2_zbv": ({"pipeline_parallel": 2, "pipeline_parallel_schedule": "zbv"}, {"local_batch_size": 1}, 1, 2),
+    "reference6": ({}, {"local_batch_size": 4}, 1, 1),
+    "pp4_1f1b_uneven": ({"pipeline_parallel": 4, "pipeline_parallel_layers_per_stage": [1, 2, 2, 1]},
+                        {"local_batch_size": 1}, 1, 4),
 }
+# Decoder layers per case (2 unless named): every virtual pipeline stage needs a layer.
+LAYERS = {**{name: 4 for name in CASES if name.startswith("pp2")}, "reference4": 4, "reference6": 6,
+          "pp4_1f1b_uneven": 6}
 # The tiny DeepSeek-V3 of the moe_* cases: MLA, first layer dense, 4 experts in 2 groups, a shared
 # expert, the sequence-wise balance loss on and the aux-loss-free bias update at 10x DeepSeek's rate.
 MOE_MODEL = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
@@ -80,7 +94,7 @@ def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None =
         "train_dataset": toy_train_dataset(workdir),
         "model": MOE_MODEL if base.startswith("moe_") else {
             "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_hidden_layers": LAYERS.get(base, 2), "num_attention_heads": 4, "num_key_value_heads": 2,
             "max_position_embeddings": 32, "tie_word_embeddings": True, "attention_bias": True},
         "monitor": {"peak_flops_per_device": 1e11, "tensorboard": False,
                     "train_state": {"local_loss": True, "device_loss": True, "device_norm": True}},
@@ -119,9 +133,13 @@ def run(workdir: Path, name: str) -> None:
                "metrics_keys": sorted(recorder.records[0]) if recorder.records else [],
                "moe": {key: [r[key] for r in recorder.records] for key in ("moe/aux_loss", "moe/max_imbalance")
                        if recorder.records and key in recorder.records[0]},
-               "seconds": time.monotonic() - start}
-    if name == "reference" and rank0:          # ... and the one-process continuation of its own checkpoint
-        cont = Trainer(config(workdir, name, STEPS + MORE, load_path=str(out / "ckpt"), out="reference_cont")).train()
+               "step_times": [r["step_time_s"] for r in recorder.records], "seconds": time.monotonic() - start}
+    if trainer.pipeline is not None:          # the executor's view of the last step
+        last = trainer.runner.last
+        summary["pipeline"] = {"compute": last.compute_seconds, "comm": last.comm_seconds, "span": last.span_seconds,
+                               "idle": last.idle_seconds, "schedule": trainer.pipeline.spec.describe()}
+    if name.startswith("reference") and "_from_" not in name and rank0:          # ... and the one-process continuation of its own checkpoint
+        cont = Trainer(config(workdir, name, STEPS + MORE, load_path=str(out / "ckpt"), out=f"{name}_cont")).train()
         summary["continued"] = cont.losses
     if rank0:
         out.mkdir(parents=True, exist_ok=True)

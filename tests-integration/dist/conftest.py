@@ -32,8 +32,8 @@ from _launches import (  # noqa: E402
     CP_WORKER,
     CP_WORLD2_CASES,
     CP_WORLD4_CASES,
+    REFERENCES,
     TRAINER_WORKER,
-    REFERENCE_CASES,
     WORLD2_CASES,
     WORLD4_CASES,
     WORLD4_WORKER,
@@ -99,8 +99,9 @@ def trainer_workdir(scratch):
 
 @pytest.fixture(scope="session")
 def reference(trainer_workdir):
-    """The one-process run: 8 steps, a checkpoint at step 8, and 2 more steps resumed from it."""
-    proc = run_one_process(trainer_workdir, *REFERENCE_CASES)
+    """The one-process runs (the 2-layer model, and the 4- and 6-layer models of the pipeline
+    cases): 8 steps, a checkpoint at step 8, and 2 more steps resumed from it."""
+    proc = run_one_process(trainer_workdir, *REFERENCES)
     if proc.returncode != 0:
         pytest.fail(f"reference run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return trainer_workdir

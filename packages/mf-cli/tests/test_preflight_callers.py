@@ -84,14 +84,15 @@ def test_loss_mask_missing_is_refused_by_both(tmp_path, capsys):
 
 
 def test_three_independent_problems_are_three_lines(tmp_path, capsys):
-    path = _write(tmp_path, _cfg(tmp_path, model={"hidden_sizee": 64}, parallelism={"pipeline_parallel": 2},
+    path = _write(tmp_path, _cfg(tmp_path, model={"hidden_sizee": 64}, parallelism={"pipeline_parallel_schedule": "gpipe"},
                                  inference={"top_k": 3}))
     for argv, command in ((["config", "validate", path], "config"), (["train", path], "train"),
                           (["launch", "-n", "2", path], "launch")):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 3, err
-        assert sorted(_keys(err, command)) == ["inference.top_k", "model.hidden_sizee", "parallelism.pipeline_parallel"]
+        assert sorted(_keys(err, command)) == ["inference.top_k", "model.hidden_sizee",
+                                               "parallelism.pipeline_parallel_schedule"]
 
 
 def test_validate_without_world_lists_what_it_skipped(tmp_path, capsys):

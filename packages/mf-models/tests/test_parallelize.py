@@ -202,7 +202,6 @@ def _model(model_type="llama", **extra):
      r"parallelism.tensor_parallel: 3 does not divide model.num_attention_heads = 4; use a tensor_parallel that "
      r"divides both head counts"),
     (mp.ParallelDims(2, tp=2), None, r"parallelism.tensor_parallel: 2 does not divide model.vocab_size = 65"),
-    (mp.ParallelDims(2, pp=2), None, r"parallelism.pipeline_parallel: 2 > 1 is not implemented for llama"),
     (mp.ParallelDims(2, cp=2), dict(context_parallel_method="ring"),
      r"parallelism.context_parallel_method: must be one of colossal, ulysses, hybrid, got 'ring'"),
     (mp.ParallelDims(8, cp=8), dict(context_parallel_method="ulysses"),

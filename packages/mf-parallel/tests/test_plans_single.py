@@ -177,6 +177,10 @@ def test_global_norm_clip_on_one_rank(mesh):
         np.testing.assert_allclose(c.asnumpy(), g.asnumpy() * scale, rtol=1e-6)
     with pytest.raises(mp.ParallelConfigError, match="training.max_norm: gradient clipping needs a positive number"):
         mp.GlobalNormClip(net, params, mesh, 0)
+    # A parameter another rank counts (a pipeline stage's copy of a tied table) is left out.
+    _, norm = mp.GlobalNormClip(net, params, mesh, 1.0, counted_elsewhere=[params[0]])(grads)
+    rest = np.sqrt(sum(float((g.asnumpy() ** 2).sum()) for g in grads[1:]))
+    assert float(norm.asnumpy()) == pytest.approx(rest, rel=1e-6) and rest < norm_want
 
 
 def test_state_roundtrip_on_one_rank(mesh):

@@ -23,22 +23,26 @@ class GlobalNormClip(nn.Cell):
     """`clip(grads) -> (clipped_grads, total_norm)` for `grads` aligned with `params`.
 
     Same rule as torch.nn.utils.clip_grad_norm_: scale = min(1, max_norm / (norm + 1e-6)).
-    Graph-compatible (call it inside a compiled train step).
+    Graph-compatible (call it inside a compiled train step). `counted_elsewhere`: parameters
+    whose gradient another rank holds too and counts (the last pipeline stage's copy of a tied
+    embedding table): left out here, so every parameter is counted once.
     """
 
-    def __init__(self, model: nn.Cell, params, mesh: DeviceMesh, max_norm: float) -> None:
+    def __init__(self, model: nn.Cell, params, mesh: DeviceMesh, max_norm: float, *,
+                 counted_elsewhere=()) -> None:
         super().__init__()
         if not isinstance(max_norm, (int, float)) or isinstance(max_norm, bool) or not max_norm > 0:
             raise ParallelConfigError(f"training.max_norm: gradient clipping needs a positive number, got {max_norm!r}")
         layouts = param_layouts(model, mesh)
         by_id = {id(p): name for name, p in model.parameters_and_names()}
         flags = []
+        elsewhere = {id(p) for p in counted_elsewhere}
         for param in params:
             name = by_id.get(id(param))
             if name is None:
                 raise ParallelConfigError(f"GlobalNormClip: parameter {param.name} is not a parameter of the model")
             replicated = [a for a in AXES if a not in layouts[name].sharded_axes]
-            flags.append(all(mesh.coords[a] == 0 for a in replicated))
+            flags.append(all(mesh.coords[a] == 0 for a in replicated) and id(param) not in elsewhere)
         self.flags = tuple(flags)
         self.world_size = mesh.dims.world_size
         self.max_norm = float(max_norm)

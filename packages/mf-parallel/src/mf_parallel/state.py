@@ -112,19 +112,27 @@ def local_blocks(model: nn.Cell, mesh: DeviceMesh) -> dict[str, np.ndarray]:
     return {name: layouts[name].to_block(param.asnumpy()) for name, param in model.parameters_and_names()}
 
 
-def gather_full_state(model: nn.Cell, mesh: DeviceMesh) -> dict[str, np.ndarray]:
+def gather_full_state(model: nn.Cell, mesh: DeviceMesh, *, every: dict[str, tuple] | None = None,
+                      skip=()) -> dict[str, np.ndarray]:
     """Every parameter as its full global array, on every rank (collective over the world).
 
     Each block is added once (by its replica 0) into a zero buffer of the global size and the
     buffers are summed over the world: exact, since every element has exactly one contributor.
-    One all-reduce per dtype.
+    One all-reduce per dtype. When ranks hold different parameters (pipeline stages), `every`
+    gives every rank the same list to build: {name: (global shape, numpy dtype)} of the whole
+    model; `skip` are parameters another rank contributes (the last stage's copy of a tied table).
     """
     layouts = param_layouts(model, mesh)
+    params = dict(model.parameters_and_names())
+    skipped = {id(p) for p in skip}
+    if every is None:
+        every = {name: (layouts[name].global_shape, p.asnumpy().dtype) for name, p in params.items()}
     by_dtype: dict[np.dtype, list[tuple[str, np.ndarray]]] = {}
-    for name, param in model.parameters_and_names():
-        lay = layouts[name]
-        buf = np.zeros(lay.global_shape, dtype=param.asnumpy().dtype)
-        if lay.replica_id == 0 and all(s > 0 for s in lay.shape):
+    for name, (shape, dtype) in every.items():
+        buf = np.zeros(shape, dtype=dtype)
+        param, lay = params.get(name), layouts.get(name)
+        if (param is not None and id(param) not in skipped and lay.replica_id == 0
+                and all(s > 0 for s in lay.shape)):
             index = tuple(slice(o, o + s) for o, s in zip(lay.offset, lay.shape))
             buf[index] = lay.to_block(param.asnumpy())
         by_dtype.setdefault(buf.dtype, []).append((name, buf))

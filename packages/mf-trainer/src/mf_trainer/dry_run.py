@@ -85,11 +85,38 @@ def _count_parameters(cfg, dims) -> dict[str, int | str]:
                                     "trainable": sum(p.size for p in model.trainable_params())}
     if dims.tp > 1:
         counts["per rank"] = "not computed from one process with tensor_parallel > 1"
+    elif dims.pp > 1:
+        counts["per rank"] = _pipeline_rank_counts(cfg, model, dims)
     else:
         shard = dims.dp_shard * dims.cp      # FSDP shards over dp_shard x cp
         counts["per rank"] = sum(math.ceil(p.shape[0] / shard) * math.prod(p.shape[1:]) if p.shape else 1
                                  for p in params)
     return counts
+
+
+def _pipeline_rank_counts(cfg, model, dims) -> str:
+    """Parameters each pipeline rank holds (its layers; embedding, norm and head where its stages
+    have them; the last stage's copy of a tied table counted where it lives)."""
+    import mf_config
+    import mf_parallel as mp
+
+    spec = mp.pipeline_from_config(cfg.parallelism)
+    layout = mp.StageLayout.build(spec, mf_config.pipeline_layer_placement(
+        cfg.parallelism.pipeline_parallel_layers_per_stage, spec.pp, spec.chunks, model.args.num_hidden_layers,
+        schedule=spec.schedule))
+    sizes = {name: p.size for name, p in model.parameters_and_names()}
+    tied = "output.weight" not in sizes
+    parts = []
+    for rank in range(spec.pp):
+        infos = layout.chunks(rank)
+        layers = {str(i) for info in infos for i in info.layers}
+        first, last = any(i.first for i in infos), any(i.last for i in infos)
+        held = sum(size for name, size in sizes.items()
+                   if (name.startswith("layers.") and name.split(".")[1] in layers)
+                   or (name.startswith("tok_embeddings.") and (first or (last and tied)))
+                   or (not name.startswith(("layers.", "tok_embeddings.")) and last))
+        parts.append(f"pp rank {rank}: {held}")
+    return ", ".join(parts)
 
 
 def dry_run(cfg, world: int | None = None, device: str | None = None, *, build_model: bool = False,

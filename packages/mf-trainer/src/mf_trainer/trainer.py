@@ -42,6 +42,7 @@ from mf_trainer.moe import MoETraining
 from mf_trainer.monitor import MetricsLogger
 from mf_trainer.optimizer import build_adamw
 from mf_trainer.parallel import ParallelContext, ShardedState, build_dims, comm_metrics
+from mf_trainer.pipeline_step import pipeline_plan
 from mf_trainer.preflight import preflight
 from mf_trainer.preflight.data import accumulation
 from mf_trainer.preflight.registry import model_section
@@ -94,6 +95,8 @@ class Trainer:
         self.mode = cfg.context.mode
         self.parallel = ParallelContext(cfg, dims)    # joins the world (collective) when there are ranks
         blocker = self.parallel.graph_mode_blocker()
+        if dims.pp > 1:   # the pipeline executor runs per micro-batch (pipeline_step.py)
+            blocker = "the pipeline executor differentiates each micro-batch of each stage in PyNative"
         if blocker and self.mode == 0:
             log.warning("context.mode 0: %s (mf_parallel.graph_mode_blocker); training in PyNative", blocker)
             runtime.use_pynative()
@@ -106,8 +109,16 @@ class Trainer:
         # Balance loss, expert-bias update and routing metrics of MoE models (inactive for dense ones).
         self.moe = MoETraining(self.model, self.model.args, cfg.monitor.moe_monitor,
                                self.parallel)
+        # pipeline_parallel > 1: this rank keeps its stage of the model (pipeline_step.py), None otherwise.
+        self.pipeline = pipeline_plan(cfg, self.parallel, self.model, self.accumulation)
+        whole_model = self.model
+        if self.pipeline is not None:
+            self.model = self.pipeline.stage
         self.optimizer = build_adamw([(p.name, p) for p in self.model.trainable_params()], cfg.optimizer)
-        self.sharded = ShardedState(self.parallel, self.model, self.optimizer, self.start.held(self.model))
+        if self.pipeline is not None:
+            self.sharded = self.pipeline.sharded_state(self.optimizer, self.start.held(self.model))
+        else:
+            self.sharded = ShardedState(self.parallel, self.model, self.optimizer, self.start.held(self.model))
         self.state = TrainState(total_steps=cfg.training.steps)
         source = self.start.restore_source()
         if source is not None:
@@ -118,7 +129,7 @@ class Trainer:
         self.runner = self._make_runner()
 
         self.seq_length = self.loader.config.sequence_length
-        self.flops_per_token = self.model.num_flops_per_token(self.seq_length)
+        self.flops_per_token = whole_model.num_flops_per_token(self.seq_length)
         self.peak_flops, peak_source = peak_flops_per_device(self.device, cfg.monitor.peak_flops_per_device)
         log.info("device %s, %s mode; peak %s FLOP/s (%s); %.2fM parameters; accumulation %d x %d samples",
                  self.device, "GRAPH" if self.mode == 0 else "PyNative",
@@ -162,6 +173,9 @@ class Trainer:
 
     def _make_runner(self) -> StepRunner:
         par, cfg = self.parallel, self.config
+        if self.pipeline is not None:
+            return self.pipeline.runner(self.optimizer, cfg.training.max_norm,
+                                        local_norm=cfg.monitor.train_state.device_norm)
         clip = par.clip(self.model, self.optimizer.params, cfg.training.max_norm)
         loss_cell = (self.moe.loss_cell(par.cross_entropy(), self.accumulation) if self.moe.active
                      else MaskedLMLoss(self.model, par.cross_entropy()))
@@ -324,7 +338,11 @@ class Trainer:
         from mf_trainer.sampling import generate_samples
 
         cfg = self.config
-        model = self.parallel.one_process_model(self.model, self._plain_model)
+        if self.pipeline is not None:
+            full = self.full_state()
+            model = self._plain_model(full) if self.parallel.is_rank0 else None
+        else:
+            model = self.parallel.one_process_model(self.model, self._plain_model)
         return [] if model is None else generate_samples(model, cfg.inference, cfg.tokenizer.path, cfg.training.seed)
 
     def _plain_model(self, full: dict):
@@ -335,6 +353,8 @@ class Trainer:
 
     def full_state(self) -> dict:
         """Every weight as its full array (on every rank: a collective with several ranks)."""
+        if self.pipeline is not None:
+            return self.pipeline.full_state()
         return self.parallel.full_state(self.model)
 
     def _metrics(self, step, loss, lr, done: StepResult, seconds, tokens, micro) -> dict:

@@ -138,8 +138,10 @@ def apply_fsdp(model: nn.Cell, mesh, options: ParallelOptions,
 
 
 def refuse_unimplemented(dims, model_type: str) -> None:
-    """Pipeline and expert parallelism have no strategy yet: say so, naming the key."""
-    for axis, key in (("pp", "pipeline_parallel"), ("ep", "expert_parallel")):
+    """Expert parallelism has no strategy yet: say so, naming the key. (Pipeline stages are not a
+    plan: the trainer cuts the planned model with `pipeline_stage`; context parallelism is
+    `apply_context_parallel`.)"""
+    for axis, key in (("ep", "expert_parallel"),):
         if getattr(dims, axis) > 1:
             raise ModelConfigError(f"parallelism.{key}: {getattr(dims, axis)} > 1 is not implemented for "
                                    f"{model_type} (mf-parallel has no {key.replace('_', ' ')} strategy yet); set it to 1")

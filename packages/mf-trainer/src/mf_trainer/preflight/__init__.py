@@ -18,15 +18,16 @@ Adding a check is one function in the topic module it belongs to:
         if ...:
             yield "section.key", "why it cannot run, and what to do"
 
-Topics: parallel (layouts, strategies), context (context parallelism), model (keys, tensor-parallel splits), data (columns,
-evaluation split, batch arithmetic), features (memory, monitors, profiler, LR schedule), moe (the MoE monitor),
+Topics: parallel (layouts, strategies), pipeline (pipeline_parallel > 1), context (context parallelism),
+model (keys, tensor-parallel splits), data (columns, evaluation split, batch arithmetic), features (memory,
+monitors, profiler, LR schedule), moe (the MoE monitor),
 run_mode (commands, fine-tuning, inference sample), device (context).
 """
 
 from __future__ import annotations
 
 # Importing a topic module registers its checks.
-from mf_trainer.preflight import context, data, features, model, parallel, run_mode  # noqa: F401
+from mf_trainer.preflight import context, data, features, model, parallel, pipeline, run_mode  # noqa: F401
 from mf_trainer.preflight import device as _device  # noqa: F401
 from mf_trainer.preflight import moe as _moe  # noqa: F401
 from mf_trainer.preflight.registry import (

@@ -2,9 +2,9 @@
 layout arithmetic against the world size (mf_parallel.ParallelDims, no MindSpore).
 
 Training commands honour FSDP/HSDP/DDP (`data_parallel_shard_strategy` optim_grads_params or
-no_shard), tensor + sequence parallelism and context parallelism (preflight/context.py); pipeline
-and expert parallelism and ZeRO-1/2 are refused with their reason. One-process commands (`mf eval`,
-`mf generate`, `mf serve`) take no layout at all.
+no_shard), tensor + sequence parallelism, context parallelism (preflight/context.py) and pipeline
+parallelism (its own checks: preflight/pipeline.py); expert parallelism and ZeRO-1/2 are refused
+with their reason. One-process commands (`mf eval`, `mf generate`, `mf serve`) take no layout at all.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ STRATEGIES = {
     "optim_grads_params": "parameters, gradients and optimizer states sharded (ZeRO-3)",
     "no_shard": "every data-parallel rank holds everything (DDP)",
 }
-UNIMPLEMENTED = {"pipeline_parallel": "pipeline", "expert_parallel": "expert"}
+UNIMPLEMENTED = {"expert_parallel": "expert"}  # pipeline: preflight/pipeline.py, context: preflight/context.py
 DEGREES = ("tensor_parallel", "context_parallel", "pipeline_parallel", "expert_parallel")
 FSDP_KNOBS = ("data_parallel_shard_strategy", "reshard_after_forward_policy", "disable_gradient_division")
 # Fields that only act with a feature: field -> (its degree, what turns it on).
@@ -119,7 +119,7 @@ def layout(t):
         return      # refused already (unimplemented_degrees); the arithmetic would only repeat it
     if t.command == TRAIN and t.world == 1:
         found = False
-        for key in ("tensor_parallel", "context_parallel", "data_parallel_shard"):
+        for key in ("tensor_parallel", "context_parallel", "pipeline_parallel", "data_parallel_shard"):
             degree = getattr(par, key)
             if degree > 1:
                 found = True

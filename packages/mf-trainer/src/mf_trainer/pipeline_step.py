@@ -1,0 +1,205 @@
+"""Pipeline-parallel training (`parallelism.pipeline_parallel > 1`): the Trainer's model, step,
+norm and checkpoint state when every pipeline rank holds a part of the model.
+
+    plan = pipeline_plan(cfg, parallel, model, accumulation)   # None when pipeline_parallel is 1
+    stage = plan.stage                  # this rank's parameters under their global names
+    runner = plan.runner(optimizer, max_norm, local_norm)       # a StepRunner: (micro_batches, lr) -> StepResult
+    plan.sharded_state(optimizer, held)  # checkpoint state in the global layout
+    plan.full_state()                    # every weight as one process holds it (collective)
+
+The Trainer keeps its one loop; this module swaps what differs:
+
+* the model: every rank builds the whole model from the seed (so every stage starts from the
+  one-process weights), applies its plan, then keeps its stage (`mf_models.pipeline_stage`): the
+  layers `pipeline_parallel_layers_per_stage` gives it, the embedding on the first virtual stage,
+  the final norm and head on the last. The optimizer is built over the stage's parameters only.
+* micro-batches: the accumulation count (global_batch_size // (dp x local_batch_size)) is the
+  schedule's micro-batch count; every pipeline rank of a data-parallel slice reads the same
+  samples (the first stage needs the ids, every stage their shape and positions, the last the
+  labels).
+* the step: mf-parallel's `PipelineExecutor` runs the schedule (gpipe, 1f1b, interleaved,
+  dx/dw split, zbv) and returns the summed gradients of the stage's parameters and the step's
+  loss (computed on the last stage and summed over the pipeline group, so every rank logs it).
+  Tied embeddings: the last stage's copy of the table and the first stage's are summed between
+  the two ranks by the executor, so both take the same optimizer step. The gradients then go
+  through the one-process apply step (step.py's `ApplyStep`: global-norm clipping, the
+  non-finite skip, AdamW), so nothing about clipping or the update is written twice.
+* the norm: `GlobalNormClip` sums squares over the world (pp ranks hold different parameters);
+  the tied copy on the last stage is left out, so every parameter is counted once.
+* checkpoints: each stage saves its parameters under their global names; the tied copy is saved
+  as a replica (replica_id > 0), so a checkpoint holds one `tok_embeddings.weight` and loads into
+  one process, or into another pipeline layout, unchanged (mf-ckpt reshards on load).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor
+
+import mf_config
+import mf_models
+import mf_parallel as mp
+from mf_trainer.errors import TrainerConfigError
+from mf_trainer.loss import token_cross_entropy
+from mf_trainer.parallel import ShardedState
+from mf_trainer.step import ApplyStep, GradNorm, StepResult, _model_inputs, _targets, make_buffers
+
+log = logging.getLogger("mf_trainer")
+
+
+def stage_layout(cfg, num_layers: int, accumulation: int) -> tuple[mp.PipelineSpec, mp.StageLayout]:
+    """The resolved schedule and the layers of every virtual stage, or one TrainerConfigError line."""
+    par = cfg.parallelism
+    try:
+        spec = mp.pipeline_from_config(par)
+        spec.check_microbatches(accumulation)
+        layers = mf_config.pipeline_layer_placement(par.pipeline_parallel_layers_per_stage, spec.pp, spec.chunks,
+                                                    num_layers, schedule=spec.schedule)
+        return spec, mp.StageLayout.build(spec, layers)
+    except (mp.ParallelConfigError, mf_config.ConfigError) as exc:
+        raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
+
+
+class _PipelineLoss:
+    """loss_fn(logits, mb) for the executor: sum(token loss x mask) x 1 / (global tokens), the
+    Trainer's MaskedLMLoss on the last stage's logits (vocab-parallel when tp splits them)."""
+
+    def __init__(self, cross_entropy=None) -> None:
+        self.cross_entropy = cross_entropy
+        self.inv_tokens = None
+
+    def __call__(self, logits, mb):
+        labels, mask = mb["labels"], mb["loss_mask"]
+        if self.cross_entropy is not None:
+            per_token = self.cross_entropy(logits, labels).reshape(-1)
+        else:
+            vocab = logits.shape[-1]
+            per_token = token_cross_entropy(logits.reshape(-1, vocab).astype(ms.float32), labels.reshape(-1))
+        return (per_token * mask.reshape(-1)).sum() * self.inv_tokens
+
+
+def _micro_batch(mb: dict) -> dict:
+    """A micro-batch as the chunks and the loss read it (Tensors under the column names)."""
+    labels, mask = _targets(mb)
+    inputs = _model_inputs(mb)
+    out = {"input_ids": inputs[0], "labels": labels, "loss_mask": mask}
+    if len(inputs) > 1:
+        out["position_ids"] = inputs[1]
+    if len(inputs) > 2:
+        out["attention_mask"] = inputs[2]
+    return out
+
+
+class PipelineStepRunner:
+    """The StepRunner of a pipeline rank: (micro_batches, lr) -> StepResult (see the module doc)."""
+
+    def __init__(self, plan: PipelinePlan, optimizer, max_norm: float, *, local_norm: bool = False,
+                 global_tokens=None, loss_scale: int = 1) -> None:
+        self.plan = plan
+        self.optimizer = optimizer
+        self.global_tokens = global_tokens or (lambda tokens: tokens)
+        self.loss_scale = int(loss_scale)
+        self.accumulation = plan.schedule.microbatches
+        self.loss_fn = _PipelineLoss(plan.parallel.cross_entropy())
+        index = {id(p): i for i, p in enumerate(plan.executor.params)}
+        missing = [p.name for p in optimizer.params if id(p) not in index]
+        if missing:
+            raise TrainerConfigError(f"parallelism.pipeline_parallel: trained parameters outside this stage's chunks: "
+                                     f"{missing[:3]}")
+        self.order = [index[id(p)] for p in optimizer.params]   # executor grads -> optimizer order
+        self.buffers = make_buffers(optimizer)
+        clip = plan.clip(optimizer.params, max_norm)
+        self.apply = ApplyStep(optimizer, self.buffers, max_norm, GradNorm(clip), local_norm)
+        self.last = None                                         # the executor's StepResult (timings)
+
+    def cells(self) -> list:
+        return [self.apply]
+
+    def __call__(self, micro_batches: list[dict], lr: float) -> StepResult:
+        tokens = self.global_tokens(float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches)))
+        self.loss_fn.inv_tokens = Tensor(np.float32(self.loss_scale / tokens if tokens > 0 else np.inf))
+        result = self.plan.executor.step([_micro_batch(mb) for mb in micro_batches], self.loss_fn)
+        self.last = result
+        for buf, i in zip(self.buffers, self.order):
+            grad = result.grads[i]
+            buf.set_data(grad if grad is not None else ms.ops.zeros(buf.shape, ms.float32))
+        scalars = self.optimizer.scalars(lr)
+        norm, finite, local = self.apply(Tensor(result.loss, ms.float32), *scalars)
+        applied = bool(finite.asnumpy())
+        if applied:
+            self.optimizer.step += 1
+        # The executor's loss is the whole step's (summed over the pipeline ranks); the Trainer adds
+        # the data-parallel shares, so each pipeline rank reports it as its data-parallel slice's.
+        return StepResult(result.loss, float(norm.asnumpy()), applied, tokens, float(local.asnumpy()))
+
+
+class PipelineShardedState(ShardedState):
+    """ShardedState of a stage; the last stage's copy of a tied table (and its moments) is saved as
+    a replica, so the checkpoint holds the table once under its global name."""
+
+    def __init__(self, ctx, model, optimizer, held=None, *, copies: set[int] = frozenset(), offset: int = 1):
+        super().__init__(ctx, model, optimizer, held)
+        names = {name for name, p in model.parameters_and_names() if id(p) in copies}
+
+        def replica(lay):
+            return dataclasses.replace(lay, replica_id=lay.replica_id + offset)
+
+        self.layouts = {k: replica(v) if k in names else v for k, v in self.layouts.items()}
+        self.moment_layouts = {k: replica(v) if k.split(".", 1)[1] in names else v
+                               for k, v in self.moment_layouts.items()}
+
+
+class PipelinePlan:
+    """This rank's stage, executor and the pieces the Trainer swaps in (see the module doc)."""
+
+    def __init__(self, cfg, parallel, model, accumulation: int) -> None:
+        self.parallel = parallel
+        self.model = model                                   # the whole model (flops, names, shapes)
+        mesh = parallel.mesh
+        self.spec, self.layout = stage_layout(cfg, model.args.num_hidden_layers, accumulation)
+        self.schedule = mp.build_schedule(self.spec, accumulation)
+        mp.validate_schedule(self.schedule)
+        self.pp_rank = mesh["pp"].rank
+        # Every weight's global name, shape and dtype, known on every rank before the cut.
+        layouts = mp.param_layouts(model, mesh)
+        self.every = {name: (layouts[name].global_shape, p.asnumpy().dtype) for name, p in model.parameters_and_names()}
+        try:
+            self.stage = mf_models.pipeline_stage(model, self.layout, self.pp_rank)
+        except mf_models.ModelConfigError as exc:
+            raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
+        self.executor = mp.PipelineExecutor(self.schedule, self.stage.chunks, mesh["pp"], tied=self.stage.tied,
+                                            tied_ranks=self.layout.tied_ranks, overlap_p2p=self.spec.overlap_p2p)
+        # The tied table's copy on a rank that does not hold the embedding: another rank counts it.
+        holds_embedding = any(info.first for info in self.layout.chunks(self.pp_rank))
+        self.copies = set() if holds_embedding else {id(p) for p in self.stage.tied}
+        log.info("pipeline: %s, %d micro-batches per step; this is pipeline rank %d of %d:\n%s",
+                 self.spec.describe(), accumulation, self.pp_rank, self.spec.pp, self.layout.describe())
+
+    def clip(self, params, max_norm: float):
+        return mp.GlobalNormClip(self.stage, params, self.parallel.mesh, max_norm,
+                                 counted_elsewhere=[p for p in params if id(p) in self.copies])
+
+    def runner(self, optimizer, max_norm: float, *, local_norm: bool = False) -> PipelineStepRunner:
+        par = self.parallel
+        return PipelineStepRunner(self, optimizer, max_norm, local_norm=local_norm, global_tokens=par.global_tokens,
+                                  loss_scale=par.loss_scale)
+
+    def sharded_state(self, optimizer, held=None) -> PipelineShardedState:
+        return PipelineShardedState(self.parallel, self.stage, optimizer, held, copies=self.copies,
+                                    offset=self.parallel.world)
+
+    def full_state(self) -> dict[str, np.ndarray]:
+        """Every weight of the whole model as its full array, on every rank (a collective)."""
+        return mp.gather_full_state(self.stage, self.parallel.mesh, every=self.every,
+                                    skip=[p for p in self.stage.tied if id(p) in self.copies])
+
+
+def pipeline_plan(cfg, parallel, model, accumulation: int) -> PipelinePlan | None:
+    """The pipeline plan of this rank, or None when pipeline_parallel is 1."""
+    if parallel.dims.pp <= 1:
+        return None
+    return PipelinePlan(cfg, parallel, model, accumulation)

@@ -1,0 +1,111 @@
+"""`pipeline_parallel > 1`: the schedule and its flags, the layers of every stage against the
+model, the micro-batch count against the schedule, and what does not combine with pipeline stages
+yet (pipeline_step.py runs the rest). The knobs' refusals at pipeline_parallel 1 are
+parallel.py's `feature_knobs`."""
+
+from __future__ import annotations
+
+from mf_trainer.preflight.registry import check, split_line
+
+# Model keys that make a model MoE (mixtral, qwen3_moe / qwen2_moe, deepseek_v3).
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+# Degrees that do not combine with pipeline stages yet, and why.
+NOT_WITH_PIPELINE = {
+    "tensor_parallel": "the stages' tied output head and loss are not wired for vocabulary-split logits yet",
+    "context_parallel": "context parallelism is not implemented",
+    "expert_parallel": "expert parallelism is not implemented",
+}
+
+
+def _pp(t) -> int:
+    return t.cfg.parallelism.pipeline_parallel
+
+
+def _spec(t):
+    """The resolved PipelineSpec, or the ParallelConfigError line."""
+    import mf_parallel as mp
+
+    return mp.pipeline_from_config(t.cfg.parallelism)
+
+
+@check()
+def pipeline_schedule(t):
+    """The pipeline schedule and its flags are a combination that runs."""
+    if _pp(t) <= 1:
+        return
+    import mf_parallel as mp
+
+    try:
+        _spec(t)
+    except mp.ParallelConfigError as exc:
+        yield split_line(str(exc), "parallelism.pipeline_parallel")
+
+
+@check()
+def pipeline_layers(t):
+    """pipeline_parallel_layers_per_stage places the model's layers on the virtual stages."""
+    if _pp(t) <= 1 or t.model_args is None:
+        return
+    import mf_config
+    import mf_parallel as mp
+
+    try:
+        spec = _spec(t)
+    except mp.ParallelConfigError:
+        return                                           # pipeline_schedule says why
+    try:
+        layers = mf_config.pipeline_layer_placement(t.cfg.parallelism.pipeline_parallel_layers_per_stage, spec.pp,
+                                                    spec.chunks, t.model_args.num_hidden_layers,
+                                                    schedule=spec.schedule)
+        mp.StageLayout.build(spec, layers)
+    except (mf_config.ConfigError, mp.ParallelConfigError) as exc:
+        yield split_line(str(exc), "parallelism.pipeline_parallel_layers_per_stage")
+
+
+@check(needs=("world",))
+def pipeline_microbatches(t):
+    """The micro-batch count (the accumulation count) suits the schedule."""
+    if _pp(t) <= 1 or t.dims is None:
+        return
+    import mf_parallel as mp
+    from mf_trainer.preflight.data import accumulation
+
+    try:
+        spec = _spec(t)
+        count = accumulation(t.cfg.training, t.dims.dp)
+        if count >= 1:                                   # below one: data.global_batch says why
+            spec.check_microbatches(count)
+    except mp.ParallelConfigError as exc:
+        yield split_line(str(exc), "parallelism.pipeline_parallel_schedule")
+
+
+@check()
+def pipeline_combinations(t):
+    """What pipeline stages do not combine with yet."""
+    if _pp(t) <= 1:
+        return
+    cfg, par = t.cfg, t.cfg.parallelism
+    for key, why in NOT_WITH_PIPELINE.items():
+        if getattr(par, key) > 1:
+            yield (f"parallelism.{key}", f"{getattr(par, key)} with pipeline_parallel {par.pipeline_parallel} is not "
+                                         f"implemented ({why}); set one of them to 1")
+    experts = [k for k in MOE_KEYS if (cfg.model.extra.get(k) or 0) > 0]
+    if experts:
+        yield ("parallelism.pipeline_parallel",
+               f"pipeline stages of a MoE model ({experts[0]}: {cfg.model.extra[experts[0]]}) are not implemented "
+               "yet (its routing statistics and balance loss do not travel between stages); set it to 1")
+    if cfg.eval_dataset is not None:
+        yield ("eval_dataset", f"evaluation during training with pipeline_parallel {par.pipeline_parallel} is not "
+                               "implemented (the evaluator runs the whole model); evaluate the saved checkpoint "
+                               "with `mf eval`")
+
+
+@check(needs=("world",))
+def pipeline_data_parallel(t):
+    """Pipeline stages run with a data-parallel size of 1."""
+    if _pp(t) <= 1 or t.dims is None or t.dims.dp == 1:
+        return
+    yield ("parallelism.pipeline_parallel",
+           f"{_pp(t)} x data parallelism ({t.dims.describe()}) is not implemented yet (the pipeline path neither "
+           f"shards the stages' parameters, the last stage's copy of a tied table included, nor reduces their "
+           f"gradients over the data-parallel group); start {_pp(t)} ranks so that the data-parallel size is 1")

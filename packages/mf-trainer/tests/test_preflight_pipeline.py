@@ -1,0 +1,65 @@
+"""The preflight of pipeline_parallel > 1: what runs passes, what cannot run is one keyed line."""
+
+from __future__ import annotations
+
+import pytest
+
+import mf_config
+import mf_trainer
+
+
+def _report(tmp_path, tiny_config, world, parallelism, **sections):
+    raw = tiny_config(tmp_path, tmp_path / "none", parallelism=parallelism, **sections)
+    command = "train" if world == 1 else "launch"      # one process of `mf train`
+    return mf_trainer.preflight(mf_config.load_config(raw), command, world=world, device="CPU")
+
+
+@pytest.mark.parametrize("parallelism", [
+    {"pipeline_parallel": 2},
+    {"pipeline_parallel": 2, "pipeline_parallel_schedule": "gpipe"},
+    {"pipeline_parallel": 2, "pipeline_parallel_interleave_num": 2},
+    {"pipeline_parallel": 2, "pipeline_parallel_enable_dxdw_split": True},
+    {"pipeline_parallel": 2, "pipeline_parallel_schedule": "zbv", "pipeline_parallel_layers_per_stage": [1, 2, 1, 1]},
+])
+def test_pipeline_layouts_that_run_pass(tmp_path, tiny_config, parallelism):
+    model = {"num_hidden_layers": 4 if parallelism.get("pipeline_parallel_interleave_num") else 5}
+    report = _report(tmp_path, tiny_config, 2, parallelism, training={"local_batch_size": 1}, model=model)
+    assert report.ok, report.lines()
+
+
+@pytest.mark.parametrize("world, parallelism, sections, key, reason", [
+    (1, {"pipeline_parallel": 2}, {}, "parallelism.pipeline_parallel", "2 > 1 needs 2 ranks"),
+    (4, {"pipeline_parallel": 2, "tensor_parallel": 2}, {}, "parallelism.tensor_parallel",
+     "2 with pipeline_parallel 2 is not implemented"),
+    (4, {"pipeline_parallel": 2}, {"training": {"local_batch_size": 1}}, "parallelism.pipeline_parallel",
+     "x data parallelism"),
+    (2, {"pipeline_parallel": 2, "pipeline_parallel_interleave_num": 2},
+     {"training": {"local_batch_size": 1, "global_batch_size": 3}, "model": {"num_hidden_layers": 4}}, "parallelism.pipeline_parallel_schedule",
+     "needs a micro-batch count that is a multiple of pipeline_parallel = 2, got 3"),
+    (2, {"pipeline_parallel": 2, "pipeline_parallel_schedule": "gpipe", "pipeline_parallel_enable_dxdw_split": True},
+     {}, "parallelism.pipeline_parallel_enable_dxdw_split", "gpipe runs every backward after every forward"),
+    (2, {"pipeline_parallel": 2}, {"model": {"model_type": "mixtral", "num_key_value_heads": 2,
+                                            "num_local_experts": 4, "num_experts_per_tok": 2}},
+     "parallelism.pipeline_parallel", "MoE model (num_local_experts: 4)"),
+    (2, {"pipeline_parallel": 2}, {"eval_dataset": None, "eval_interval": 2},
+     "eval_dataset", "evaluation during training with pipeline_parallel 2"),
+])
+def test_what_cannot_run_is_one_keyed_line(tmp_path, tiny_config, world, parallelism, sections, key, reason):
+    if "eval_interval" in sections:     # evaluation on the train data's valid split
+        raw = tiny_config(tmp_path, tmp_path / "none", parallelism=parallelism)
+        raw["eval_dataset"] = {"dataloader": dict(raw["train_dataset"]["dataloader"], sizes=[0, 50, 0])}
+        report = mf_trainer.preflight(mf_config.load_config(raw), "launch", world=world, device="CPU")
+    else:
+        report = _report(tmp_path, tiny_config, world, parallelism, **sections)
+    lines = [line for line in report.lines() if line.startswith(key + ":")]
+    assert lines and reason in lines[0], report.lines()
+
+
+def test_dry_run_counts_what_each_pipeline_rank_holds(tmp_path, tiny_config):
+    raw = tiny_config(tmp_path, tmp_path / "none", parallelism={"pipeline_parallel": 2},
+                      training={"local_batch_size": 1}, model={"num_hidden_layers": 4, "tie_word_embeddings": True})
+    plan = mf_trainer.dry_run(mf_config.load_config(raw), world=2, device="CPU", build_model=True)
+    table, norm, total = 64 * 32, 32, plan.parameters["total"]
+    layer = (total - table - norm) // 4
+    # rank 0: the table + layers 0-1; rank 1: layers 2-3, the final norm and its copy of the tied table
+    assert plan.parameters["per rank"] == f"pp rank 0: {table + 2 * layer}, pp rank 1: {2 * layer + norm + table}"
