@@ -39,7 +39,7 @@ from mf_trainer.loss import MaskedLMLoss
 from mf_trainer.lr_schedulers import build_scheduler
 from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device
 from mf_trainer.monitor import MetricsLogger
-from mf_trainer.optimizer import build_adamw
+from mf_trainer.optimizer import build_optimizer
 from mf_trainer.parallel import ParallelContext, ShardedState, build_dims, comm_metrics
 from mf_trainer.preflight import preflight
 from mf_trainer.preflight.data import accumulation
@@ -102,7 +102,7 @@ class Trainer:
         # Where the weights come from and what a checkpoint holds (run_mode train / finetune).
         self.start = start_plan(cfg, cfg.training.seed)
         self.model = self._build_model()
-        self.optimizer = build_adamw([(p.name, p) for p in self.model.trainable_params()], cfg.optimizer)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, self.parallel)   # AdamW or Muon
         self.sharded = ShardedState(self.parallel, self.model, self.optimizer, self.start.held(self.model))
         self.state = TrainState(total_steps=cfg.training.steps)
         source = self.start.restore_source()

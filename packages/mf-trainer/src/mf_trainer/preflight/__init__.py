@@ -19,7 +19,7 @@ Adding a check is one function in the topic module it belongs to:
             yield "section.key", "why it cannot run, and what to do"
 
 Topics: parallel (layouts, strategies), model (keys, tensor-parallel splits), data (columns,
-evaluation split, batch arithmetic), features (memory, monitors, profiler, LR schedule),
+evaluation split, batch arithmetic), features (memory, monitors, profiler, LR schedule), optimizer (type, pass-through keys, Muon's layouts),
 run_mode (commands, fine-tuning, inference sample), device (context).
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 # Importing a topic module registers its checks.
 from mf_trainer.preflight import data, features, model, parallel, run_mode  # noqa: F401
 from mf_trainer.preflight import device as _device  # noqa: F401
+from mf_trainer.preflight import optimizer as _optimizer  # noqa: F401
 from mf_trainer.preflight.registry import (
     CHECKS,
     COMMANDS,
