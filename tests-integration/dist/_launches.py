@@ -15,7 +15,8 @@ TRAINER_WORKER = HERE / "_trainer_worker.py"
 WORLD4_WORKER = HERE / "_world4_worker.py"
 # Trainer cases per launch (see _trainer_worker.CASES). The 4-rank ones after the reference run:
 # `fsdp2_tp2_from_reference` continues from the one-process checkpoint.
-WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean")
+WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean", "fsdp2_muon", "fsdp2_muon_from_reference_muon")
+ONE_PROCESS_REFERENCES = ("reference", "reference_muon")
 WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", "fsdp2_tp2_from_fsdp2_tp2")
 
 

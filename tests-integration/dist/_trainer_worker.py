@@ -8,7 +8,8 @@ Usage: _trainer_worker.py WORKDIR CASE [CASE ...]
 
 Cases (see CASES): a parallel layout trains STEPS steps from the same seed on the same global
 batch as the reference and saves a checkpoint at step STEPS; `reference` is the one-process run
-(it also continues 2 steps from its own checkpoint). The checkpoint cases continue 2 steps from a
+(it also continues 2 steps from its own checkpoint); `reference_muon` and `fsdp2_muon` are the
+same with optimizer.type Muon. The checkpoint cases continue 2 steps from a
 checkpoint written under another layout: `*_from_reference` (one process -> FSDP2 x TP2) and
 `reference_from_fsdp2_tp2` (FSDP2 x TP2 -> one process).
 """
@@ -46,12 +47,20 @@ CASES = {
                          {"local_batch_size": 1}, 1, 2),
     "hsdp2x2": ({"data_parallel_shard": 2, "reshard_after_forward_policy": "never"}, {"local_batch_size": 1}, 0, 4),
     "fsdp2_tp2": ({"tensor_parallel": 2}, {"local_batch_size": 2}, 0, 4),
+    # Muon (MUON below): the FSDP shards of each matrix are gathered for Newton-Schulz.
+    "reference_muon": ({}, {"local_batch_size": 4}, 1, 1),
+    "fsdp2_muon": ({}, {"local_batch_size": 2}, 0, 2),
 }
+# The Muon cases' optimizer, and a model whose MLP matrices have an odd row count (33), so FSDP2
+# pads them and the gather of the orthogonalised update must drop and restore the padding row.
+MUON = {"type": "Muon", "weight_decay": 0.1, "momentum": 0.9}
+MUON_MODEL = {"intermediate_size": 33}
 
 
 def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None = None, out: str | None = None):
     base = name.split("_from_")[0]
     parallelism, training, mode, _ = CASES[base]
+    muon = base.endswith("_muon")
     out_dir = workdir / (out or name)
     raw = {
         "output_dir": str(out_dir),
@@ -59,13 +68,14 @@ def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None =
         "checkpoint": {"save_path": str(out_dir / "ckpt"), "save_interleaved_steps": STEPS, "save_max": 3,
                        "remove_redundancy": True, **({"load_path": load_path} if load_path else {})},
         "training": {"steps": steps, "global_batch_size": GLOBAL_BATCH, "max_norm": MAX_NORM, "seed": 5, **training},
-        "optimizer": {"type": "AdamW", "weight_decay": 0.1},
+        "optimizer": MUON if muon else {"type": "AdamW", "weight_decay": 0.1},
         "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": LR, "warmup_steps": 2},
         "parallelism": parallelism,
         "train_dataset": toy_train_dataset(workdir),
         "model": {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
                   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                  "max_position_embeddings": 32, "tie_word_embeddings": True, "attention_bias": True},
+                  "max_position_embeddings": 32, "tie_word_embeddings": True, "attention_bias": True,
+                  **(MUON_MODEL if muon else {})},
         "monitor": {"peak_flops_per_device": 1e11, "tensorboard": False,
                     "train_state": {"local_loss": True, "device_loss": True, "device_norm": True}},
     }
@@ -102,8 +112,8 @@ def run(workdir: Path, name: str) -> None:
                "comm": recorder.records[1].get("comm") if len(recorder.records) > 1 else None,
                "metrics_keys": sorted(recorder.records[0]) if recorder.records else [],
                "seconds": time.monotonic() - start}
-    if name == "reference" and rank0:          # ... and the one-process continuation of its own checkpoint
-        cont = Trainer(config(workdir, name, STEPS + MORE, load_path=str(out / "ckpt"), out="reference_cont")).train()
+    if name in ("reference", "reference_muon") and rank0:   # ... and the one-process continuation of its checkpoint
+        cont = Trainer(config(workdir, name, STEPS + MORE, load_path=str(out / "ckpt"), out=f"{name}_cont")).train()
         summary["continued"] = cont.losses
     if rank0:
         out.mkdir(parents=True, exist_ok=True)

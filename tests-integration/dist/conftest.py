@@ -28,6 +28,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 from _launches import (  # noqa: E402
+    ONE_PROCESS_REFERENCES,
     TRAINER_WORKER,
     WORLD2_CASES,
     WORLD4_CASES,
@@ -94,8 +95,8 @@ def trainer_workdir(scratch):
 
 @pytest.fixture(scope="session")
 def reference(trainer_workdir):
-    """The one-process run: 8 steps, a checkpoint at step 8, and 2 more steps resumed from it."""
-    proc = run_one_process(trainer_workdir, "reference")
+    """The one-process runs (AdamW, Muon): 8 steps, a checkpoint at step 8, and 2 more steps resumed from it."""
+    proc = run_one_process(trainer_workdir, *ONE_PROCESS_REFERENCES)
     if proc.returncode != 0:
         pytest.fail(f"reference run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return trainer_workdir
