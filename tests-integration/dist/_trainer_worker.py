@@ -11,7 +11,7 @@ batch as the reference and saves a checkpoint at step STEPS; `reference` is the 
 (it also continues 2 steps from its own checkpoint). The checkpoint cases continue 2 steps from a
 checkpoint written under another layout: `*_from_reference` (one process -> FSDP2 x TP2),
 `reference_from_fsdp2_tp2` (FSDP2 x TP2 -> one process) and `reference_from_cp2` (CP2 -> one
-process).
+process); `reference_muon` and `fsdp2_muon` are the same with optimizer.type Muon.
 """
 
 from __future__ import annotations
@@ -63,6 +63,9 @@ CASES = {
     "reference6": ({}, {"local_batch_size": 4}, 1, 1),
     "pp4_1f1b_uneven": ({"pipeline_parallel": 4, "pipeline_parallel_layers_per_stage": [1, 2, 2, 1]},
                         {"local_batch_size": 1}, 1, 4),
+    # Muon (MUON below): the FSDP shards of each matrix are gathered for Newton-Schulz.
+    "reference_muon": ({}, {"local_batch_size": 4}, 1, 1),
+    "fsdp2_muon": ({}, {"local_batch_size": 2}, 0, 2),
 }
 # Decoder layers per case (2 unless named): every virtual pipeline stage needs a layer.
 LAYERS = {**{name: 4 for name in CASES if name.startswith("pp2")}, "reference4": 4, "reference6": 6,
@@ -76,11 +79,16 @@ MOE_MODEL = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "
              "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_nope_head_dim": 8,
              "qk_rope_head_dim": 4, "v_head_dim": 8, "aux_loss_alpha": 0.01, "seq_aux": True,
              "moe_router_bias_update_rate": 0.01}
+# The Muon cases' optimizer, and a model whose MLP matrices have an odd row count (33), so FSDP2
+# pads them and the gather of the orthogonalised update must drop and restore the padding row.
+MUON = {"type": "Muon", "weight_decay": 0.1, "momentum": 0.9}
+MUON_MODEL = {"intermediate_size": 33}
 
 
 def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None = None, out: str | None = None):
     base = name.split("_from_")[0]
     parallelism, training, mode, _ = CASES[base]
+    muon = base.endswith("_muon")
     out_dir = workdir / (out or name)
     raw = {
         "output_dir": str(out_dir),
@@ -88,14 +96,15 @@ def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None =
         "checkpoint": {"save_path": str(out_dir / "ckpt"), "save_interleaved_steps": STEPS, "save_max": 3,
                        "remove_redundancy": True, **({"load_path": load_path} if load_path else {})},
         "training": {"steps": steps, "global_batch_size": GLOBAL_BATCH, "max_norm": MAX_NORM, "seed": 5, **training},
-        "optimizer": {"type": "AdamW", "weight_decay": 0.1},
+        "optimizer": MUON if muon else {"type": "AdamW", "weight_decay": 0.1},
         "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": LR, "warmup_steps": 2},
         "parallelism": parallelism,
         "train_dataset": toy_train_dataset(workdir),
         "model": MOE_MODEL if base.startswith("moe_") else {
             "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
             "num_hidden_layers": LAYERS.get(base, 2), "num_attention_heads": 4, "num_key_value_heads": 2,
-            "max_position_embeddings": 32, "tie_word_embeddings": True, "attention_bias": True},
+            "max_position_embeddings": 32, "tie_word_embeddings": True, "attention_bias": True,
+            **(MUON_MODEL if muon else {})},
         "monitor": {"peak_flops_per_device": 1e11, "tensorboard": False,
                     "train_state": {"local_loss": True, "device_loss": True, "device_norm": True}},
     }

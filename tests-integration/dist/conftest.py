@@ -100,7 +100,7 @@ def trainer_workdir(scratch):
 @pytest.fixture(scope="session")
 def reference(trainer_workdir):
     """The one-process runs (the 2-layer model, and the 4- and 6-layer models of the pipeline
-    cases): 8 steps, a checkpoint at step 8, and 2 more steps resumed from it."""
+    cases, and Muon): 8 steps, a checkpoint at step 8, and 2 more steps resumed from it."""
     proc = run_one_process(trainer_workdir, *REFERENCES)
     if proc.returncode != 0:
         pytest.fail(f"reference run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

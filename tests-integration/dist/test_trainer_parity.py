@@ -5,7 +5,8 @@ global batch, within 1e-5 relative; likewise CP2 (ring attention, each rank keep
 chunks of every sequence), whose checkpoint continues in one process. Plus: FSDP2 with gradient accumulation and averaged
 gradients; the compiled step where a layout allows it (one parallel axis on CPU) and PyNative
 where mf-parallel's graph_mode_blocker says so; checkpoints saved under FSDP2 x TP2 continue in
-one process, and one-process checkpoints continue under FSDP2 x TP2, with the same losses.
+one process, and one-process checkpoints continue under FSDP2 x TP2, with the same losses. Muon
+(optimizer.type) under FSDP2 against one process's Muon, and its checkpoint continued under FSDP2.
 
 Launches (conftest.py): the one-process reference, one 2-rank launch, one 4-rank launch (shared
 with the collectives checks), and one more one-process continuation.
@@ -75,17 +76,37 @@ def cp_back_to_one_process(reference, world2):
     return _result(reference, "reference_from_cp2")
 
 
-@pytest.mark.parametrize("case", [*[c for c in WORLD2_CASES if not c.startswith("moe_")],  # test_moe_parity.py
-                                  *[c for c in WORLD4_CASES if "_from_" not in c]])
+# The 2-layer llama with AdamW; the MoE (test_moe_parity.py), pipeline (test_pipeline_training.py)
+# and Muon cases compare against their own references.
+ADAMW_CASES = [c for c in (*WORLD2_CASES, *WORLD4_CASES)
+               if "_from_" not in c and "muon" not in c and not c.startswith(("moe_", "pp"))]
+
+
+@pytest.fixture(scope="module")
+def muon_runs(reference, world2):
+    """The Muon cases need only the one-process references and the 2-rank launch."""
+    return reference
+
+
+@pytest.mark.parametrize("case", ADAMW_CASES)
 def test_parity_with_one_process(request, reference, case):
     request.getfixturevalue("world2" if case in WORLD2_CASES else "world4")   # only the launch that runs it
-    runs = reference
-    ref, got = _result(runs, "reference"), _result(runs, case)
+    _check_parity(reference, case, "reference")
+
+
+def test_muon_parity_with_one_process(muon_runs):
+    """Muon under FSDP2 (each matrix's shards gathered for Newton-Schulz, odd row counts padded)
+    gives one process's Muon run."""
+    _check_parity(muon_runs, "fsdp2_muon", "reference_muon")
+
+
+def _check_parity(runs, case, reference):
+    ref, got = _result(runs, reference), _result(runs, case)
     assert len(got["losses"]) == STEPS
     loss_err, norm_err = _rel(got["losses"], ref["losses"]), _rel(got["grad_norms"], ref["grad_norms"])
     assert loss_err <= RTOL, f"{got['dims']}: losses {got['losses']} vs {ref['losses']} (rel err {loss_err:.2e})"
     assert norm_err <= RTOL, f"{got['dims']}: grad norms {got['grad_norms']} vs {ref['grad_norms']}"
-    want, have = _weights(runs, "reference"), _weights(runs, case)
+    want, have = _weights(runs, reference), _weights(runs, case)
     assert set(have) == set(want) and "tok_embeddings.weight" in have and "output.weight" not in have  # tied
     worst = max(want, key=lambda k: float(np.max(np.abs(have[k] - want[k]))))
     for name in want:
@@ -113,6 +134,22 @@ def test_checkpoints_continue_across_layouts(runs, back_to_one_process, source):
     got = _result(runs, source)
     assert got["start_step"] == STEPS and len(got["losses"]) == MORE == len(want)
     assert _rel(got["losses"], want) <= RTOL, f"{source}: {got['losses']} vs {want}"
+
+
+def test_muon_learns_gathers_and_continues_from_one_process(muon_runs):
+    """Muon's FSDP2 run gathers every matrix's update (all_gather calls beyond FSDP's own parameter
+    gathers), both runs learn, and the one-process Muon checkpoint (momentum buffers included)
+    continues under FSDP2 with the one-process continuation's losses."""
+    runs = muon_runs
+    ref, fsdp = _result(runs, "reference_muon"), _result(runs, "fsdp2_muon")
+    assert ref["losses"][-1] < ref["losses"][0] and fsdp["mode"] == 0
+    adamw_gathers = _result(runs, "fsdp2")["comm"]["all_gather/native"]["calls"]
+    # 14 Muon matrices in the tiny llama (7 per layer), one gather of each update per step.
+    assert fsdp["comm"]["all_gather/native"]["calls"] == adamw_gathers + 14
+    got = _result(runs, "fsdp2_muon_from_reference_muon")
+    want = ref["continued"]
+    assert got["start_step"] == STEPS and len(got["losses"]) == MORE == len(want)
+    assert _rel(got["losses"], want) <= RTOL, f"{got['losses']} vs {want}"
 
 
 def test_communication_volume_is_in_the_metrics(runs):

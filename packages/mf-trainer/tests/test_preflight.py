@@ -131,3 +131,14 @@ def test_the_preflight_imports_no_mindspore():
             "print('clean')")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "clean", run.stderr
+
+
+def test_muon_keys_and_layouts(tmp_path, tiny_config):
+    """Muon's pass-through keys are checked without MindSpore; FSDP passes, tensor parallelism is refused."""
+    ok = _cfg(tmp_path, tiny_config, optimizer={"type": "Muon", "momentum": 0.9, "adamw_params": ["wo"]})
+    assert mf_trainer.preflight(ok, "launch", world=2).ok
+    bad = _cfg(tmp_path, tiny_config, optimizer={"type": "Muon", "ns_steps": 0}, parallelism={"tensor_parallel": 2})
+    assert mf_trainer.preflight(bad, "launch", world=2).lines() == [
+        "optimizer.ns_steps: must be between 1 and 20, got 0",
+        "optimizer.type: Muon with parallelism.tensor_parallel 2 is not implemented (Newton-Schulz needs each matrix "
+        "whole; only FSDP/HSDP shards are gathered); use tensor_parallel: 1 or type: AdamW"]

@@ -84,15 +84,15 @@ class AdamW(nn.Cell):
         lr' = lr * sqrt(bc2) / bc1, eps' = eps * sqrt(bc2) and decay' = wd * bc1 / sqrt(bc2)
         that is exactly torch's p * (1 - lr * wd) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
         """
+        return tuple(Tensor(np.float32(v)) for v in self.host_scalars(lr))
+
+    def host_scalars(self, lr: float) -> tuple[float, float, float]:
+        """`scalars` as Python floats (double precision)."""
         t = self.step + 1
         bc1 = 1.0 - self.beta1 ** t
         sqrt_bc2 = math.sqrt(1.0 - self.beta2 ** t)
         lr = float(lr)
-        return (
-            Tensor(np.float32(lr * sqrt_bc2 / bc1)),
-            Tensor(np.float32(self.eps * sqrt_bc2)),
-            Tensor(np.float32(self.weight_decay * bc1 / sqrt_bc2)),
-        )
+        return lr * sqrt_bc2 / bc1, self.eps * sqrt_bc2, self.weight_decay * bc1 / sqrt_bc2
 
     def _moments(self):
         for prefix, moments in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
@@ -122,6 +122,11 @@ class AdamW(nn.Cell):
 
     def moment_names(self) -> list[str]:
         return [key for key, _ in self._moments()]
+
+    def moment_owners(self) -> list[tuple[str, Parameter]]:
+        """(state key, the parameter it belongs to): checkpoints give a moment its parameter's layout."""
+        return [(f"{prefix}.{name}", p) for prefix in ("exp_avg", "exp_avg_sq")
+                for name, p in zip(self.param_names, self.params)]
 
     # ---- graph side ------------------------------------------------------------------------
     def construct(self, grads, apply, lr, eps, decay):
@@ -153,16 +158,12 @@ def build_adamw(named_params: Sequence[tuple[str, Parameter]], cfg) -> AdamW:
     `cfg` is mf_config's OptimizerConfig (or anything with those attributes); its pass-through
     extras must be empty, because AdamW takes no other keys.
     """
+    from mf_trainer.optimizer_options import optimizer_options
     from mf_trainer.weight_decay import decay_mask
 
-    opt_type = getattr(cfg, "type", "AdamW") or "AdamW"
-    if opt_type != "AdamW":
-        raise TrainerConfigError(f"optimizer.type: unknown optimizer {opt_type!r}; available: AdamW")
-    extra = dict(getattr(cfg, "extra", None) or {})
-    if extra:
-        raise TrainerConfigError(
-            f"optimizer.{sorted(extra)[0]}: AdamW takes no such key; accepted keys: "
-            "type, betas, eps, weight_decay, weight_decay_include, weight_decay_exclude")
+    if (getattr(cfg, "type", "AdamW") or "AdamW") != "AdamW":
+        raise TrainerConfigError(f"optimizer.type: build_adamw builds AdamW, got {cfg.type!r} (use build_optimizer)")
+    optimizer_options(cfg)
     names = [n for n, _ in named_params]
     mask = decay_mask(names, getattr(cfg, "weight_decay_include", None), getattr(cfg, "weight_decay_exclude", None))
     return AdamW(
@@ -174,4 +175,24 @@ def build_adamw(named_params: Sequence[tuple[str, Parameter]], cfg) -> AdamW:
     )
 
 
-__all__ = ["AdamW", "build_adamw"]
+def build_optimizer(model, cfg, parallel=None):
+    """The optimizer `optimizer.type` names, over `model`'s trainable parameters: AdamW, or Muon
+    (`mf_trainer.muon`). `parallel`: the Trainer's ParallelContext (layouts and mesh: Muon
+    gathers FSDP-sharded matrices); None for one process."""
+    from mf_trainer.optimizer_options import optimizer_options
+
+    options = optimizer_options(cfg)
+    named = [(p.name, p) for p in model.trainable_params()]
+    if options is None:
+        return build_adamw(named, cfg)
+    from mf_trainer.muon import build_muon
+
+    layouts, mesh = None, None
+    if parallel is not None:
+        by_name = parallel.layouts(model)
+        layouts = {id(p): by_name[name] for name, p in model.parameters_and_names()}
+        mesh = parallel.mesh
+    return build_muon(named, cfg, options, layouts, mesh)
+
+
+__all__ = ["AdamW", "build_adamw", "build_optimizer"]

@@ -183,7 +183,7 @@ def comm_metrics() -> dict:
 class ShardedState:
     """Checkpoint state of the model and optimizer as mf-ckpt `ShardedTensor`s whose blocks, global
     shapes, offsets and replica ids come from mf-parallel's `param_layouts` (on one rank: the whole
-    tensor at offset 0). An optimizer moment (`exp_avg.<name>`, `exp_avg_sq.<name>`) has its
+    tensor at offset 0). An optimizer moment (`exp_avg.<name>`, `exp_avg_sq.<name>`, `momentum.<name>`) has its
     parameter's layout. `held`: the parameter names a checkpoint holds (every one, or a LoRA
     fine-tune's adapters): the filter that makes fine-tuning a choice of state, not a code path."""
 
@@ -195,9 +195,8 @@ class ShardedState:
         self.layouts = {name: layouts[name] for name in self.params}
         name_of = {id(p): name for name, p in model.parameters_and_names()}
         self.moment_layouts = {}
-        for pname, param in zip(optimizer.param_names, optimizer.params):
-            for prefix in ("exp_avg", "exp_avg_sq"):
-                self.moment_layouts[f"{prefix}.{pname}"] = layouts[name_of[id(param)]]
+        for key, param in optimizer.moment_owners():   # AdamW's exp_avg/exp_avg_sq, Muon's momentum too
+            self.moment_layouts[key] = layouts[name_of[id(param)]]
 
     @staticmethod
     def _sharded(arrays: dict, layouts: dict) -> dict:

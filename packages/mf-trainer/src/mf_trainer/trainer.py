@@ -40,7 +40,7 @@ from mf_trainer.lr_schedulers import build_scheduler
 from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device
 from mf_trainer.moe import MoETraining
 from mf_trainer.monitor import MetricsLogger
-from mf_trainer.optimizer import build_adamw
+from mf_trainer.optimizer import build_optimizer
 from mf_trainer.parallel import ParallelContext, ShardedState, build_dims, comm_metrics
 from mf_trainer.pipeline_step import pipeline_plan
 from mf_trainer.preflight import preflight
@@ -114,7 +114,7 @@ class Trainer:
         whole_model = self.model
         if self.pipeline is not None:
             self.model = self.pipeline.stage
-        self.optimizer = build_adamw([(p.name, p) for p in self.model.trainable_params()], cfg.optimizer)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, self.parallel)   # AdamW or Muon
         if self.pipeline is not None:
             self.sharded = self.pipeline.sharded_state(self.optimizer, self.start.held(self.model))
         else:

@@ -20,7 +20,7 @@ Adding a check is one function in the topic module it belongs to:
 
 Topics: parallel (layouts, strategies), pipeline (pipeline_parallel > 1), context (context parallelism),
 model (keys, tensor-parallel splits), data (columns, evaluation split, batch arithmetic), features (memory,
-monitors, profiler, LR schedule), moe (the MoE monitor),
+monitors, profiler, LR schedule), moe (the MoE monitor), optimizer (type, pass-through keys, Muon's layouts),
 run_mode (commands, fine-tuning, inference sample), device (context).
 """
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 from mf_trainer.preflight import context, data, features, model, parallel, pipeline, run_mode  # noqa: F401
 from mf_trainer.preflight import device as _device  # noqa: F401
 from mf_trainer.preflight import moe as _moe  # noqa: F401
+from mf_trainer.preflight import optimizer as _optimizer  # noqa: F401
 from mf_trainer.preflight.registry import (
     CHECKS,
     COMMANDS,
