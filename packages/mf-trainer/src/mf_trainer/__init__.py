@@ -9,7 +9,7 @@ from mf_trainer.errors import TrainerConfigError, TrainingError
 from mf_trainer.preflight import PreflightError, PreflightReport
 from mf_trainer.preflight import preflight as _preflight
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 # The function, not the subpackage of the same name (the import above bound the subpackage here).
 preflight = _preflight
@@ -24,9 +24,11 @@ __all__ = [
     "EvalResult",
     "Evaluator",
     "LRScheduler",
+    "MemoryPlan",
     "MetricsLogger",
     "PreflightError",
     "PreflightReport",
+    "RankMemory",
     "StepResult",
     "StopAfterLoss",
     "StopAtStep",
@@ -42,6 +44,7 @@ __all__ = [
     "decay_mask",
     "dry_run",
     "evaluate",
+    "memory_plan",
     "preflight",
     "register_callback",
 ]
@@ -57,6 +60,7 @@ _LAZY = {
     "StepResult": "step",
     "DEFAULT_EXCLUDE": "weight_decay", "decay_mask": "weight_decay",
     "DryRun": "dry_run", "dry_run": "dry_run",
+    **{name: "memory" for name in ("MemoryPlan", "RankMemory", "memory_plan")},
 }
 
 
