@@ -17,7 +17,7 @@ from mf_trainer.memory import candidate_layouts, parse_bytes
 PARAMS = 2048 + 2 * (64 + 4 * 1024 + 3 * 2048) + 32 + 2048            # 24736
 # FSDP over 3 ranks: ceil(rows / 3) rows of every parameter (dim 0 padded to a multiple of 3)
 FSDP3 = 22 * 32 + 2 * (2 * 11 + 4 * 11 * 32 + 2 * 22 * 32 + 11 * 64) + 11 + 22 * 32   # 8503
-LAYER = (32 * 32 + 32 * 32) * 2 + 32 * (2 * (32 + 32) + 32) + 2 * 2 * 32 * 32 + 32 * 32 + 4 * 32 * 64
+LAYER = (32 * 32 + 32 * 32) * 2 + 32 * (3 * (32 + 32) + 32) + 3 * 2 * 32 * 32 + 32 * 32 + 4 * 32 * 64
 HEAD = 32 * 32 + 32 * 32 + 2 * 32 * 64
 
 
@@ -32,7 +32,7 @@ def test_one_rank_by_hand(tmp_path, tiny_config):
     assert r.gradients == PARAMS * 4           # float32 accumulation buffers (2 micro-batches)
     assert r.optimizer == PARAMS * 8           # exp_avg + exp_avg_sq
     assert r.activations_per_microbatch == (2 * LAYER + HEAD) * 2 * 4 and r.in_flight == 1
-    assert r.transient == 32 * 64 * 2 * 4      # the logits' gradient
+    assert r.transient == (32 * 64 + LAYER) * 2 * 4      # the logits' gradient, one layer's gradients
     assert r.fsdp_gathered == 0
 
 
@@ -100,3 +100,13 @@ def test_the_memory_plan_imports_no_mindspore(tmp_path, tiny_config):
             "assert not any(m.split('.')[0] == 'mindspore' for m in sys.modules), 'mindspore imported'\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
+
+
+def test_recompute_comm_and_local_norm_are_refused_with_their_reason(tmp_path, tiny_config):
+    cfg = mf_config.load_config(tiny_config(
+        tmp_path, tmp_path / "none", recompute_comm={"enable": True, "select_module": {"attention": ["0-1"]}},
+        monitor={"train_state": {"local_norm": "wq"}}))
+    lines = dict(mf_trainer.preflight(cfg, "launch", 2, "CPU").problems)
+    assert "all-gathers of select_module are not redone in backward" in lines["recompute_comm.enable"]
+    assert "global norm only" in lines["monitor.train_state.local_norm"]
+    assert "has none" in dict(mf_trainer.preflight(cfg, "train", 1, "CPU").problems)["recompute_comm.enable"]

@@ -21,7 +21,9 @@ For every pipeline rank (the other axes hold the same bytes on each of their ran
   Multiplied by the micro-batches a rank holds at once: 1 without a pipeline (each micro-batch's
   backward runs before the next forward), the schedule's peak in flight with one.
 - transient: what exists only around the peak (the start of the last backward): the gradient of
-  the logits, one recomputed layer (or module) rebuilt in backward, and FSDP's gathered unit: one
+  the logits, one layer's worth of activation gradients (backward makes a gradient for each saved
+  tensor of the layer it is in, freeing them as it goes), one recomputed layer (or module) rebuilt
+  in backward, and FSDP's gathered unit: one
   block's full TP-local parameters and its full gradient before the reduce-scatter (every
   gathered parameter when reshard_after_forward keeps them; mf-parallel emulates reduce-scatter
   with all-reduce on CPU, so the full gradient exists there too).
@@ -244,7 +246,10 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
         rank.activations_per_microbatch = act * batch * act_bytes
         rebuilt = max([layer_elems - kept(i) for i in ids] + [0])
         logits_grad = seq // dims.cp * (args.vocab_size // tp) if last else 0
-        rank.transient = (rebuilt + logits_grad) * batch * act_bytes
+        # Backward through a layer makes the gradients of its saved tensors (same shapes), freed as it
+        # goes: about one layer's worth at once, recomputed or not.
+        working = layer_elems if ids else 0
+        rank.transient = (rebuilt + logits_grad + working) * batch * act_bytes
         if shards > 1:
             biggest = max(unit_local.values(), default=0)
             gathered = local_total if never else biggest

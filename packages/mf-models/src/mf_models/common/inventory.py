@@ -97,10 +97,11 @@ def saved_activations(args, seq: int, tp: int = 1, *, fused_attention: bool = Fa
     layer) and "head" (final norm, logits and the loss's log-probabilities: once per model). The
     terms are the tensors our plain-math implementation hands to backward (mf_models' attention
     without the fused kernel, which CPU lacks): each norm's input and its normalised output; the
-    projections' shared input; q, k, v after RoPE and their pre-RoPE copies (the rotation's
-    products keep both operands); the GQA-repeated k, v; the masked scores and the softmax
-    probabilities [heads, seq, seq]; the attention output; SwiGLU's two projections, the SiLU and
-    the product. `fused_attention` (Ascend's flash attention kernel, `use_flash_attention`) keeps
+    projections' shared input; q, k, v after RoPE, their pre-RoPE copies and rotate_half's
+    output (the rotation's two products keep both operands); the GQA-repeated k, v; three
+    [heads, seq, seq] tensors: the raw scores (kept by the scaling product), the scaled masked
+    scores and the softmax probabilities; the attention output; SwiGLU's two projections, the SiLU
+    and the product. `fused_attention` (Ascend's flash attention kernel, `use_flash_attention`) keeps
     the softmax statistics per head and token instead of the two [heads, seq, seq] tensors.
     """
     kind = _model_type(args)
@@ -113,11 +114,11 @@ def saved_activations(args, seq: int, tp: int = 1, *, fused_attention: bool = Fa
     shard = -(-seq // tp)                              # tokens of a sequence-parallel shard
     repeat = 2 * seq * q if kv_heads != heads else 0   # repeat_kv materialises k and v at q's width
     qk_norm = seq * (q + kv) if kind == "qwen3" else 0
-    scores = (heads // tp) * seq * (2 if fused_attention else 2 * seq)
+    scores = (heads // tp) * seq * (2 if fused_attention else 3 * seq)
     norm = shard * h + seq * h                          # input shard, gathered normalised output
     return {
         "attention_norm": norm,
-        "attention": seq * (2 * (q + kv) + kv) + repeat + qk_norm + scores + seq * q,
+        "attention": seq * (3 * (q + kv) + kv) + repeat + qk_norm + scores + seq * q,
         "ffn_norm": norm,
         "feed_forward": 4 * seq * (args.intermediate_size // tp),
         "head": shard * h + seq * h + 2 * seq * (args.vocab_size // tp),
