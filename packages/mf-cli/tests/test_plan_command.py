@@ -133,3 +133,26 @@ def test_plan_imports_no_mindspore(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, _yaml(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "zbv over 4 stages" in proc.stdout
+
+
+def test_memory_per_rank_and_device_fit(tmp_path, capsys):
+    """The memory section is mf_trainer.memory_plan's table; its numbers are checked in mf-trainer's
+    test_memory (by hand) and tests-integration/memory (against a measured peak)."""
+    rc, out, _ = _plan(capsys, _yaml(tmp_path, pp=2, gbs=4, layers=4), "--set", "model.seq_length=16",
+                       "--device-memory", "1GB")
+    assert rc == 0, out
+    lines = out.splitlines()
+    start = lines.index(next(x for x in lines if x.startswith("memory per rank (world=2 pp=2")))
+    assert lines[start + 1].split()[:4] == ["stage", "params", "grads", "optim"]
+    assert [x.split()[0] for x in lines[start + 2:start + 4]] == ["0", "1"]
+    assert re.search(r"peak [0-9.]+MiB fits in 1.0GiB per device", out)
+    rc, out, _ = _plan(capsys, _yaml(tmp_path, pp=1, gbs=4, layers=4), "--set", "model.seq_length=16",
+                       "--world", "4", "--layouts", "--device-memory", "100KiB")
+    assert rc == 0 and "candidate layouts of 4 ranks" in out and " no" in out
+
+
+def test_memory_not_estimated_is_a_line_and_bad_size_exit_2(tmp_path, capsys):
+    rc, out, _ = _plan(capsys, _yaml(tmp_path, pp=1))
+    assert rc == 0 and "memory: not estimated: train_dataset.dataloader.config.seq_length" in out
+    rc, out, err = _plan(capsys, _yaml(tmp_path, pp=1), "--device-memory", "plenty")
+    assert rc == 2 and out == "" and "--device-memory: expected a size like 64GB" in err and err.count("\n") == 1

@@ -126,6 +126,7 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "layout: world=1 " in out and "batch: 4 micro-batch(es) per step" in out and "64 tokens per step" in out
     assert f"metrics: {tmp_path / 'out' / 'metrics.jsonl'}" in out and "checkpoints: " in out
+    assert "memory per rank (world=1 " in out and "total" in out      # mf_trainer.memory_plan's table
     assert main(["train", path, "--dry-run", "--world", "4", "--build-model"]) == 0
     out = capsys.readouterr().out
     assert "layout: world=4 pp=1 dp_replicate=1 dp_shard=4" in out and "batch: 1 micro-batch(es)" in out

@@ -24,11 +24,13 @@ __all__ = [
     "EvalResult",
     "Evaluator",
     "LRScheduler",
+    "MemoryPlan",
     "MetricsLogger",
     "Muon",
     "MuonOptions",
     "PreflightError",
     "PreflightReport",
+    "RankMemory",
     "StepResult",
     "StopAfterLoss",
     "StopAtStep",
@@ -45,6 +47,7 @@ __all__ = [
     "decay_mask",
     "dry_run",
     "evaluate",
+    "memory_plan",
     "preflight",
     "register_callback",
 ]
@@ -61,6 +64,7 @@ _LAZY = {
     "StepResult": "step",
     "DEFAULT_EXCLUDE": "weight_decay", "decay_mask": "weight_decay",
     "DryRun": "dry_run", "dry_run": "dry_run",
+    **{name: "memory" for name in ("MemoryPlan", "RankMemory", "memory_plan")},
 }
 
 

@@ -35,6 +35,7 @@ class DryRun:
     tokens_per_step: int = 0
     outputs: dict[str, str] = field(default_factory=dict)
     parameters: dict[str, int | str] = field(default_factory=dict)
+    memory: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [f"layout: {self.layout}"]
@@ -44,6 +45,7 @@ class DryRun:
         if self.parameters:
             out.append("parameters: " + ", ".join(f"{k} {v}" if isinstance(v, str) else f"{k} {v:,}"
                                                   for k, v in self.parameters.items()))
+        out += self.memory
         out += [f"{what}: {where}" for what, where in self.outputs.items()]
         out += [f"not checked: {line}" for line in self.report.skipped]
         return out
@@ -138,4 +140,16 @@ def dry_run(cfg, world: int | None = None, device: str | None = None, *, build_m
     plan.outputs = _outputs(cfg)
     if build_model:
         plan.parameters = _count_parameters(cfg, dims)
+    plan.memory = _memory(cfg, world, device)
     return plan
+
+
+def _memory(cfg, world: int, device: str | None) -> list[str]:
+    """The per-rank memory estimate (mf_trainer.memory), or the reason it is not made."""
+    from mf_trainer.errors import TrainerConfigError
+    from mf_trainer.memory import memory_plan
+
+    try:
+        return memory_plan(cfg, world, device=device).lines()
+    except TrainerConfigError as exc:
+        return [f"memory: not estimated: {exc}"]

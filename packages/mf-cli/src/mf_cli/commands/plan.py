@@ -36,6 +36,12 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
                         "at their Comm), rendezvous (both ranks wait for each other: MCCL on CPU)")
     p.add_argument("--png", metavar="PATH", help="also draw the timeline into a PNG (matplotlib)")
     p.add_argument("--width", type=int, metavar="CHARS", help="characters per time unit in the text timeline")
+    p.add_argument("--device-memory", metavar="SIZE",
+                   help="memory of one device (e.g. 64GB): say whether the layout's peak fits, and with --layouts "
+                        "which candidate layouts do")
+    p.add_argument("--layouts", action="store_true",
+                   help="also tabulate the per-rank memory of candidate layouts of --world (tensor x pipeline x "
+                        "data-parallel degrees, recompute none / full)")
     p.set_defaults(run=run)
 
 
@@ -162,6 +168,27 @@ def schedule_section(plan: Plan) -> list[str]:
     return lines
 
 
+def memory_section(plan: Plan) -> list[str]:
+    """Per-rank parameter, gradient, optimizer-state and activation bytes (mf_trainer.memory_plan)."""
+    import mf_trainer
+    from mf_trainer.memory import parse_bytes
+
+    try:
+        device = parse_bytes(plan.args.device_memory) if plan.args.device_memory else None
+    except mf_trainer.TrainerConfigError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        memory = mf_trainer.memory_plan(plan.config, plan.dims.world_size)
+    except mf_trainer.TrainerConfigError as exc:
+        return [f"memory: not estimated: {exc}"]
+    lines = memory.lines(device)
+    if plan.args.layouts:
+        from mf_trainer.memory import candidate_layouts
+
+        lines += candidate_layouts(plan.config, plan.dims.world_size, device)
+    return lines
+
+
 def _num(x) -> str:
     value = float(x)
     return str(int(value)) if value.is_integer() else f"{value:.3g}"
@@ -170,6 +197,7 @@ def _num(x) -> str:
 SECTIONS: list[tuple[str, Callable[[Plan], list[str]]]] = [
     ("layout", layout_section),
     ("schedule", schedule_section),
+    ("memory", memory_section),
 ]
 
 

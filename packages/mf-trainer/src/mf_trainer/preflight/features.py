@@ -15,7 +15,9 @@ def recompute_comm(t):
     if t.cfg.recompute_comm.enable:
         several = t.world is None or t.world > 1
         yield "recompute_comm.enable", "recomputes communication operators; " + (
-            "not implemented (FSDP's reshard_after_forward_policy already gathers parameters again in the backward)"
+            "not implemented: the tensor-parallel all-gathers of select_module are not redone in backward (their "
+            "outputs, the column-parallel projections' inputs, are kept: `mf plan` counts them in attention_norm / "
+            "ffn_norm), and FSDP's reshard_after_forward_policy already gathers parameters again; set it to false"
             if several else "a single-process run has none")
 
 
@@ -37,7 +39,8 @@ def monitors(t):
     """Monitors the Trainer records."""
     mon = t.cfg.monitor      # monitor.moe_monitor: preflight/moe.py
     if mon.train_state.local_norm:
-        yield "monitor.train_state.local_norm", "per-parameter gradient norms are not implemented yet"
+        yield ("monitor.train_state.local_norm", "per-parameter gradient norms are not implemented yet (the compiled "
+                                                 "step returns the global norm only; device_norm logs this rank's)")
 
 
 @check()

@@ -1,0 +1,306 @@
+"""Per-rank memory of a training layout, from the YAML alone (no MindSpore, no model built).
+
+    plan = mf_trainer.memory_plan(cfg, world=4)
+    for rank in plan.ranks: print(rank.pp_rank, rank.total)
+    print("\\n".join(plan.lines()))
+
+For every pipeline rank (the other axes hold the same bytes on each of their ranks):
+
+- parameters: the model's parameters (`mf_models.parameter_inventory`, the names and shapes
+  `build_model` makes) cut the way the Trainer cuts them: tensor parallelism along the axis of
+  the model's plan, then FSDP's dim-0 shard of the TP-local tensor over dp_shard x cp, padded to a
+  multiple of the shard count (mf-parallel's FSDPShard: ceil(rows / shards) rows each). Pipeline
+  ranks hold the layers of their chunks, the embedding on the first stage and the final norm and
+  output projection on the last (a tied table on both).
+- gradients: one float32 buffer per stored parameter when the step accumulates micro-batches
+  (`make_buffers`); a single micro-batch's gradients, parameter-sized, otherwise.
+- optimizer: AdamW's exp_avg and exp_avg_sq, float32, shaped like the stored parameter.
+- activations: `mf_models.saved_activations` per layer and for the head, times local_batch_size,
+  in the compute dtype (float32 on CPU, which has no bfloat16 kernels); recompute (full or a
+  layer's top-level module) keeps only the recomputed cell's input, which its norm already holds.
+  Multiplied by the micro-batches a rank holds at once: 1 without a pipeline (each micro-batch's
+  backward runs before the next forward), the schedule's peak in flight with one.
+- transient: what exists only around the peak (the start of the last backward): the gradient of
+  the logits, one layer's worth of activation gradients (backward makes a gradient for each saved
+  tensor of the layer it is in, freeing them as it goes), one recomputed layer (or module) rebuilt
+  in backward, and FSDP's gathered unit: one
+  block's full TP-local parameters and its full gradient before the reduce-scatter (every
+  gathered parameter when reshard_after_forward keeps them; mf-parallel emulates reduce-scatter
+  with all-reduce on CPU, so the full gradient exists there too).
+
+What is not counted: the framework itself (MindSpore's runtime, kernels, compile caches; measured
+separately as an idle rank's baseline), the data loader, and the RoPE tables (a few KB).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import mf_config
+import mf_models
+import mf_parallel as mp
+from mf_trainer.errors import TrainerConfigError
+from mf_trainer.preflight.data import accumulation
+from mf_trainer.preflight.parallel import effective_dims
+from mf_trainer.preflight.registry import model_section
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+LAYER = re.compile(r"^layers\.(\d+)\.")
+MODULES = ("attention_norm", "attention", "ffn_norm", "feed_forward")
+
+
+@dataclass
+class RankMemory:
+    """Bytes on one rank of pipeline stage `pp_rank` (every tp / dp / cp rank of it alike)."""
+
+    pp_rank: int
+    layers: tuple[int, ...]
+    parameters: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    activations_per_microbatch: int = 0
+    in_flight: int = 1
+    transient: int = 0
+    fsdp_gathered: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def activations(self) -> int:
+        return self.activations_per_microbatch * self.in_flight
+
+    @property
+    def total(self) -> int:
+        return (self.parameters + self.gradients + self.optimizer + self.activations + self.transient
+                + self.fsdp_gathered)
+
+
+@dataclass
+class MemoryPlan:
+    layout: str
+    ranks: list[RankMemory]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        return max(r.total for r in self.ranks)
+
+    def lines(self, device_memory: int | None = None) -> list[str]:
+        out = [f"memory per rank ({self.layout}):"]
+        head = f"  {'stage':<8}{'params':>10}{'grads':>10}{'optim':>10}{'activ':>10}{'in flight':>10}" \
+               f"{'transient':>10}{'fsdp':>10}{'total':>10}"
+        out.append(head)
+        for r in self.ranks:
+            out.append(f"  {r.pp_rank:<8}{fmt_bytes(r.parameters):>10}{fmt_bytes(r.gradients):>10}"
+                       f"{fmt_bytes(r.optimizer):>10}{fmt_bytes(r.activations):>10}{r.in_flight:>10}"
+                       f"{fmt_bytes(r.transient):>10}{fmt_bytes(r.fsdp_gathered):>10}{fmt_bytes(r.total):>10}")
+        if device_memory is not None:
+            verdict = "fits" if self.peak <= device_memory else "does not fit"
+            out.append(f"  peak {fmt_bytes(self.peak)} {verdict} in {fmt_bytes(device_memory)} per device")
+        out += [f"  note: {n}" for n in self.notes]
+        return out
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{int(n)}B"
+
+
+def parse_bytes(text: str, key: str = "--device-memory") -> int:
+    """'64GB', '64GiB', '512MB', '1e9' -> bytes (GB and GiB both mean 2**30: device vendors' usage)."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]i?B?)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise TrainerConfigError(f"{key}: expected a size like 64GB or 512MiB, got {text!r}")
+    unit = (m.group(2) or "").upper().rstrip("B").rstrip("I")
+    try:
+        value = float(m.group(1))
+    except ValueError:
+        raise TrainerConfigError(f"{key}: expected a size like 64GB or 512MiB, got {text!r}") from None
+    scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
+    if value <= 0:
+        raise TrainerConfigError(f"{key}: must be positive, got {text!r}")
+    return int(value * scale)
+
+
+def _stored_numel(entry, tp: int, shards: int) -> tuple[int, int]:
+    """(elements stored on a rank, elements of the TP-local tensor) of one parameter."""
+    shape = list(entry.shape)
+    if tp > 1 and entry.tp_axis is not None:
+        shape[entry.tp_axis] //= tp
+    local = math.prod(shape)
+    if shards > 1 and shape:
+        return math.ceil(shape[0] / shards) * math.prod(shape[1:]), local
+    return local, local
+
+
+def _seq_length(cfg, args) -> int:
+    config = cfg.train_dataset.dataloader.extra.get("config")
+    seq = config.get("seq_length") if isinstance(config, dict) else None
+    seq = seq or args.seq_length
+    if not isinstance(seq, int) or seq <= 0:
+        raise TrainerConfigError("train_dataset.dataloader.config.seq_length: needed for the activation estimate")
+    return seq
+
+
+def _recomputed(cfg, layers: int) -> tuple[set[int], dict[int, set[str]], list[str]]:
+    """(fully recomputed layers, {layer: recomputed top-level modules}, notes)."""
+    rc, notes = cfg.recompute, []
+    if rc.mode == "full":
+        return set(mf_config.parse_layer_spec(rc.full_recompute_layer, layers, "recompute.full_recompute_layer")), {}, []
+    select: dict[int, set[str]] = {}
+    if rc.mode == "select":
+        for path, specs in rc.select_module.items():
+            top = path.split(".")[0]
+            if top not in MODULES or "." in path:
+                notes.append(f"recompute.select_module.{path}: not estimated (only {', '.join(MODULES)} are; "
+                             f"counted as kept)")
+                continue
+            for i in mf_config.parse_layer_spec(specs, layers, f"recompute.select_module.{path}"):
+                select.setdefault(i, set()).add(top)
+    return set(), select, notes
+
+
+def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
+    """The estimate for `cfg` on `world` ranks (see the module docstring). Raises
+    TrainerConfigError / ModelConfigError / ParallelConfigError (one line) for what it cannot size."""
+    try:
+        _, args = mf_models.build_args(model_section(cfg))
+        inventory = mf_models.parameter_inventory(args)
+    except mf_models.ModelConfigError as exc:
+        raise TrainerConfigError(str(exc)) from None
+    par = cfg.parallelism
+    dims = effective_dims(par, world)
+    tp, shards = dims.tp, dims.dp_shard * dims.cp
+    seq = _seq_length(cfg, args)
+    local_seq = seq // dims.cp
+    batch = cfg.training.local_batch_size
+    device = device or cfg.context.device_target
+    compute = "float32" if device == "CPU" else args.compute_dtype
+    act_bytes, p_bytes = DTYPE_BYTES[compute], DTYPE_BYTES[args.params_dtype]
+    accum = accumulation(cfg.training, dims.dp)
+    n_layers = args.num_hidden_layers
+
+    # The fused kernel exists on Ascend only (CPU runs the plain-math attention whatever the YAML says).
+    fused = bool(args.use_flash_attention) and device != "CPU"
+    terms = mf_models.saved_activations(args, local_seq, tp, fused_attention=fused)
+    full, select, notes = _recomputed(cfg, n_layers)
+    layer_elems = sum(terms[m] for m in MODULES)
+
+    def kept(i: int) -> int:
+        if i in full:
+            return -(-local_seq // tp) * args.hidden_size      # the layer's input shard
+        return layer_elems - sum(terms[m] for m in select.get(i, ()))
+
+    # Pipeline: which layers and ends each rank holds, and how many micro-batches it keeps at once.
+    spec = mp.pipeline_from_config(par)
+    stages: list[tuple[tuple[int, ...], bool, bool, int]] = []
+    if spec.pp == 1:
+        stages.append((tuple(range(n_layers)), True, True, 1))
+    else:
+        placement = mf_config.pipeline_layer_placement(par.pipeline_parallel_layers_per_stage, spec.pp,
+                                                       par.pipeline_parallel_interleave_num, n_layers,
+                                                       schedule=spec.schedule)
+        layout = mp.StageLayout.build(spec, placement)
+        sim = mp.simulate_schedule(mp.build_schedule(spec, accum), mp.Costs.parse("1,1,1"), "async")
+        for r in range(spec.pp):
+            chunks = layout.chunks(r)
+            ids = tuple(i for c in chunks for i in c.layers)
+            # peak_in_flight counts (micro-batch, chunk) pairs; a chunk holds 1/chunks of the rank's layers
+            stages.append((ids, any(c.first for c in chunks), any(c.last for c in chunks),
+                           max(1, math.ceil(sim.ranks[r].peak_in_flight / len(chunks)))))
+        notes.append("pipeline in flight: the schedule's peak (micro-batch, chunk) pairs over the rank's chunks")
+
+    never = par.reshard_after_forward_policy == "never" or (par.reshard_after_forward_policy == "default"
+                                                            and spec.pp > 1)
+    ranks = []
+    for pp_rank, (ids, first, last, in_flight) in enumerate(stages):
+        mine = set(ids)
+        stored = local_total = 0
+        unit_local: dict[str, int] = {}
+        for e in inventory:
+            m = LAYER.match(e.name)
+            if m:
+                if int(m.group(1)) not in mine:
+                    continue
+                unit = f"layers.{m.group(1)}"
+            elif e.name == "tok_embeddings.weight":
+                if not (first or (last and args.tie_word_embeddings)):
+                    continue
+                unit = "root"
+            elif not last:
+                continue
+            else:
+                unit = "root"
+            s, loc = _stored_numel(e, tp, shards)
+            stored += s
+            local_total += loc
+            unit_local[unit] = unit_local.get(unit, 0) + loc
+        rank = RankMemory(pp_rank, ids, in_flight=in_flight)
+        rank.parameters = stored * p_bytes
+        rank.gradients = stored * (4 if accum > 1 else p_bytes)
+        rank.optimizer = stored * 4 * 2
+        act = sum(kept(i) for i in ids) + (terms["head"] if last else 0)
+        rank.activations_per_microbatch = act * batch * act_bytes
+        rebuilt = max([layer_elems - kept(i) for i in ids] + [0])
+        logits_grad = seq // dims.cp * (args.vocab_size // tp) if last else 0
+        # Backward through a layer makes the gradients of its saved tensors (same shapes), freed as it
+        # goes: about one layer's worth at once, recomputed or not.
+        working = layer_elems if ids else 0
+        rank.transient = (rebuilt + logits_grad + working) * batch * act_bytes
+        if shards > 1:
+            biggest = max(unit_local.values(), default=0)
+            gathered = local_total if never else biggest
+            # gathered parameters (param dtype) and the full gradient before its reduce-scatter (float32)
+            rank.fsdp_gathered = gathered * p_bytes + biggest * 4
+        ranks.append(rank)
+    if compute != args.compute_dtype:
+        notes.append(f"activations in float32 on device_target {device} (model.compute_dtype {args.compute_dtype} "
+                     f"has no CPU kernels)")
+    notes += [f"micro-batches per step: {accum}; sequence {seq}, local_batch_size {batch}"]
+    return MemoryPlan(dims.describe(), ranks, notes)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_layouts(cfg, world: int, device_memory: int | None = None) -> list[str]:
+    """A table of the peak per rank of the layouts of `world` ranks: tensor_parallel (up to 8, dividing
+    the heads) x pipeline_parallel (dividing the layers' count is not required) x the data-parallel
+    rest as FSDP, each without recompute and with full recompute; other keys as in `cfg`."""
+    base = mf_config.config_to_dict(cfg)
+    _, args = mf_models.build_args(model_section(cfg))
+    rows = []
+    for tp in [d for d in _divisors(world) if d <= 8]:
+        if mf_models.tensor_parallel_problems(args, tp, world):
+            continue
+        for pp in [d for d in _divisors(world // tp) if d <= args.num_hidden_layers]:
+            peaks = []
+            for mode in ("None", "full"):
+                raw = {**base, "parallelism": {**base.get("parallelism", {}), "tensor_parallel": tp,
+                                               "pipeline_parallel": pp, "data_parallel_shard": -1,
+                                               "pipeline_parallel_layers_per_stage": None},
+                       "recompute": ({"mode": "None"} if mode == "None" else
+                                     {"mode": "full", "full_recompute_layer": [f"0-{args.num_hidden_layers - 1}"]})}
+                try:
+                    peaks.append(memory_plan(mf_config.load_config(raw), world).peak)
+                except (TrainerConfigError, mf_config.ConfigError, mp.ParallelConfigError) as exc:
+                    peaks.append(str(exc).split(":")[0])
+            rows.append((tp, pp, world // (tp * pp), peaks))
+    out = [f"candidate layouts of {world} ranks (peak per rank; FSDP over the data-parallel rest):",
+           f"  {'tp':>3}{'pp':>4}{'fsdp':>6}{'no recompute':>16}{'full recompute':>16}"]
+    for tp, pp, dp, peaks in rows:
+        cells = []
+        for p in peaks:
+            if isinstance(p, str):
+                cells.append(f"{'refused (' + p + ')':>16}")
+                continue
+            mark = "" if device_memory is None else (" ok" if p <= device_memory else " no")
+            cells.append(f"{fmt_bytes(p) + mark:>16}")
+        out.append(f"  {tp:>3}{pp:>4}{dp:>6}" + "".join(cells))
+    if device_memory is not None:
+        out.append(f"  ok: fits in {fmt_bytes(device_memory)}; no: does not")
+    return out

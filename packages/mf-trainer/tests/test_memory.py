@@ -1,0 +1,112 @@
+"""mf_trainer.memory_plan: per-rank bytes counted by hand for conftest's tiny llama (vocab 64,
+hidden 32, intermediate 64, 2 layers, 2 heads of 16, untied output; batch 2 of 32 tokens, 2
+micro-batches per step on one rank). The measured check (a real run's peak) is in
+tests-integration/memory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import mf_config
+import mf_trainer
+from mf_trainer.memory import candidate_layouts, parse_bytes
+
+PARAMS = 2048 + 2 * (64 + 4 * 1024 + 3 * 2048) + 32 + 2048            # 24736
+# FSDP over 3 ranks: ceil(rows / 3) rows of every parameter (dim 0 padded to a multiple of 3)
+FSDP3 = 22 * 32 + 2 * (2 * 11 + 4 * 11 * 32 + 2 * 22 * 32 + 11 * 64) + 11 + 22 * 32   # 8503
+LAYER = (32 * 32 + 32 * 32) * 2 + 32 * (3 * (32 + 32) + 32) + 3 * 2 * 32 * 32 + 32 * 32 + 4 * 32 * 64
+HEAD = 32 * 32 + 32 * 32 + 2 * 32 * 64
+
+
+def _plan(tmp_path, tiny_config, world=1, **sections):
+    cfg = mf_config.load_config(tiny_config(tmp_path, tmp_path / "none", **sections))
+    return mf_trainer.memory_plan(cfg, world, device="CPU")
+
+
+def test_one_rank_by_hand(tmp_path, tiny_config):
+    (r,) = _plan(tmp_path, tiny_config).ranks
+    assert r.parameters == PARAMS * 4
+    assert r.gradients == PARAMS * 4           # float32 accumulation buffers (2 micro-batches)
+    assert r.optimizer == PARAMS * 8           # exp_avg + exp_avg_sq
+    assert r.activations_per_microbatch == (2 * LAYER + HEAD) * 2 * 4 and r.in_flight == 1
+    assert r.transient == (32 * 64 + LAYER) * 2 * 4      # the logits' gradient, one layer's gradients
+    assert r.fsdp_gathered == 0
+
+
+def test_fsdp_pads_dim0_to_the_shard_count(tmp_path, tiny_config):
+    (r,) = _plan(tmp_path, tiny_config, world=3, training={"global_batch_size": 6}).ranks
+    assert r.parameters == FSDP3 * 4 and r.optimizer == FSDP3 * 8
+    # the biggest FSDP unit is a layer (10304 elements; the root holds 4128): gathered, plus its full gradient
+    assert r.fsdp_gathered == 10304 * 4 * 2
+
+
+def test_tensor_parallel_halves_the_split_features(tmp_path, tiny_config):
+    (one,) = _plan(tmp_path, tiny_config).ranks
+    (two,) = _plan(tmp_path, tiny_config, world=2, parallelism={"tensor_parallel": 2},
+                   training={"global_batch_size": 4}).ranks
+    norms = 2 * 2 * 32 + 32
+    assert two.parameters == ((PARAMS - norms) // 2 + norms) * 4
+    assert two.activations_per_microbatch < one.activations_per_microbatch * 0.6
+
+
+def test_recompute_keeps_the_layer_input_and_rebuilds_one_layer(tmp_path, tiny_config):
+    (none,) = _plan(tmp_path, tiny_config).ranks
+    (full,) = _plan(tmp_path, tiny_config, recompute={"mode": "full", "full_recompute_layer": ["0-1"]}).ranks
+    assert full.activations_per_microbatch == (2 * 32 * 32 + HEAD) * 2 * 4
+    assert full.transient == none.transient + (LAYER - 32 * 32) * 2 * 4
+    (sel,) = _plan(tmp_path, tiny_config, recompute={"mode": "select", "select_module": {"feed_forward": ["0"]}}).ranks
+    assert none.activations_per_microbatch - sel.activations_per_microbatch == 4 * 32 * 64 * 2 * 4
+    plan = _plan(tmp_path, tiny_config, recompute={"mode": "select", "select_module": {"attention.wq": ["0"]}})
+    assert any("attention.wq: not estimated" in n for n in plan.notes)
+
+
+def test_pipeline_stages_hold_their_layers_and_ends(tmp_path, tiny_config):
+    plan = _plan(tmp_path, tiny_config, world=2, parallelism={"pipeline_parallel": 2},
+                 training={"global_batch_size": 8})
+    first, last = plan.ranks
+    assert first.layers == (0,) and last.layers == (1,)
+    assert first.parameters == (2048 + 10304) * 4 and last.parameters == (10304 + 32 + 2048) * 4
+    assert first.in_flight == 2 and last.in_flight == 1      # 1F1B: pp - rank micro-batches held
+
+
+def test_unsized_models_and_sizes_are_one_line(tmp_path, tiny_config):
+    from mf_models import tiny_model_section
+
+    with pytest.raises(mf_trainer.TrainerConfigError, match="deepseek_v3.*not tabulated"):
+        _plan(tmp_path, tiny_config, model=tiny_model_section("deepseek_v3"))
+    assert parse_bytes("64GB") == 64 << 30 and parse_bytes("512MiB") == 512 << 20 and parse_bytes("1000") == 1000
+    for bad in ("lots", "-3GB", "0"):
+        with pytest.raises(mf_trainer.TrainerConfigError, match="--device-memory"):
+            parse_bytes(bad)
+
+
+def test_candidate_layouts_mark_what_fits(tmp_path, tiny_config):
+    cfg = mf_config.load_config(tiny_config(tmp_path, tmp_path / "none", training={"global_batch_size": 8}))
+    rows = candidate_layouts(cfg, 4, device_memory=parse_bytes("64KiB"))
+    assert rows[1].split() == ["tp", "pp", "fsdp", "no", "recompute", "full", "recompute"]
+    body = rows[2:-1]
+    assert [r.split()[:3] for r in body] == \
+        [["1", "1", "4"], ["1", "2", "2"], ["2", "1", "2"], ["2", "2", "1"]]   # tp 4 > 2 heads; pp 4 > 2 layers
+    assert all(r.split()[4] == "no" for r in body)   # none of them fits in 64 KiB
+
+
+def test_the_memory_plan_imports_no_mindspore(tmp_path, tiny_config):
+    code = ("import sys, mf_config, mf_trainer\n"
+            f"cfg = mf_config.load_config({tiny_config(tmp_path, tmp_path / 'none')!r})\n"
+            "print(mf_trainer.memory_plan(cfg, 1).peak)\n"
+            "assert not any(m.split('.')[0] == 'mindspore' for m in sys.modules), 'mindspore imported'\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+
+
+def test_recompute_comm_and_local_norm_are_refused_with_their_reason(tmp_path, tiny_config):
+    cfg = mf_config.load_config(tiny_config(
+        tmp_path, tmp_path / "none", recompute_comm={"enable": True, "select_module": {"attention": ["0-1"]}},
+        monitor={"train_state": {"local_norm": "wq"}}))
+    lines = dict(mf_trainer.preflight(cfg, "launch", 2, "CPU").problems)
+    assert "all-gathers of select_module are not redone in backward" in lines["recompute_comm.enable"]
+    assert "global norm only" in lines["monitor.train_state.local_norm"]
+    assert "has none" in dict(mf_trainer.preflight(cfg, "train", 1, "CPU").problems)["recompute_comm.enable"]
