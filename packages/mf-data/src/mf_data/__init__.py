@@ -48,7 +48,7 @@ from .summary import summarize
 from .tokenizer import SentencePieceTokenizer, train_sentencepiece
 from .utils import Split, get_blend_from_list, parse_and_normalize_split
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"
 
 __all__ = [
     "BUILTIN_TEMPLATE_DOC",
