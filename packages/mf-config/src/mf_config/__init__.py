@@ -39,7 +39,7 @@ from mf_config.sections import (
     TrainStateConfig,
 )
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"
 
 __all__ = [
     "REQUIRED_SECTIONS",
