@@ -119,4 +119,5 @@ def test_communication_volume_is_in_the_metrics(runs):
 @pytest.mark.parametrize("case", ["fsdp2", "hsdp2x2"])
 def test_only_rank_0_writes_metrics(runs, case):
     lines = (runs / case / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == list(range(1, STEPS + 1))
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, STEPS + 1))
