@@ -163,6 +163,7 @@ BAD = [
     # a training YAML means its run's weights: none there yet
     (["generate", "{train_yaml}", "--set", "checkpoint.save_path={tmp}/no_ckpt"],
      "checkpoint.save_path {tmp}/no_ckpt holds no checkpoint yet (a training YAML is read with the weights its run"),
+    (["generate", "{eval_yaml}"], "'eval' evaluates: run it with `mf eval CONFIG`"),
     (["generate", "{config}", "--prompt-ids", "1,2"], "--prompt-ids: with a CONFIG"),
     (["generate", "{config}", "--top-p", "2"], "inference.top_p"),
     (["generate", "{no_load}"], "checkpoint.load_path: run_mode predict needs the weights"),
