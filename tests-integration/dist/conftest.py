@@ -7,6 +7,8 @@ test items share one launch (an msrun start-up costs ~20 s here). The launches o
 * world 4 (`_world4_worker.py`): the collectives checks, then the 4-rank Trainer cases, then the
   capability probes — one msrun start-up for both test files that read it (`world4` fixture);
 * world 2 (`_trainer_worker.py`): the 2-rank Trainer cases (`world2` fixture);
+* world 2 and world 4 (`_pipeline_worker.py`): every pipeline schedule against one process, one
+  launch each (fixtures in test_pipeline_parity.py);
 * plus one-process reference runs of `_trainer_worker.py` (no msrun) and the launcher tests.
 """
 

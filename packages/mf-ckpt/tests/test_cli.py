@@ -61,7 +61,7 @@ def test_convert_hf_mf_hf_round_trip_through_the_console_script(hf_fixtures, tmp
     assert (tmp_path / "hf" / "generation_config.json").exists()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"])
 def test_convert_round_trip_in_process_with_shards(hf_fixtures, tmp_path, capsys, arch):
     assert main(["convert", "--from", "hf", "--to", "mf", "--arch", arch, str(hf_fixtures / arch), str(tmp_path / "mf")]) == 0
     assert main(["convert", "--from", "mf", "--to", "hf", "--max-shard-size", "300KB", str(tmp_path / "mf"),

@@ -15,7 +15,7 @@ from safetensors.numpy import load_file, save_file
 import mf_ckpt
 from mf_ckpt import CheckpointError, hf_to_mf, load_hf_state, mf_to_hf, save_hf
 
-ARCHS = ["llama", "qwen3", "deepseek_v3"]
+ARCHS = ["llama", "qwen2", "qwen3", "deepseek_v3", "mixtral", "qwen3_moe"]
 
 
 def hf_tensors(hf_dir: Path) -> dict[str, np.ndarray]:
@@ -110,7 +110,7 @@ def test_sharded_index_round_trip(hf_fixtures, tmp_path, arch):
     assert_identical(hf_tensors(hf_fixtures / arch), hf_tensors(tmp_path / "single"))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "deepseek_v3"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_config_variants_round_trip(hf_builders, arch):
     """Untied/tied, attention and MLP biases, more layers, q_lora_rank null: all derived from config."""
     cfg = dict(hf_builders.small[arch])
@@ -128,6 +128,48 @@ def test_config_variants_round_trip(hf_builders, arch):
         assert mf["layers.3.moe.shared_experts.w1.weight"].shape == (16, 32)
         assert mf["layers.1.feed_forward.w1.weight"].shape == (48, 32)
         assert mf["layers.3.attention.wkv_a.bias"].shape == (20,)
+    if arch == "qwen2":
+        assert mf["layers.1.attention.wk.bias"].shape == (16,) and "layers.1.attention.wo.bias" not in mf
+    if arch == "mixtral":
+        assert mf["layers.2.moe.experts.w2"].shape == (3, 32, 24)
+        np.testing.assert_array_equal(mf["layers.2.moe.experts.w2"][1], hf["model.layers.2.block_sparse_moe.experts.1.w2.weight"])
+    if arch == "qwen3_moe":  # mlp_only_layers [1], decoder_sparse_step 1: layer 1 dense, 0 and 2 MoE
+        assert "layers.1.feed_forward.w1.weight" in mf and "layers.1.moe.router.gate.weight" not in mf
+        assert mf["layers.2.moe.experts.w1"].shape == (4, 8, 32) and mf["layers.2.moe.router.gate.weight"].shape == (4, 32)
+
+
+def test_new_architectures_follow_the_contract(hf_fixtures):
+    ref = hf_tensors(hf_fixtures / "mixtral")
+    _, state = load_hf_state(hf_fixtures / "mixtral")
+    attn = [n for n in LLAMA_LAYER if "feed_forward" not in n]
+    moe = ["layers.{i}.moe.router.gate.weight", "layers.{i}.moe.experts.w1", "layers.{i}.moe.experts.w2",
+           "layers.{i}.moe.experts.w3"]
+    assert set(state) == {"tok_embeddings.weight", "norm.weight", "output.weight"} | contract_names(attn + moe, 2)
+    assert state["layers.1.moe.experts.w3"].shape == (6, 96, 96)
+    for e in range(6):
+        np.testing.assert_array_equal(state["layers.1.moe.experts.w3"][e], ref[f"model.layers.1.block_sparse_moe.experts.{e}.w3.weight"])
+    _, state = load_hf_state(hf_fixtures / "qwen3_moe")
+    qk = ["layers.{i}.attention.q_norm.weight", "layers.{i}.attention.k_norm.weight"]
+    assert set(state) == {"tok_embeddings.weight", "norm.weight", "output.weight"} | contract_names(attn + qk + moe, 3)
+    assert state["layers.0.moe.experts.w2"].shape == (8, 96, 48)
+    _, state = load_hf_state(hf_fixtures / "qwen2")   # tied, q/k/v biases only
+    bias = ["layers.{i}.attention.wq.bias", "layers.{i}.attention.wk.bias", "layers.{i}.attention.wv.bias"]
+    assert set(state) == {"tok_embeddings.weight", "norm.weight"} | contract_names(LLAMA_LAYER + bias, 2)
+
+
+def test_qwen3_moe_config_names_and_fused_experts(hf_builders):
+    cfg = dict(hf_builders.small["qwen3_moe"])
+    fused = hf_builders.random_state(hf_builders.hf_shapes(cfg, fused=True), seed=4)
+    mf = hf_to_mf(fused, cfg)
+    gate_up = fused["model.layers.0.mlp.experts.gate_up_proj"]
+    np.testing.assert_array_equal(mf["layers.0.moe.experts.w1"], gate_up[:, :8])
+    np.testing.assert_array_equal(mf["layers.0.moe.experts.w3"], gate_up[:, 8:])
+    # transformers 5 writes num_local_experts; older configs (and the Hub's Qwen3 MoE) num_experts.
+    renamed = {k: v for k, v in cfg.items() if k != "num_experts"} | {"num_local_experts": cfg["num_experts"]}
+    per_expert = mf_to_hf(mf, renamed)
+    assert_identical(per_expert, mf_to_hf(mf, cfg))
+    with pytest.raises(CheckpointError, match="num_experts and num_local_experts disagree"):
+        mf_to_hf(mf, dict(cfg, num_local_experts=5))
 
 
 def test_deepseek_fused_experts_are_read(hf_builders):
@@ -162,7 +204,7 @@ def fixture_copy(hf_fixtures, arch, tmp_path, edit_config=None, edit_tensors=Non
 
 def test_unknown_model_type(hf_fixtures, tmp_path):
     src = fixture_copy(hf_fixtures, "llama", tmp_path, edit_config=lambda c: c.update(model_type="gpt2"))
-    with pytest.raises(CheckpointError, match=r"unsupported model_type 'gpt2' \(supported: deepseek_v3, llama, qwen3\)"):
+    with pytest.raises(CheckpointError, match=r"unsupported model_type 'gpt2' \(supported: deepseek_v3, llama, mixtral, qwen2, qwen3, qwen3_moe\)"):
         load_hf_state(src)
 
 
@@ -183,6 +225,13 @@ def test_unexpected_tensor(hf_fixtures, tmp_path):
 def test_shape_mismatch(hf_fixtures, tmp_path):
     src = fixture_copy(hf_fixtures, "deepseek_v3", tmp_path, edit_config=lambda c: c.update(moe_intermediate_size=16))
     with pytest.raises(CheckpointError, match=r"has shape \[32, 96\], config.json implies \[16, 96\]"):
+        load_hf_state(src)
+
+
+def test_quantized_deepseek_config_is_refused_with_the_reason(hf_fixtures, tmp_path):
+    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    src = fixture_copy(hf_fixtures, "deepseek_v3", tmp_path, edit_config=lambda c: c.update(quantization_config=fp8))
+    with pytest.raises(CheckpointError, match=r"quantization_config \('fp8': block-scaled weights .* dequantize"):
         load_hf_state(src)
 
 

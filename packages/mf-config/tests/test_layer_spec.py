@@ -54,7 +54,7 @@ def test_placement_auto_counts_and_ranges():
 
 
 @pytest.mark.parametrize(("value", "pp", "chunks", "layers", "text"), [
-    ("auto", 3, 1, 8, "does not divide"),
+    ("auto", 3, 3, 8, "at least one layer per virtual stage"),
     ("even", 2, 1, 8, "must be 'auto'"),
     ([4, 4], 2, 2, 8, "one layer count per virtual stage"),
     ([4, 0], 2, 1, 4, "at least one layer"),

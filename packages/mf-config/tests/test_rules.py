@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mf_config import ConfigError
+from mf_config import ConfigError, even_layer_counts, pipeline_layer_placement
 
 
 def _fails(build, path: str, text: str = "", **sections) -> str:
@@ -148,8 +148,39 @@ def test_interleaving_needs_a_pipeline_and_a_1f1b_schedule(build):
     _fails(build, "parallelism.pipeline_parallel_interleave_num", "'gpipe'",
            parallelism={"pipeline_parallel": 2, "pipeline_parallel_interleave_num": 2,
                         "pipeline_parallel_schedule": "gpipe"})
-    _fails(build, "parallelism.pipeline_parallel_schedule", "must be one of '1f1b', 'gpipe'",
+    _fails(build, "parallelism.pipeline_parallel_schedule", "must be one of '1f1b', 'gpipe', 'interleaved_1f1b', 'zbv'",
            parallelism={"pipeline_parallel_schedule": "zero_bubble"})
+    _fails(build, "parallelism.pipeline_parallel_schedule", "interleaved_1f1b needs pipeline_parallel_interleave_num > 1",
+           parallelism={"pipeline_parallel": 2, "pipeline_parallel_schedule": "interleaved_1f1b"})
+    build(parallelism={"pipeline_parallel": 2, "pipeline_parallel_schedule": "interleaved_1f1b",
+                       "pipeline_parallel_interleave_num": 2})
+
+
+def test_zbv_has_two_chunks_in_a_v(build):
+    zbv = {"pipeline_parallel": 2, "pipeline_parallel_schedule": "zbv"}
+    build(parallelism=zbv)
+    build(parallelism={**zbv, "pipeline_parallel_interleave_num": 2})
+    _fails(build, "parallelism.pipeline_parallel_interleave_num", "exactly two model chunks",
+           parallelism={**zbv, "pipeline_parallel_interleave_num": 3})
+    _fails(build, "parallelism.pipeline_parallel_schedule", "zbv needs pipeline_parallel > 1",
+           parallelism={"pipeline_parallel_schedule": "zbv"})
+    # 8 layers on 2 ranks x 2 chunks; chunk 1 of rank i is virtual stage 3 - i (a V)
+    assert pipeline_layer_placement(None, 2, 1, 8, schedule="zbv") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert pipeline_layer_placement(["0-2, 7", "3, 4-6"], 2, 1, 8, schedule="zbv") == [
+        [0, 1, 2], [3], [4, 5, 6], [7]]
+    _fails(build, "parallelism.pipeline_parallel_layers_per_stage", "one layer count per virtual stage",
+           parallelism={**zbv, "pipeline_parallel_layers_per_stage": [4, 4]})
+
+
+def test_auto_placement_puts_the_remainder_where_mindformers_does():
+    """MindFormers (parallel_core/inference/utils.get_num_layers_and_offset, offset 0): the extra
+    layers go one each to the stages before the last, walking towards the first."""
+    assert even_layer_counts(10, 4) == [2, 3, 3, 2]
+    assert even_layer_counts(11, 4) == [3, 3, 3, 2]
+    assert even_layer_counts(9, 4) == [2, 2, 3, 2]
+    assert even_layer_counts(8, 4) == [2, 2, 2, 2]
+    assert pipeline_layer_placement("auto", 3, 1, 8) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert pipeline_layer_placement(None, 2, 2, 10) == [[0, 1], [2, 3, 4], [5, 6, 7], [8, 9]]
 
 
 def test_pipeline_layers_per_stage_forms(build):
@@ -161,8 +192,8 @@ def test_pipeline_layers_per_stage_forms(build):
            parallelism={**pp, "pipeline_parallel_layers_per_stage": [4, 4]})
     _fails(build, "parallelism.pipeline_parallel_layers_per_stage[1]", "virtual stage 1 must start at layer 1",
            parallelism={**pp, "pipeline_parallel_layers_per_stage": ["0, 4-6", "2-3, 7"]})
-    _fails(build, "parallelism.pipeline_parallel_layers_per_stage", "does not divide",
-           parallelism={"pipeline_parallel": 3, "pipeline_parallel_layers_per_stage": "auto"})
+    _fails(build, "parallelism.pipeline_parallel_layers_per_stage", "at least one layer per virtual stage",
+           model={"num_hidden_layers": 3}, parallelism={**pp, "pipeline_parallel_layers_per_stage": "auto"})
     _fails(build, "parallelism.pipeline_parallel_layers_per_stage", "mixes",
            parallelism={**pp, "pipeline_parallel_layers_per_stage": [1, "2-7"]})
 

@@ -15,10 +15,13 @@ from mf_models import ModelConfigError, build_args, build_model, tiny_model_sect
 LLAMA = tiny_model_section("llama")
 QWEN3 = tiny_model_section("qwen3")
 DEEPSEEK = tiny_model_section("deepseek_v3")
+QWEN2 = tiny_model_section("qwen2")
+MIXTRAL = tiny_model_section("mixtral")
+QWEN3_MOE = tiny_model_section("qwen3_moe")
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "deepseek_v3"])
-def test_hf_config_json_builds_as_is(hf_fixtures, name):
+def test_hf_config_json_builds_as_is(hf_fixtures, hf_name):
+    name = hf_name
     config = json.loads((hf_fixtures / name / "config.json").read_text())
     spec, args = build_args(config)
     assert spec.model_type == name and spec.architecture == config["architectures"][0]
@@ -49,7 +52,8 @@ def test_architecture_alone_selects_the_model():
     spec, _ = build_args({**section, "architectures": ["LlamaForCausalLM"]})
     assert spec.model_type == "llama"
     assert mf_models.available_models() == {
-        "deepseek_v3": "DeepseekV3ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+        "deepseek_v3": "DeepseekV3ForCausalLM", "llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
+        "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 @pytest.mark.parametrize("change, match", [
@@ -96,11 +100,55 @@ def test_bad_llama_section_is_one_clear_error(change, match):
     ({**DEEPSEEK, "output_router_logits": True}, r"output_router_logits"),
     ({**DEEPSEEK, "topk_method": "greedy"}, r"^model\.topk_method: only 'noaux_tc' is implemented, got 'greedy'$"),
     ({**DEEPSEEK, "scoring_func": "softmax"}, r"^model\.scoring_func: only 'sigmoid'"),
+    ({**DEEPSEEK, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}},
+     r"^model\.quantization_config: 'fp8'-quantized weights .* are not supported; dequantize"),
+    ({**DEEPSEEK, "ep_size": 3}, r"^model\.ep_size: 3 must be a positive divisor of n_routed_experts=4$"),
+    ({**DEEPSEEK, "aux_loss_alpha": -0.1}, r"^model\.aux_loss_alpha: must be >= 0"),
+    ({**DEEPSEEK, "moe_router_bias_update_rate": -1e-3}, r"^model\.moe_router_bias_update_rate: must be >= 0"),
+    ({**QWEN2, "attention_bias": True}, r"^model\.attention_bias: Qwen2's biases are fixed"),
+    ({**QWEN2, "use_sliding_window": True, "max_window_layers": 1},
+     r"^model\.use_sliding_window: layer 1 would use sliding-window attention"),
+    ({**QWEN2, "layer_types": ["sliding_attention", "full_attention"]}, r"^model\.layer_types\[0\]: only 'full_attention'"),
+    ({**MIXTRAL, "sliding_window": 4096}, r"^model\.sliding_window: sliding-window attention is not implemented"),
+    ({**MIXTRAL, "router_jitter_noise": 0.01}, r"^model\.router_jitter_noise: router input jitter is not implemented"),
+    ({**MIXTRAL, "num_experts_per_tok": 5}, r"^model\.num_experts_per_tok: 5 exceeds num_local_experts=4$"),
+    ({**MIXTRAL, "n_routed_experts": 4}, r"^model\.n_routed_experts: unknown key for mixtral"),
+    ({**QWEN3_MOE, "num_local_experts": 8}, r"^model\.num_local_experts: 8 contradicts num_experts=4"),
+    ({**QWEN3_MOE, "mlp_only_layers": [2]}, r"^model\.mlp_only_layers: 2 is not a layer index in \[0, 2\)$"),
+    ({**QWEN3_MOE, "decoder_sparse_step": 0}, r"^model\.decoder_sparse_step: must be positive"),
+    ({**QWEN3_MOE, "router_aux_loss_coef": -1.0}, r"^model\.router_aux_loss_coef: must be >= 0"),
     ({"vocab_size": 8}, r"^model\.model_type: missing \(and no architectures\); available: "),
 ])
 def test_bad_sections_of_other_models(section, match):
     with pytest.raises(ModelConfigError, match=match):
         build_args(section)
+
+
+def test_official_deepseek_v3_config_keys(caplog):
+    """DeepSeek's own config.json carries training and deployment keys beyond transformers' class:
+    aux_loss_alpha / seq_aux are used, ep_size is checked and said to change nothing, auto_map is
+    bookkeeping; quantization_config is refused (see test_bad_sections_of_other_models)."""
+    caplog.set_level(logging.WARNING, logger="mf_models")
+    official = {**DEEPSEEK, "aux_loss_alpha": 0.001, "seq_aux": True, "ep_size": 2, "moe_layer_freq": 1,
+                "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": True,
+                "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}, "torch_dtype": "bfloat16"}
+    _, args = build_args(official)
+    assert args.aux_loss_alpha == 0.001 and args.seq_aux and args.ep_size == 2
+    assert any("ep_size=2 is DeepSeek's inference deployment hint" in r.getMessage() for r in caplog.records)
+    assert build_model({**official, "seq_aux": False}).balance.kind == "batch"
+    assert build_model({**official, "aux_loss_alpha": 0.0}).balance.kind == "none"
+
+
+def test_qwen_moe_and_qwen2_defaults_follow_hf():
+    _, args = build_args({**QWEN3_MOE, "num_experts": None, "num_local_experts": 4})
+    assert args.num_experts == args.num_local_experts == 4
+    _, args = build_args({k: v for k, v in QWEN3_MOE.items() if k != "head_dim"})
+    assert args.head_dim == 32 // 4   # hidden / heads, as Qwen3MoeAttention without head_dim
+    model = build_model({**QWEN3_MOE, "num_hidden_layers": 4, "mlp_only_layers": [], "decoder_sparse_step": 2})
+    assert model.moe_layer_ids() == [1, 3]
+    # sliding window switched on but reaching no layer (max_window_layers >= layers): HF uses full attention
+    _, args = build_args({**QWEN2, "use_sliding_window": True, "max_window_layers": 2})
+    assert args.qkv_bias and not args.o_bias
 
 
 def test_legacy_rope_fields_are_understood():

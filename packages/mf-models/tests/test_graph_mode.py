@@ -96,3 +96,51 @@ def test_compiled_generation_matches_hf(hf_fixtures, graph_mode):
     np.testing.assert_array_equal(mf_models.generate(model, ref["prompt"], new), ref["greedy"])
     assert set(model_state(model)) == names_before
     assert all(not p.name.startswith("model.") for p in model.get_parameters())
+
+
+class MoETrainStep(nn.Cell):
+    """The training forward in a compiled step: loss = CE + balance loss; the routing statistics
+    come out as aux outputs of value_and_grad (no gradient)."""
+
+    def __init__(self, model, optimizer):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.optimizer = optimizer
+        self.ce = ops.SparseSoftmaxCrossEntropyWithLogits()
+        self.grad_fn = ms.value_and_grad(self.loss, None, optimizer.parameters, has_aux=True)
+
+    def loss(self, input_ids, labels):
+        logits, aux, load, counts = self.model.forward_train(input_ids)
+        return self.ce(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)) + aux, aux, load, counts
+
+    def construct(self, input_ids, labels):
+        (loss, aux, load, counts), grads = self.grad_fn(input_ids, labels)
+        self.optimizer(grads)
+        return loss, aux, load, counts, grads
+
+
+def test_compiled_training_forward_with_balance_loss_and_bias_update():
+    section = tiny_model_section("deepseek_v3", num_hidden_layers=1, first_k_dense_replace=0, aux_loss_alpha=0.1)
+    model = build_model(section, seed=0)
+    ids, labels = ms.Tensor(INPUTS), ms.Tensor(LABELS)
+    trainable = model.trainable_params()
+    step = MoETrainStep(model, nn.SGD(trainable, learning_rate=0.0))   # lr 0: compare gradients, weights fixed
+    want, want_grads = ms.value_and_grad(step.loss, None, trainable, has_aux=True)(ids, labels)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        loss, aux, load, counts, grads = step(ids, labels)
+        assert float(loss.asnumpy()) == pytest.approx(float(want[0].asnumpy()), abs=1e-5)
+        assert float(aux.asnumpy()) == pytest.approx(float(want[1].asnumpy()), abs=1e-6) and float(aux.asnumpy()) > 0
+        np.testing.assert_array_equal(load.asnumpy(), want[2].asnumpy())
+        assert counts.asnumpy()[0, 0] == 0 and load.asnumpy().sum() == INPUTS.size * 2
+        for name, g, w in zip([p.name for p in trainable], grads, want_grads):
+            np.testing.assert_allclose(g.asnumpy(), w.asnumpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+        # the bias update between steps reaches the compiled graph (a Parameter, read by reference)
+        bias = model.layers[0].moe.router.expert_bias
+        bias.set_data(ms.Tensor(np.array([5.0, 5.0, 0.0, 0.0], np.float32)))
+        moved = step(ids, labels)[2].asnumpy()
+        assert moved[0].tolist() == [INPUTS.size, INPUTS.size, 0, 0]
+        mf_models.update_expert_bias(model, moved)
+        np.testing.assert_allclose(bias.asnumpy(), [5 - 1e-3, 5 - 1e-3, 1e-3, 1e-3])
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)

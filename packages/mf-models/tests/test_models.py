@@ -9,6 +9,7 @@ import pytest
 import mf_models
 from mf_models import KVCache, ModelStateError, build_model, load_state, model_state, tiny_model_section
 
+ALL = ("llama", "qwen2", "qwen3", "deepseek_v3", "mixtral", "qwen3_moe")
 IDS = np.array([[3, 17, 9, 40, 2, 11, 5, 60, 23], [8, 1, 33, 14, 7, 50, 12, 4, 19]], np.int32)
 
 
@@ -19,7 +20,7 @@ def logits_of(model, ids=IDS, **kwargs):
 
 @pytest.fixture(scope="module")
 def models():
-    return {name: build_model(tiny_model_section(name), seed=1) for name in ("llama", "qwen3", "deepseek_v3")}
+    return {name: build_model(tiny_model_section(name), seed=1) for name in ALL}
 
 
 def expected_names(kind: str, layers: int = 2, tied: bool = False, dense: int = 1, q_lora: bool = True) -> set[str]:
@@ -27,11 +28,16 @@ def expected_names(kind: str, layers: int = 2, tied: bool = False, dense: int = 
     for i in range(layers):
         p = f"layers.{i}."
         names |= {p + "attention_norm.weight", p + "ffn_norm.weight"}
-        if kind in ("llama", "qwen3"):
+        if kind != "deepseek_v3":
             names |= {p + f"attention.{w}.weight" for w in ("wq", "wk", "wv", "wo")}
-            names |= {p + f"feed_forward.{w}.weight" for w in ("w1", "w2", "w3")}
-            if kind == "qwen3":
+            if kind == "qwen2":
+                names |= {p + f"attention.{w}.bias" for w in ("wq", "wk", "wv")}
+            if kind in ("qwen3", "qwen3_moe"):
                 names |= {p + "attention.q_norm.weight", p + "attention.k_norm.weight"}
+            if kind == "mixtral" or (kind == "qwen3_moe" and i >= dense):
+                names |= {p + "moe.router.gate.weight"} | {p + f"moe.experts.{w}" for w in ("w1", "w2", "w3")}
+            else:
+                names |= {p + f"feed_forward.{w}.weight" for w in ("w1", "w2", "w3")}
             continue
         attn = ["wkv_a", "kv_norm", "wkv_b", "wo"] + (["wq_a", "q_norm", "wq_b"] if q_lora else ["wq"])
         names |= {p + f"attention.{w}.weight" for w in attn}
@@ -44,13 +50,14 @@ def expected_names(kind: str, layers: int = 2, tied: bool = False, dense: int = 
     return names
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "deepseek_v3"])
+@pytest.mark.parametrize("kind", ALL)
 def test_parameter_names_follow_the_contract(models, kind):
     state = model_state(models[kind])
     assert set(state) == expected_names(kind)
-    if kind == "deepseek_v3":
+    if kind in ("deepseek_v3", "mixtral", "qwen3_moe"):
         assert state["layers.1.moe.experts.w1"].shape == (4, 16, 32)  # [E, I_moe, H]
         assert state["layers.1.moe.experts.w2"].shape == (4, 32, 16)
+    if kind == "deepseek_v3":
         assert state["layers.1.attention.wkv_b.weight"].shape == (4 * (8 + 8), 16)
     else:
         assert state["layers.0.attention.wk.weight"].shape == (2 * models[kind].args.head_dim, 32)  # [nKV*hd, H]
@@ -95,7 +102,7 @@ def test_initialisation_is_seeded_hf_style_and_per_tensor():
     assert not padded["tok_embeddings.weight"][5].any()
 
 
-@pytest.mark.parametrize("kind", ["llama", "deepseek_v3"])
+@pytest.mark.parametrize("kind", ["llama", "deepseek_v3", "mixtral"])
 def test_packed_documents_match_separate_runs(models, kind):
     """Megatron reset_position_ids + reset_attention_mask: two documents in one row."""
     model = models[kind]
@@ -114,7 +121,7 @@ def test_packed_documents_match_separate_runs(models, kind):
                                packed, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "deepseek_v3"])
+@pytest.mark.parametrize("kind", ALL)
 def test_kv_cache_steps_equal_the_full_forward(models, kind):
     model = models[kind]
     full = logits_of(model)

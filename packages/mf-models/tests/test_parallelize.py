@@ -17,8 +17,7 @@ from mindspore import Tensor
 
 import mf_models
 import mf_parallel as mp
-from mf_models.common.parallel import apply_fsdp, untie_output
-from mf_models.deepseek_v3.parallelize import moe_units
+from mf_models.common.parallel import apply_fsdp, moe_units, untie_output
 from mf_parallel.mesh import Group
 
 IDS = Tensor(np.random.default_rng(0).integers(0, 64, (2, 8)).astype(np.int32))
@@ -28,6 +27,9 @@ CASES = {
     "qwen3": ("qwen3", {}),
     "deepseek_v3": ("deepseek_v3", {}),
     "deepseek_v3-no-q-lora": ("deepseek_v3", dict(q_lora_rank=None)),
+    "qwen2": ("qwen2", {}),
+    "mixtral": ("mixtral", {}),
+    "qwen3_moe": ("qwen3_moe", {}),
 }
 
 
@@ -46,7 +48,7 @@ def mesh1():
 
 def _fsdp_one_rank(model, mesh, policy):
     untie_output(model)
-    units = moe_units if isinstance(model, mf_models.DeepseekV3ForCausalLM) else None
+    units = moe_units if model.moe_layer_ids() else None
     apply_fsdp(model, mesh, mf_models.ParallelOptions(reshard_after_forward_policy=policy), units)
 
 
@@ -165,6 +167,29 @@ def test_deepseek_tp_splits_heads_and_dense_ffn_keeps_moe_whole(q_lora):
     for name in ("moe.experts.w1", "moe.experts.w2", "moe.router.gate.weight", "moe.shared_experts.w2.weight"):
         np.testing.assert_array_equal(got["layers.1." + name], full["layers.1." + name])
     assert set(model.layers[1].moe.experts._mf_plan.grad_sync) == {"w1", "w2", "w3"}
+
+
+def test_qwen3_moe_tp_splits_attention_and_dense_layers_keeps_moe_whole():
+    model, full, got = _tp_apply(mf_models.tiny_model_section("qwen3_moe"), 1)   # layer 0 dense, 1 MoE
+    for i in range(2):
+        np.testing.assert_array_equal(got[f"layers.{i}.attention.wk.weight"], _rows(full[f"layers.{i}.attention.wk.weight"], 1))
+        np.testing.assert_array_equal(got[f"layers.{i}.attention.q_norm.weight"], full[f"layers.{i}.attention.q_norm.weight"])
+    np.testing.assert_array_equal(got["layers.0.feed_forward.w2.weight"], _cols(full["layers.0.feed_forward.w2.weight"], 1))
+    for name in ("moe.experts.w1", "moe.experts.w3", "moe.router.gate.weight"):
+        np.testing.assert_array_equal(got["layers.1." + name], full["layers.1." + name])
+    assert set(model.layers[1].moe.experts._mf_plan.grad_sync) == {"w1", "w2", "w3"}
+    model, full, got = _tp_apply(mf_models.tiny_model_section("qwen2"), 0)
+    np.testing.assert_array_equal(got["layers.1.attention.wv.bias"], _rows(full["layers.1.attention.wv.bias"], 0))
+
+
+@pytest.mark.parametrize("model_type, extra, key", [("deepseek_v3", dict(aux_loss_alpha=1e-3), "aux_loss_alpha"),
+                                                    ("mixtral", dict(output_router_logits=True), "output_router_logits")])
+def test_balance_loss_under_tensor_parallelism_is_refused(model_type, extra, key):
+    model = _model(model_type, **extra)
+    group = Group(label="tp", ranks=(0, 1), rank=0, name="x", backend="mccl", is_world=False)
+    with pytest.raises(ValueError, match=rf"^parallelism.tensor_parallel: 2 with the balance loss \(model.{key}\) "
+                                         r"is not implemented"):
+        mf_models.parallelize_model(model, _Mesh(mp.ParallelDims(2, tp=2), group))
 
 
 # ----------------------------------------------------------------------------- refusals

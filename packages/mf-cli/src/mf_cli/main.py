@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "generate": "generate text from a predict YAML, an mf checkpoint or an HF directory",
     "serve": "serve a model over HTTP with an OpenAI-compatible API (continuous batching)",
     "report": "plot and summarise training runs, compare their losses step by step (mf report RUN_DIR ...)",
+    "plan": "the parallel layout, pipeline stages and schedule timeline of a YAML, with its bubble (mf plan CONFIG)",
 }
 
 # Sub-commands that hand their whole argument list to another package's own CLI.

@@ -12,7 +12,7 @@ from mf_config.config import REQUIRED_SECTIONS, TrainConfig
 from mf_config.data_rules import split_data_path
 from mf_config.errors import ConfigError
 from mf_config.extensions import EvalDatasetConfig, InferenceConfig, LoraConfig, TokenizerConfig
-from mf_config.layer_spec import parse_layer_spec, pipeline_layer_placement
+from mf_config.layer_spec import even_layer_counts, parse_layer_spec, pipeline_chunks, pipeline_layer_placement
 from mf_config.loader import config_to_dict, dump_config, load_config
 from mf_config.overrides import apply_overrides
 from mf_config.paths import path_warnings
@@ -81,6 +81,8 @@ __all__ = [
     "parse_layer_spec",
     "path_warnings",
     "pipeline_layer_placement",
+    "pipeline_chunks",
+    "even_layer_counts",
     "split_data_path",
 ]
 

@@ -100,52 +100,75 @@ def check_layers_per_stage_shape(value: Any, key_path: str) -> None:
     raise ConfigError(key_path, "mixes layer counts (ints) and layer ranges (strings); use one form", value)
 
 
+# Schedules whose model chunks are placed in a V (rank i holds virtual stages i and 2pp-1-i) and
+# that always have two chunks per rank.
+V_SCHEDULES = ("zbv",)
+
+
+def pipeline_chunks(schedule: str, interleave_num: int) -> int:
+    """Model chunks per pipeline rank: two for the V schedules, else `interleave_num`."""
+    return 2 if schedule in V_SCHEDULES else interleave_num
+
+
+def even_layer_counts(num_layers: int, stages: int) -> list[int]:
+    """`num_layers // stages` per virtual stage, the remainder one layer each on the stages just before
+    the last, walking towards the first (MindFormers' rule: the last stage also holds the head and
+    the loss, so it never takes an extra layer; 10 layers on 4 stages -> [2, 3, 3, 2])."""
+    counts = [num_layers // stages] * stages
+    for i in range(2, num_layers % stages + 2):
+        counts[-i] += 1
+    return counts
+
+
 def pipeline_layer_placement(
     layers_per_stage: Any,
     pipeline_parallel: int,
     interleave_num: int,
     num_layers: int | None,
     key_path: str = "parallelism.pipeline_parallel_layers_per_stage",
+    schedule: str = "1f1b",
 ) -> list[list[int]]:
     """The layer indices of every virtual pipeline stage, in execution order.
 
-    There are `pipeline_parallel * interleave_num` virtual stages; chunk `k` of physical stage `i`
-    is virtual stage `k * pipeline_parallel + i`. `layers_per_stage` is one of:
+    There are `pipeline_parallel * chunks` virtual stages, chunks = `interleave_num` (two for
+    `zbv`). Chunk `k` of physical stage `i` is virtual stage `k * pipeline_parallel + i`; for
+    `zbv` (a V) chunk 1 of stage `i` is virtual stage `2 * pipeline_parallel - 1 - i`.
+    `layers_per_stage` is one of:
 
-    - None or 'auto': the layers split evenly and contiguously (needs `num_layers` divisible by
-      the number of virtual stages);
+    - None or 'auto': `num_layers // stages` layers per virtual stage, the remainder placed as
+      MindFormers does (`even_layer_counts`: one extra layer each on the stages before the last);
     - a list of ints: the layer count of each virtual stage, in order (sums to `num_layers`);
-    - a list of strings, one per physical stage, each holding `interleave_num` comma-separated
-      layer ranges (`['0-1, 4-8', '2-3, 9']`): taken in virtual-stage order, the ranges must cover
+    - a list of strings, one per physical stage, each holding `chunks` comma-separated layer
+      ranges (`['0-1, 4-8', '2-3, 9']`): taken in virtual-stage order, the ranges must cover
       layers 0 .. num_layers-1 contiguously.
 
     `num_layers` None skips the checks that need the model (only 'auto' cannot do without it).
     """
     check_layers_per_stage_shape(layers_per_stage, key_path)
-    stages = pipeline_parallel * interleave_num
+    chunks = pipeline_chunks(schedule, interleave_num)
+    stages = pipeline_parallel * chunks
     if layers_per_stage is None or layers_per_stage == "auto":
         if num_layers is None:
             raise ConfigError(key_path, "'auto' placement needs model.num_hidden_layers", layers_per_stage)
-        if num_layers % stages:
+        if num_layers < stages:
             raise ConfigError(
                 key_path,
-                f"'auto' splits model.num_hidden_layers={num_layers} evenly over pipeline_parallel x "
-                f"pipeline_parallel_interleave_num = {stages} virtual stages, which does not divide it; "
-                "list the layers of each stage instead",
+                f"'auto' needs at least one layer per virtual stage: model.num_hidden_layers={num_layers} is fewer "
+                f"than pipeline_parallel x chunks = {stages}; lower pipeline_parallel or the chunk count",
                 layers_per_stage,
             )
-        per = num_layers // stages
-        return [list(range(v * per, (v + 1) * per)) for v in range(stages)]
+        return _placement_from_counts(even_layer_counts(num_layers, stages), stages, num_layers, key_path)
     if isinstance(layers_per_stage[0], int):
         return _placement_from_counts(layers_per_stage, stages, num_layers, key_path)
-    return _placement_from_ranges(layers_per_stage, pipeline_parallel, interleave_num, num_layers, key_path)
+    return _placement_from_ranges(layers_per_stage, pipeline_parallel, chunks, num_layers, key_path,
+                                  v_shape=schedule in V_SCHEDULES)
 
 
 def _placement_from_counts(counts: list[int], stages: int, num_layers: int | None, key_path: str) -> list[list[int]]:
     if len(counts) != stages:
         raise ConfigError(
             key_path,
-            f"needs one layer count per virtual stage (pipeline_parallel x pipeline_parallel_interleave_num = {stages}), "
+            f"needs one layer count per virtual stage (pipeline_parallel x model chunks per stage = {stages}), "
             f"got {len(counts)} entries",
             counts,
         )
@@ -159,7 +182,8 @@ def _placement_from_counts(counts: list[int], stages: int, num_layers: int | Non
 
 
 def _placement_from_ranges(
-    stage_specs: list[str], pipeline_parallel: int, interleave_num: int, num_layers: int | None, key_path: str
+    stage_specs: list[str], pipeline_parallel: int, interleave_num: int, num_layers: int | None, key_path: str,
+    v_shape: bool = False,
 ) -> list[list[int]]:
     if len(stage_specs) != pipeline_parallel:
         raise ConfigError(
@@ -174,12 +198,13 @@ def _placement_from_ranges(
             raise ConfigError(
                 f"{key_path}[{i}]",
                 f"needs {interleave_num} comma-separated layer range(s), one per model chunk "
-                f"(pipeline_parallel_interleave_num), found {len(chunks)}",
+                f"({'zbv has two' if v_shape else 'pipeline_parallel_interleave_num'}), found {len(chunks)}",
                 stage,
             )
         for k, chunk in enumerate(chunks):
             start, end = _parse_one(chunk, f"{key_path}[{i}]")
-            virtual[k * pipeline_parallel + i] = (start, end, i)
+            stage = 2 * pipeline_parallel - 1 - i if v_shape and k == 1 else k * pipeline_parallel + i
+            virtual[stage] = (start, end, i)
     placement, expected = [], 0
     for v in range(pipeline_parallel * interleave_num):
         start, end, i = virtual[v]

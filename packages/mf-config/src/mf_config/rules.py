@@ -145,16 +145,27 @@ def _pipeline(cfg: TrainConfig) -> None:
         if p.pipeline_parallel_interleave_num > 1:
             raise ConfigError("parallelism.pipeline_parallel_interleave_num", "needs pipeline_parallel > 1",
                               p.pipeline_parallel_interleave_num)
-    if p.pipeline_parallel_schedule == "gpipe" and p.pipeline_parallel_interleave_num > 1:
+    schedule, interleave = p.pipeline_parallel_schedule, p.pipeline_parallel_interleave_num
+    if schedule == "gpipe" and interleave > 1:
         raise ConfigError("parallelism.pipeline_parallel_interleave_num",
                           "must be 1 with pipeline_parallel_schedule 'gpipe' (interleaving is a 1f1b schedule)",
-                          p.pipeline_parallel_interleave_num)
+                          interleave)
+    if schedule == "interleaved_1f1b" and interleave == 1:
+        raise ConfigError("parallelism.pipeline_parallel_schedule",
+                          "interleaved_1f1b needs pipeline_parallel_interleave_num > 1 (model chunks per stage); set "
+                          "it, or use '1f1b'", schedule)
+    if schedule == "zbv":
+        if pp == 1:
+            raise ConfigError("parallelism.pipeline_parallel_schedule", "zbv needs pipeline_parallel > 1", schedule)
+        if interleave not in (1, 2):
+            raise ConfigError("parallelism.pipeline_parallel_interleave_num",
+                              "zbv places exactly two model chunks per stage in a V; set it to 1 or 2", interleave)
     layers, value = cfg.num_hidden_layers, p.pipeline_parallel_layers_per_stage
     if (value is None or value == "auto") and (layers is None or pp == 1):
         return
     # Raises for a placement that does not fit the model; every virtual stage gets >= 1 layer.
-    pipeline_layer_placement(value, pp, p.pipeline_parallel_interleave_num, layers,
-                             "parallelism.pipeline_parallel_layers_per_stage")
+    pipeline_layer_placement(value, pp, interleave, layers, "parallelism.pipeline_parallel_layers_per_stage",
+                             schedule=schedule)
 
 
 # ----------------------------------------------------------------------------- optimizer / data

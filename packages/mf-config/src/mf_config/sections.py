@@ -158,8 +158,8 @@ class ParallelismConfig(Section):
     pipeline_parallel_layers_per_stage: Any = fld(
         None, pre=lambda v, p: (check_layers_per_stage_shape(v, p), v)[1],
         doc="layer placement: null/'auto', layer counts per virtual stage, or ranges per stage")
-    pipeline_parallel_schedule: Literal["1f1b", "gpipe"] = fld(
-        "1f1b", doc="PP schedule; 1f1b with pipeline_parallel_interleave_num > 1 is interleaved 1F1B")
+    pipeline_parallel_schedule: Literal["1f1b", "gpipe", "interleaved_1f1b", "zbv"] = fld(
+        "1f1b", doc="PP schedule; 1f1b with pipeline_parallel_interleave_num > 1 is interleaved 1F1B; zbv = ZB-V")
     pipeline_parallel_interleave_num: int = fld(1, check=positive, doc="model chunks per stage")
     pipeline_parallel_overlap_p2p: bool = fld(False, doc="overlap stage-to-stage communication")
     pipeline_parallel_overlap_b_f: bool = fld(False, doc="overlap backward and forward compute")

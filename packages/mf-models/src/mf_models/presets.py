@@ -14,6 +14,11 @@ _TINY: dict[str, dict[str, Any]] = {
                         n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
                         first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8,
                         qk_rope_head_dim=4, v_head_dim=8, **_COMMON),
+    "qwen2": dict(model_type="qwen2", num_key_value_heads=2, **_COMMON),
+    "mixtral": dict(model_type="mixtral", num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                    **{**_COMMON, "intermediate_size": 16}),
+    "qwen3_moe": dict(model_type="qwen3_moe", num_key_value_heads=2, head_dim=12, moe_intermediate_size=16,
+                      num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[0], **_COMMON),
 }
 
 

@@ -16,7 +16,10 @@ from .common.args import BaseArgs
 from .deepseek_v3.args import DeepseekV3Args
 from .errors import ModelConfigError, did_you_mean
 from .llama.args import LlamaArgs
+from .mixtral.args import MixtralArgs
+from .qwen2.args import Qwen2Args
 from .qwen3.args import Qwen3Args
+from .qwen3_moe.args import Qwen3MoeArgs
 
 
 def _resolve(ref: Any) -> Any:
@@ -67,7 +70,14 @@ for _spec in (ModelSpec("llama", "LlamaForCausalLM", LlamaArgs, "mf_models.llama
                         "mf_models.qwen3.parallelize:parallelize_qwen3"),
               ModelSpec("deepseek_v3", "DeepseekV3ForCausalLM", DeepseekV3Args,
                         "mf_models.deepseek_v3.model:DeepseekV3ForCausalLM",
-                        "mf_models.deepseek_v3.parallelize:parallelize_deepseek_v3")):
+                        "mf_models.deepseek_v3.parallelize:parallelize_deepseek_v3"),
+              ModelSpec("qwen2", "Qwen2ForCausalLM", Qwen2Args, "mf_models.qwen2.model:Qwen2ForCausalLM",
+                        "mf_models.qwen2.parallelize:parallelize_qwen2"),
+              ModelSpec("mixtral", "MixtralForCausalLM", MixtralArgs, "mf_models.mixtral.model:MixtralForCausalLM",
+                        "mf_models.mixtral.parallelize:parallelize_mixtral"),
+              ModelSpec("qwen3_moe", "Qwen3MoeForCausalLM", Qwen3MoeArgs,
+                        "mf_models.qwen3_moe.model:Qwen3MoeForCausalLM",
+                        "mf_models.qwen3_moe.parallelize:parallelize_qwen3_moe")):
     register_model(_spec)
 
 

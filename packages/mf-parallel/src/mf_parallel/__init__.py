@@ -1,12 +1,18 @@
 """MindSpore parallel runtime: device mesh, collectives, FSDP/HSDP, TP/SP, PP, CP, EP.
 
-`ParallelDims` and the error type import without MindSpore; everything else needs it.
+`ParallelDims`, the error type and the pipeline planning names (`resolve_pipeline`,
+`build_schedule`, `simulate_schedule`, ...) import without MindSpore; everything else needs it.
 """
 
 __version__ = "0.2.0"
 
 from mf_parallel.dims import AXES, GROUP_NAMES, ParallelDims
 from mf_parallel.errors import ParallelConfigError
+
+_PIPELINE = ("PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "pipeline_from_config", "build_schedule",
+             "validate_schedule", "simulate_schedule", "Costs", "Schedule", "ScheduleError", "text_timeline",
+             "PipelineExecutor", "StepResult", "register_weight_grad_split", "defer_weight_grads",
+             "WeightGradStash")
 
 __all__ = [
     "__version__", "AXES", "GROUP_NAMES", "ParallelDims", "ParallelConfigError",
@@ -28,6 +34,8 @@ __all__ = [
     "load_sharded_state",
     # launching and the checkpoint collective interface
     "launch", "Communicator",
+    # pipeline parallelism (mf_parallel.pipeline: pure Python except the executor)
+    *_PIPELINE,
 ]
 
 _LAZY = {
@@ -50,6 +58,7 @@ _LAZY = {
     **{name: "state" for name in ("ParamLayout", "param_layouts", "shard_metadata", "local_blocks",
                                   "gather_full_state", "load_full_state", "load_sharded_state")},
     "launch": "launcher", "Communicator": "communicator",
+    **{name: "pipeline" for name in _PIPELINE},
 }
 
 

@@ -10,10 +10,12 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import CheckpointError
-from . import deepseek_v3, llama, qwen3
+from . import deepseek_v3, llama, mixtral, qwen2, qwen3, qwen3_moe
 from .rules import Architecture, Plan, Target, build_plan, check_hf, check_mf
 
-ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (llama.ARCH, qwen3.ARCH, deepseek_v3.ARCH)}
+ARCHITECTURES: dict[str, Architecture] = {
+    a.model_type: a for a in (llama.ARCH, qwen2.ARCH, qwen3.ARCH, deepseek_v3.ARCH, mixtral.ARCH, qwen3_moe.ARCH)
+}
 
 
 def supported_model_types() -> list[str]:

@@ -80,6 +80,12 @@ def dims(c: ConfigView) -> dict[str, int]:
 
 
 def conditions(c: ConfigView) -> dict[str, bool]:
+    quant = c.raw.get("quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+        raise CheckpointError(f"config.json (deepseek_v3): quantization_config ({method!r}: block-scaled weights with "
+                              f"weight_scale_inv tensors) is not supported; dequantize the checkpoint to BF16 first "
+                              f"(e.g. DeepSeek's fp8_cast_bf16.py) and remove the key")
     freq = c.raw.get("moe_layer_freq", 1)
     if freq != 1:
         # transformers' DeepseekV3 makes every layer from first_k_dense_replace on MoE.

@@ -30,15 +30,23 @@ _BASE_KEYS = frozenset({
     "transformers_version", "pretraining_tp", "seq_length", "compute_dtype", "params_dtype", "use_flash_attention",
 })
 _LLAMA_KEYS = _BASE_KEYS | {"attention_bias", "mlp_bias"}
+_SLIDING_KEYS = frozenset({"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"})
 MODEL_KEYS: dict[str, frozenset[str]] = {
     "llama": _LLAMA_KEYS,
-    "qwen3": _LLAMA_KEYS | {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"},
+    "qwen3": _LLAMA_KEYS | _SLIDING_KEYS,
     "deepseek_v3": _BASE_KEYS | {
         "moe_intermediate_size", "n_shared_experts", "n_routed_experts", "routed_scaling_factor", "kv_lora_rank",
         "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "qk_head_dim", "n_group",
         "topk_group", "num_experts_per_tok", "first_k_dense_replace", "norm_topk_prob", "rope_interleave",
         "attention_bias", "num_nextn_predict_layers", "output_router_logits", "topk_method", "scoring_func",
-        "moe_layer_freq"},
+        "moe_layer_freq", "aux_loss_alpha", "seq_aux", "moe_router_bias_update_rate", "ep_size",
+        "quantization_config", "auto_map"},
+    "qwen2": _LLAMA_KEYS | _SLIDING_KEYS,
+    "mixtral": _BASE_KEYS | {"num_local_experts", "num_experts_per_tok", "output_router_logits",
+                             "router_aux_loss_coef", "router_jitter_noise", "sliding_window"},
+    "qwen3_moe": _LLAMA_KEYS | _SLIDING_KEYS | {
+        "decoder_sparse_step", "mlp_only_layers", "moe_intermediate_size", "norm_topk_prob", "num_experts",
+        "num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef"},
 }
 
 # model_config names of the older format -> the Hugging Face names mf's models use.

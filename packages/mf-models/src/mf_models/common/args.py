@@ -144,3 +144,41 @@ class BaseArgs:
         A model whose plan splits other dimensions overrides this (common/layout.py checks it)."""
         return ((self.num_attention_heads, self.num_key_value_heads),
                 {"vocab_size": self.vocab_size, "intermediate_size": self.intermediate_size})
+
+    def balance_loss_key(self) -> str | None:
+        """The model key that switches on a MoE balance loss when it is on (None: no balance loss)."""
+        return None
+
+
+def default_head_dim(args: BaseArgs) -> None:
+    """GQA models: head_dim defaults to hidden_size / num_attention_heads and must be even (RoPE)."""
+    if args.head_dim is None:
+        if args.hidden_size % args.num_attention_heads:
+            raise ModelConfigError(
+                f"model.hidden_size: {args.hidden_size} is not divisible by num_attention_heads="
+                f"{args.num_attention_heads}; set head_dim explicitly")
+        args.head_dim = args.hidden_size // args.num_attention_heads
+    if args.head_dim % 2:
+        raise ModelConfigError(f"model.head_dim: rotary embedding needs an even head_dim, got {args.head_dim}")
+
+
+def check_full_attention(args: BaseArgs, derived_sliding: list[bool] | None = None) -> None:
+    """Sliding-window attention is not implemented: refuse any layer HF would run with a window.
+
+    `layer_types` (transformers 5) names each layer's kind; without it, `derived_sliding` (the
+    model's own rule, e.g. Qwen2's `use_sliding_window and i >= max_window_layers`) does.
+    """
+    layer_types = getattr(args, "layer_types", None)
+    if layer_types is not None:
+        if len(layer_types) != args.num_hidden_layers:
+            raise ModelConfigError(
+                f"model.layer_types: {len(layer_types)} entries for num_hidden_layers={args.num_hidden_layers}")
+        for i, kind in enumerate(layer_types):
+            if kind != "full_attention":
+                raise ModelConfigError(f"model.layer_types[{i}]: only 'full_attention' is implemented "
+                                       f"(sliding-window attention is not), got {kind!r}")
+        return
+    for i, sliding in enumerate(derived_sliding or []):
+        if sliding:
+            raise ModelConfigError(f"model.use_sliding_window: layer {i} would use sliding-window attention, "
+                                   f"which is not implemented; set use_sliding_window: false")

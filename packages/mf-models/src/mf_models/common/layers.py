@@ -63,6 +63,29 @@ def linear_forward(cell, weight, bias, x):
     return linear(_cast(x, cell.compute_dtype), weight, bias)
 
 
+# The backward of `linear_forward` in two parts, for pipeline schedules that defer the weight GEMM
+# (mf-parallel's `register_weight_grad_split`): the input (and bias) gradient at once, the weight
+# gradient later. Same primitives as MindSpore's own MatMul / Cast / bias-add backward.
+_matmul = ops.MatMul()
+_matmul_tn = ops.MatMul(transpose_a=True)
+
+
+def linear_input_grad(cell, weight, bias, x, dout):
+    """(dx, dbias or None) of `linear_forward` for the output gradient `dout`."""
+    if cell.cast_weight:
+        weight = _cast(weight, cell.compute_dtype)
+    d2 = dout.reshape(-1, dout.shape[-1])
+    dx = _cast(_matmul(d2, weight).reshape(x.shape), x.dtype)
+    dbias = None if bias is None else _cast(d2.sum(0), bias.dtype)
+    return dx, dbias
+
+
+def linear_weight_grad(cell, weight, bias, x, dout):
+    """dweight of `linear_forward`: dout^T x, in the weight's dtype."""
+    x2 = _cast(x, cell.compute_dtype).reshape(-1, x.shape[-1])
+    return _cast(_matmul_tn(dout.reshape(-1, dout.shape[-1]), x2), weight.dtype)
+
+
 def embedding_forward(cell, weight, input_ids):
     """`Embedding`: row lookup (ops.gather: mint's embedding has no CPU kernel)."""
     return _gather(weight, input_ids, 0)

@@ -5,7 +5,8 @@ parameter"): each leaf class needs a *parameter forward*, a module-level pure fu
 `fn(cell, *params, *inputs)` that computes the leaf's output from parameters handed to it. The
 model's own `construct` methods call these same functions, so the transformed and the plain
 model cannot drift apart. Registered here: `Linear`, `Embedding`, `RMSNorm` (also qwen3's per-head
-q/k norms and the MLA latent norms), deepseek's `TopKRouter` and `GroupedExperts`.
+q/k norms and the MLA latent norms), the MoE `TopKRouter` and `GroupedExperts`; and `Linear`'s
+backward split into input and weight gradient (pipeline schedules that defer the weight GEMM).
 
 A plan (`llama/parallelize.py`, ...) applies, in this fixed order (TorchTitan's):
   1. tensor parallelism with sequence parallelism (`mf_parallel.parallelize_module`),
@@ -23,15 +24,27 @@ from mindspore import nn
 import mf_parallel as mp
 
 from ..errors import ModelConfigError
-from .layers import Embedding, Linear, RMSNorm, embedding_forward, linear_forward, rms_norm_forward
+from .layers import (
+    Embedding,
+    Linear,
+    RMSNorm,
+    embedding_forward,
+    linear_forward,
+    linear_input_grad,
+    linear_weight_grad,
+    rms_norm_forward,
+)
 from .layout import divisible_problems
-from .moe import GroupedExperts, TopKRouter, experts_forward, router_forward
+from .moe import GroupedExperts, experts_forward
+from .router import TopKRouter, router_forward
 
 mp.register_param_forward(Linear, ("weight", "bias"), linear_forward)
 mp.register_param_forward(Embedding, ("weight",), embedding_forward)
 mp.register_param_forward(RMSNorm, ("weight",), rms_norm_forward)
 mp.register_param_forward(TopKRouter, ("expert_bias",), router_forward)
 mp.register_param_forward(GroupedExperts, ("w1", "w2", "w3"), experts_forward)
+# Pipeline schedules with a split backward (ZB-H1, ZB-V) defer Linear's weight GEMM.
+mp.register_weight_grad_split(Linear, linear_input_grad, linear_weight_grad)
 
 
 @dataclass(frozen=True)
@@ -104,3 +117,20 @@ def refuse_unimplemented(dims, model_type: str) -> None:
         if getattr(dims, axis) > 1:
             raise ModelConfigError(f"parallelism.{key}: {getattr(dims, axis)} > 1 is not implemented for "
                                    f"{model_type} (mf-parallel has no {key.replace('_', ' ')} strategy yet); set it to 1")
+
+
+def moe_plan(prefix: str, moe) -> dict:
+    """A MoE layer under tensor parallelism: replicated on the rank's sequence shard (routing,
+    experts and shared experts act per token, so this is exact), every trainable leaf's gradient
+    all-reduced over tp. Splitting the experts over ranks is expert parallelism, not tp."""
+    plan = {prefix + ".router.gate": mp.SequenceParallel(), prefix + ".experts": mp.SequenceParallel()}
+    if moe.has_shared:
+        plan.update({f"{prefix}.shared_experts.{w}": mp.SequenceParallel() for w in ("w1", "w2", "w3")})
+    return plan
+
+
+def moe_units(block) -> list:
+    """FSDP units inside a MoE block: the router (its parameter forward calls its gate) and the
+    stacked experts (3 parameters + 2 inputs, beyond mf-parallel's recomputing backward), both
+    without reshard-after-forward."""
+    return [block.moe.router, block.moe.experts] if getattr(block, "moe_enabled", False) else []

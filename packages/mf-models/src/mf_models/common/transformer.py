@@ -15,13 +15,16 @@ from mindspore import Tensor, nn, ops
 
 from .args import BaseArgs
 from .attention import causal_mask
+from .balancing import BalanceSpec, balance_loss
 from .layers import Embedding, Linear, RMSNorm, linear, resolve_compute_dtype, resolve_params_dtype
-from .moe import GroupedExperts, TopKRouter
+from .moe import GroupedExperts
 from .rope import RotaryEmbedding, rope_frequencies
+from .router import TopKRouter
 
 
 class CausalLM(nn.Cell):
-    """`model(input_ids, position_ids=None, attention_mask=None) -> logits [B, S, V] float32`.
+    """`model(input_ids, position_ids=None, attention_mask=None) -> logits [B, S, V] float32`;
+    `model.forward_train(...)` adds the balance loss and the routing statistics (see there).
 
     - input_ids [B, S] int.
     - position_ids [B, S] int, default 0..S-1 (after the cached length when a KV cache is given);
@@ -47,6 +50,10 @@ class CausalLM(nn.Cell):
         if not self.tie_word_embeddings:
             self.output = Linear(args.hidden_size, args.vocab_size, False, pdt, cdt)
         self.rope = RotaryEmbedding(*rope_frequencies(args.rope, rope_dim, args.max_position_embeddings))
+        # MoE models set these (see common/balancing.py); the statistics of `forward_train` need them.
+        self.balance = BalanceSpec()
+        self.num_experts = 0
+        self.top_k = 0
 
     def construct(self, input_ids, position_ids=None, attention_mask=None, cache=None):
         return self.head(self.hidden_states(input_ids, position_ids, attention_mask, cache))
@@ -54,6 +61,57 @@ class CausalLM(nn.Cell):
     def hidden_states(self, input_ids, position_ids=None, attention_mask=None, cache=None):
         """The final-norm hidden states [B, S, H]: `construct` without the output projection, for
         callers that need the logits of a few positions only (generation's last position)."""
+        return self.trunk(input_ids, position_ids, attention_mask, cache, False)[0]
+
+    def forward_train(self, input_ids, position_ids=None, attention_mask=None):
+        """The training forward: `(logits, aux_loss, tokens_per_expert, dispatch_counts)`.
+
+        - logits [B, S, V] float32, as `construct`.
+        - aux_loss [] float32: the model's balance loss for this forward, already weighted
+          (`aux_loss_alpha` / `router_aux_loss_coef`), to add to the language-model loss; 0 for
+          dense models and when the model trains without one.
+        - tokens_per_expert [L, E] float32: assignments per expert of each of the L MoE layers
+          (`moe_layer_ids()`), not differentiated: the aux-loss-free bias update
+          (`update_expert_bias`) and the MoE monitor. [0, 1] for dense models.
+        - dispatch_counts [L, 2] float32: per MoE layer (dropped assignments, padding rows).
+        All tensors, so the same call works in PyNative and inside a compiled GRAPH_MODE step
+        (e.g. `ms.value_and_grad(loss_fn, None, weights, has_aux=True)`); `RoutingStats` turns the
+        last two into metrics on the host.
+        """
+        return self.trunk(input_ids, position_ids, attention_mask, None, True)[1:]
+
+    def trunk(self, input_ids, position_ids, attention_mask, cache, train):
+        """(hidden states, logits | None, aux_loss, tokens_per_expert, dispatch_counts); `train` is
+        a Python constant (the logits and statistics are built only when it is True)."""
+        cos, sin, mask = self.rotary_and_mask(input_ids, position_ids, attention_mask, cache)
+        h = self.tok_embeddings(input_ids).astype(self.compute_dtype)
+        loads, counts, aux_counts, aux_sums = [], [], [], []
+        for layer in self.layers:
+            if layer.moe_enabled:
+                h, load, count, aux_count, aux_sum = layer(h, cos, sin, mask, cache)
+                loads.append(load)
+                counts.append(count)
+                aux_counts.append(aux_count)
+                aux_sums.append(aux_sum)
+            else:
+                h = layer(h, cos, sin, mask, cache)
+        h = self.norm(h)
+        if not train:
+            return h, None, None, None, None
+        logits = self.head(h)
+        if not loads:
+            return h, logits, ops.zeros((), ms.float32), ops.zeros((0, 1), ms.float32), ops.zeros((0, 2), ms.float32)
+        seq = input_ids.shape[1]
+        aux = balance_loss(self.balance, self.num_experts, self.top_k, seq, ops.stack(aux_counts), ops.stack(aux_sums))
+        return h, logits, aux, ops.stack(loads), ops.stack(counts)
+
+    def moe_layer_ids(self) -> list[int]:
+        """Decoder layers with a routed MoE (the rows of `forward_train`'s statistics)."""
+        return [i for i, layer in enumerate(self.layers) if layer.moe_enabled]
+
+    def rotary_and_mask(self, input_ids, position_ids=None, attention_mask=None, cache=None):
+        """(cos, sin, mask) every decoder block takes, from the batch's ids, positions and mask (a
+        pipeline stage computes them for its own blocks: only hidden states travel between stages)."""
         batch, seq = input_ids.shape
         if cache is None:
             query_positions = ops.arange(0, seq, dtype=ms.int32)
@@ -64,10 +122,7 @@ class CausalLM(nn.Cell):
         if position_ids is None:
             position_ids = ops.broadcast_to(query_positions.reshape(1, seq), (batch, seq))
         cos, sin = self.rope(position_ids)
-        h = self.tok_embeddings(input_ids).astype(self.compute_dtype)
-        for layer in self.layers:
-            h = layer(h, cos, sin, mask, cache)
-        return self.norm(h)
+        return cos, sin, mask
 
     def head(self, h):
         """Logits (float32) of hidden states [..., H]."""

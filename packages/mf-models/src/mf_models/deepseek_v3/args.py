@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..common.args import BaseArgs
+from ..common.logs import log_once
 from ..errors import ModelConfigError
 
 
@@ -24,6 +25,18 @@ class DeepseekV3Args(BaseArgs):
     `num_nextn_predict_layers` (multi-token-prediction heads) is accepted as HF does: those layers
     are not part of the causal LM and are not built. `num_key_value_heads` must equal the head
     count (MLA has per-head keys).
+
+    Training as DeepSeek did (keys of DeepSeek's own config.json): `aux_loss_alpha` weights the
+    balance loss, `seq_aux` makes it sequence-wise (else batch-wise); see common/balancing.py.
+    DeepSeek's config.json sets 0.001; transformers' DeepseekV3Config has no such key, so absent
+    means 0 (no balance loss, the behaviour of an HF config). mf extra `moe_router_bias_update_rate` (default
+    1e-3, DeepSeek's bias update speed; 0 disables) is the rate of the aux-loss-free update of
+    `expert_bias` that `update_expert_bias` applies after each optimizer step.
+    `ep_size` is a deployment hint of DeepSeek's inference code (each of `ep_size` ranks builds
+    n_routed_experts / ep_size experts): checked to divide n_routed_experts, it changes nothing
+    here; the training layout is `parallelism.expert_parallel`. `quantization_config` (FP8 block
+    weights with `weight_scale_inv` tensors) is refused: dequantize to bfloat16 first.
+    `auto_map` names DeepSeek's remote-code classes for transformers; mf uses its own model.
     """
 
     vocab_size: int = 129280
@@ -55,6 +68,13 @@ class DeepseekV3Args(BaseArgs):
     topk_method: str = "noaux_tc"
     scoring_func: str = "sigmoid"
     moe_layer_freq: int = 1
+    # training-time balancing (DeepSeek's config.json keys) and deployment bookkeeping
+    aux_loss_alpha: float = 0.0
+    seq_aux: bool = True
+    moe_router_bias_update_rate: float = 1e-3
+    ep_size: int = 1
+    quantization_config: dict | None = None
+    auto_map: dict | None = None
 
     def validate(self) -> None:
         super().validate()
@@ -76,7 +96,23 @@ class DeepseekV3Args(BaseArgs):
         if self.attention_bias:
             raise ModelConfigError("model.attention_bias: biases on MLA projections are not supported; set false")
         if self.output_router_logits:
-            raise ModelConfigError("model.output_router_logits: the model returns logits only; set false")
+            raise ModelConfigError("model.output_router_logits: DeepSeek-V3 balances with aux_loss_alpha / seq_aux "
+                                   "and the expert bias, not transformers' switch loss; set false")
+        for name in ("aux_loss_alpha", "moe_router_bias_update_rate"):
+            if getattr(self, name) < 0:
+                raise ModelConfigError(f"model.{name}: must be >= 0 (0 disables it), got {getattr(self, name)!r}")
+        if self.ep_size < 1 or self.n_routed_experts % self.ep_size:
+            raise ModelConfigError(f"model.ep_size: {self.ep_size} must be a positive divisor of "
+                                   f"n_routed_experts={self.n_routed_experts}")
+        if self.ep_size > 1:
+            log_once(f"model.ep_size={self.ep_size} is DeepSeek's inference deployment hint; it does not change the "
+                     f"model here (expert placement comes from parallelism.expert_parallel)")
+        if self.quantization_config is not None:
+            method = self.quantization_config.get("quant_method", "?")
+            raise ModelConfigError(
+                f"model.quantization_config: {method!r}-quantized weights (block scales in weight_scale_inv "
+                f"tensors) are not supported; dequantize the checkpoint to bfloat16 (e.g. DeepSeek's "
+                f"fp8_cast_bf16.py) and remove the key")
         if self.n_shared_experts < 0 or self.first_k_dense_replace < 0 or self.num_nextn_predict_layers < 0:
             raise ModelConfigError("model.n_shared_experts / first_k_dense_replace / num_nextn_predict_layers: "
                                    "must be >= 0")
@@ -102,3 +138,6 @@ class DeepseekV3Args(BaseArgs):
         if self.first_k_dense_replace > 0:
             sizes["intermediate_size"] = self.intermediate_size
         return (self.num_attention_heads, None), sizes
+
+    def balance_loss_key(self) -> str | None:
+        return "aux_loss_alpha" if self.aux_loss_alpha != 0 else None

@@ -19,9 +19,11 @@ import mindspore as ms
 from mindspore import mint, nn, ops
 
 from ..common.attention import CoreAttention
+from ..common.balancing import BalanceSpec
 from ..common.layers import FeedForward, Linear, RMSNorm
 from ..common.moe import MoE
 from ..common.rope import apply_rotary, deinterleave, softmax_mscale
+from ..common.router import RouterSpec
 from ..common.transformer import CausalLM
 from .args import DeepseekV3Args
 
@@ -75,6 +77,20 @@ class Attention(nn.Cell):
         return self.wo(out.transpose(0, 2, 1, 3).reshape(b, s, -1))
 
 
+def router_spec(args: DeepseekV3Args) -> RouterSpec:
+    """DeepSeek-V3's router (HF DeepseekV3TopkRouter + DeepseekV3MoE.route_tokens_to_experts)."""
+    return RouterSpec(args.n_routed_experts, args.num_experts_per_tok, "sigmoid", expert_bias=True,
+                      n_group=args.n_group, topk_group=args.topk_group, norm_topk_prob=args.norm_topk_prob,
+                      norm_eps=1e-20, routed_scaling_factor=args.routed_scaling_factor)
+
+
+def balance_spec(args: DeepseekV3Args) -> BalanceSpec:
+    """The sequence-wise (seq_aux) or batch-wise balance loss weighted by aux_loss_alpha."""
+    if args.aux_loss_alpha == 0:
+        return BalanceSpec()
+    return BalanceSpec("sequence" if args.seq_aux else "batch", args.aux_loss_alpha)
+
+
 class TransformerBlock(nn.Cell):
     def __init__(self, args: DeepseekV3Args, layer_id: int, compute_dtype: ms.Type, params_dtype: ms.Type):
         super().__init__()
@@ -83,9 +99,9 @@ class TransformerBlock(nn.Cell):
         self.ffn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps, params_dtype)
         self.moe_enabled = layer_id >= args.first_k_dense_replace
         if self.moe_enabled:
-            self.moe = MoE(args.hidden_size, args.moe_intermediate_size, args.n_routed_experts,
-                           args.num_experts_per_tok, args.n_shared_experts, args.n_group, args.topk_group,
-                           args.norm_topk_prob, args.routed_scaling_factor, params_dtype, compute_dtype)
+            self.moe = MoE(args.hidden_size, args.moe_intermediate_size, router_spec(args),
+                           args.moe_intermediate_size * args.n_shared_experts, balance_spec(args).active,
+                           params_dtype, compute_dtype)
         else:
             self.feed_forward = FeedForward(args.hidden_size, args.intermediate_size, False, params_dtype,
                                             compute_dtype)
@@ -93,7 +109,8 @@ class TransformerBlock(nn.Cell):
     def construct(self, x, cos, sin, mask, cache=None):
         h = x + self.attention(self.attention_norm(x), cos, sin, mask, cache)
         if self.moe_enabled:
-            return h + self.moe(self.ffn_norm(h))
+            out, load, counts, aux_counts, aux_sums = self.moe(self.ffn_norm(h))
+            return h + out, load, counts, aux_counts, aux_sums
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -101,6 +118,9 @@ class DeepseekV3ForCausalLM(CausalLM):
     def __init__(self, args: DeepseekV3Args):
         super().__init__(args, args.qk_rope_head_dim,
                          lambda i, cdt, pdt: TransformerBlock(args, i, cdt, pdt))
+        self.balance = balance_spec(args)
+        self.num_experts = args.n_routed_experts
+        self.top_k = args.num_experts_per_tok
 
     def attention_flops_dims(self) -> tuple[int, int, int]:
         return self.args.num_attention_heads, self.args.qk_head_dim, self.args.v_head_dim

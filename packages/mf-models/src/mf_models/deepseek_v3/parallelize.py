@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import mf_parallel as mp
 
-from ..common.parallel import ParallelOptions
-from ..llama.parallelize import feed_forward_plan, parallelize_dense
+from ..common.parallel import ParallelOptions, moe_units
+from ..llama.parallelize import decoder_block_plan, parallelize_dense
 
 
 def attention_plan(prefix: str, attention) -> dict:
@@ -45,27 +45,8 @@ def attention_plan(prefix: str, attention) -> dict:
     return plan
 
 
-def moe_plan(prefix: str, moe) -> dict:
-    """Replicated MoE on sequence shards: every trainable leaf's gradient all-reduced over tp."""
-    plan = {prefix + ".router.gate": mp.SequenceParallel(), prefix + ".experts": mp.SequenceParallel()}
-    if moe.has_shared:
-        plan.update({f"{prefix}.shared_experts.{w}": mp.SequenceParallel() for w in ("w1", "w2", "w3")})
-    return plan
-
-
 def deepseek_block_plan(prefix: str, layer) -> dict:
-    plan = {prefix + ".attention_norm": mp.SequenceParallel(),
-            **attention_plan(prefix + ".attention", layer.attention),
-            prefix + ".ffn_norm": mp.SequenceParallel()}
-    if layer.moe_enabled:
-        plan.update(moe_plan(prefix + ".moe", layer.moe))
-    else:
-        plan.update(feed_forward_plan(prefix + ".feed_forward"))
-    return plan
-
-
-def moe_units(block) -> list:
-    return [block.moe.router, block.moe.experts] if block.moe_enabled else []
+    return decoder_block_plan(prefix, layer, attention_plan)
 
 
 def parallelize_deepseek_v3(model, mesh, options: ParallelOptions | None = None):

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..common.args import BaseArgs
-from ..errors import ModelConfigError
+from ..common.args import BaseArgs, default_head_dim
 
 
 @dataclass
 class LlamaArgs(BaseArgs):
     """GQA attention with RoPE, SwiGLU MLP, RMSNorm; `head_dim` defaults to hidden_size / heads.
 
-    attention_bias: biases on wq/wk/wv/wo; mlp_bias: biases on w1/w2/w3.
+    attention_bias: biases on wq/wk/wv/wo; mlp_bias: biases on w1/w2/w3. The attention reads the
+    derived `qkv_bias` / `o_bias` (Qwen2 biases wq/wk/wv but not wo).
     """
 
     attention_bias: bool = False
@@ -20,11 +20,5 @@ class LlamaArgs(BaseArgs):
 
     def validate(self) -> None:
         super().validate()
-        if self.head_dim is None:
-            if self.hidden_size % self.num_attention_heads:
-                raise ModelConfigError(
-                    f"model.hidden_size: {self.hidden_size} is not divisible by num_attention_heads="
-                    f"{self.num_attention_heads}; set head_dim explicitly")
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.head_dim % 2:
-            raise ModelConfigError(f"model.head_dim: rotary embedding needs an even head_dim, got {self.head_dim}")
+        default_head_dim(self)
+        self.qkv_bias = self.o_bias = self.attention_bias

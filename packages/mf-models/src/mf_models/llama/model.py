@@ -22,13 +22,13 @@ from .args import LlamaArgs
 class Attention(nn.Cell):
     def __init__(self, args: LlamaArgs, layer_id: int, compute_dtype: ms.Type, params_dtype: ms.Type):
         super().__init__()
-        dim, hd, bias = args.hidden_size, args.head_dim, args.attention_bias
+        dim, hd, qkv_bias, o_bias = args.hidden_size, args.head_dim, args.qkv_bias, args.o_bias
         self.layer_id = layer_id
         self.head_dim = hd
-        self.wq = Linear(dim, args.num_attention_heads * hd, bias, params_dtype, compute_dtype)
-        self.wk = Linear(dim, args.num_key_value_heads * hd, bias, params_dtype, compute_dtype)
-        self.wv = Linear(dim, args.num_key_value_heads * hd, bias, params_dtype, compute_dtype)
-        self.wo = Linear(args.num_attention_heads * hd, dim, bias, params_dtype, compute_dtype)
+        self.wq = Linear(dim, args.num_attention_heads * hd, qkv_bias, params_dtype, compute_dtype)
+        self.wk = Linear(dim, args.num_key_value_heads * hd, qkv_bias, params_dtype, compute_dtype)
+        self.wv = Linear(dim, args.num_key_value_heads * hd, qkv_bias, params_dtype, compute_dtype)
+        self.wo = Linear(args.num_attention_heads * hd, dim, o_bias, params_dtype, compute_dtype)
         self.core = CoreAttention(hd ** -0.5, args.use_flash_attention, compute_dtype)
 
     def norm_qk(self, q, k):
@@ -51,27 +51,42 @@ class Attention(nn.Cell):
 
 
 class TransformerBlock(nn.Cell):
+    """Pre-norm block: attention, then a SwiGLU `feed_forward` or, when `moe` is given (Mixtral,
+    Qwen3-MoE), that MoE layer, whose routing statistics are returned after the hidden states."""
+
     def __init__(self, args: LlamaArgs, layer_id: int, compute_dtype: ms.Type, params_dtype: ms.Type,
-                 attention_cls: type[Attention] = Attention):
+                 attention_cls: type[Attention] = Attention, moe: nn.Cell | None = None):
         super().__init__()
         self.attention_norm = RMSNorm(args.hidden_size, args.rms_norm_eps, params_dtype)
         self.attention = attention_cls(args, layer_id, compute_dtype, params_dtype)
         self.ffn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps, params_dtype)
-        self.feed_forward = FeedForward(args.hidden_size, args.intermediate_size, args.mlp_bias,
-                                        params_dtype, compute_dtype)
+        self.moe_enabled = moe is not None
+        if self.moe_enabled:
+            self.moe = moe
+        else:
+            self.feed_forward = FeedForward(args.hidden_size, args.intermediate_size, args.mlp_bias,
+                                            params_dtype, compute_dtype)
 
     def construct(self, x, cos, sin, mask, cache=None):
         h = x + self.attention(self.attention_norm(x), cos, sin, mask, cache)
+        if self.moe_enabled:
+            out, load, counts, aux_counts, aux_sums = self.moe(self.ffn_norm(h))
+            return h + out, load, counts, aux_counts, aux_sums
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-class LlamaForCausalLM(CausalLM):
-    def __init__(self, args: LlamaArgs):
-        super().__init__(args, args.head_dim,
-                         lambda i, cdt, pdt: TransformerBlock(args, i, cdt, pdt))
+class GQACausalLM(CausalLM):
+    """Accounting shared by the models built on Llama's attention (llama, qwen2, qwen3, mixtral,
+    qwen3_moe): q, k and v heads of `head_dim`, `num_key_value_heads` cached."""
 
     def attention_flops_dims(self) -> tuple[int, int, int]:
         return self.args.num_attention_heads, self.args.head_dim, self.args.head_dim
 
     def kv_cache_shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
         return (self.args.num_key_value_heads, self.args.head_dim), (self.args.num_key_value_heads, self.args.head_dim)
+
+
+class LlamaForCausalLM(GQACausalLM):
+    def __init__(self, args: LlamaArgs):
+        super().__init__(args, args.head_dim,
+                         lambda i, cdt, pdt: TransformerBlock(args, i, cdt, pdt))

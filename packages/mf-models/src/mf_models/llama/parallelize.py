@@ -26,7 +26,7 @@ from __future__ import annotations
 import mf_parallel as mp
 
 from ..common.layout import tensor_parallel_problems
-from ..common.parallel import ParallelOptions, apply_fsdp, refuse_unimplemented, untie_output
+from ..common.parallel import ParallelOptions, apply_fsdp, moe_plan, refuse_unimplemented, untie_output
 from ..errors import ModelConfigError
 
 
@@ -63,11 +63,21 @@ def tp_plan(model, block_plan=None) -> dict:
     return plan
 
 
+def decoder_block_plan(prefix: str, layer, attention=attention_plan) -> dict:
+    """A pre-norm block: norms on sequence shards, `attention(prefix.attention, module)`, then the
+    block's MoE (replicated on sequence shards, `moe_plan`) or its split SwiGLU MLP."""
+    plan = {prefix + ".attention_norm": mp.SequenceParallel(),
+            **attention(prefix + ".attention", layer.attention),
+            prefix + ".ffn_norm": mp.SequenceParallel()}
+    if getattr(layer, "moe_enabled", False):
+        plan.update(moe_plan(prefix + ".moe", layer.moe))
+    else:
+        plan.update(feed_forward_plan(prefix + ".feed_forward"))
+    return plan
+
+
 def llama_block_plan(prefix: str, layer) -> dict:
-    return {prefix + ".attention_norm": mp.SequenceParallel(),
-            **attention_plan(prefix + ".attention", layer.attention),
-            prefix + ".ffn_norm": mp.SequenceParallel(),
-            **feed_forward_plan(prefix + ".feed_forward")}
+    return decoder_block_plan(prefix, layer)
 
 
 def check_tp(model, dims) -> None:

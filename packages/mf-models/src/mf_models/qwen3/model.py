@@ -9,8 +9,7 @@ from __future__ import annotations
 import mindspore as ms
 
 from ..common.layers import RMSNorm
-from ..common.transformer import CausalLM
-from ..llama.model import Attention, TransformerBlock
+from ..llama.model import Attention, GQACausalLM, TransformerBlock
 from .args import Qwen3Args
 
 
@@ -24,13 +23,7 @@ class Qwen3Attention(Attention):
         return self.q_norm(q), self.k_norm(k)
 
 
-class Qwen3ForCausalLM(CausalLM):
+class Qwen3ForCausalLM(GQACausalLM):
     def __init__(self, args: Qwen3Args):
         super().__init__(args, args.head_dim,
                          lambda i, cdt, pdt: TransformerBlock(args, i, cdt, pdt, Qwen3Attention))
-
-    def attention_flops_dims(self) -> tuple[int, int, int]:
-        return self.args.num_attention_heads, self.args.head_dim, self.args.head_dim
-
-    def kv_cache_shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
-        return (self.args.num_key_value_heads, self.args.head_dim), (self.args.num_key_value_heads, self.args.head_dim)

@@ -11,14 +11,17 @@ from __future__ import annotations
 import mf_parallel as mp
 
 from ..common.parallel import ParallelOptions
-from ..llama.parallelize import llama_block_plan, parallelize_dense
+from ..llama.parallelize import attention_plan, decoder_block_plan, parallelize_dense
+
+
+def qwen3_attention_plan(prefix: str, attention) -> dict:
+    return {**attention_plan(prefix, attention),
+            prefix + ".q_norm": mp.SequenceParallel(), prefix + ".k_norm": mp.SequenceParallel()}
 
 
 def qwen3_block_plan(prefix: str, layer) -> dict:
-    plan = llama_block_plan(prefix, layer)
-    plan[prefix + ".attention.q_norm"] = mp.SequenceParallel()
-    plan[prefix + ".attention.k_norm"] = mp.SequenceParallel()
-    return plan
+    """Llama's block plan with qwen3's attention (also qwen3_moe's, whose MoE layers it handles)."""
+    return decoder_block_plan(prefix, layer, qwen3_attention_plan)
 
 
 def parallelize_qwen3(model, mesh, options: ParallelOptions | None = None):

@@ -1,0 +1,135 @@
+"""`mf plan`: the pipeline layout and schedule of a YAML, its bubble against the textbook formulas,
+errors as one line with exit 2, a PNG on request, and no MindSpore import."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from mf_cli.main import main
+
+YAML = """model:
+  model_type: llama
+  num_hidden_layers: {layers}
+  num_attention_heads: 4
+  hidden_size: 32
+  vocab_size: 64
+  tie_word_embeddings: true
+train_dataset:
+  dataloader:
+    type: BlendedMegatronDatasetDataLoader
+training:
+  steps: 2
+  global_batch_size: {gbs}
+  local_batch_size: 1
+parallelism:
+  pipeline_parallel: {pp}
+"""
+
+
+def _yaml(tmp_path, pp=4, gbs=8, layers=16) -> str:
+    path = tmp_path / "train.yaml"
+    path.write_text(YAML.format(pp=pp, gbs=gbs, layers=layers), encoding="utf-8")
+    return str(path)
+
+
+def _plan(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _bubble(out: str) -> float:
+    return float(re.search(r"^bubble: ([0-9.]+) of the step", out, re.M).group(1))
+
+
+def _idle(out: str) -> float:
+    return float(re.search(r"^bubble: [0-9.]+ of the step \(idle ([0-9.]+) on the busiest stage\)", out, re.M).group(1))
+
+
+@pytest.mark.parametrize("pp, m, v, schedule", [
+    (2, 4, 1, "1f1b"), (4, 8, 1, "1f1b"), (4, 3, 1, "1f1b"), (8, 16, 1, "1f1b"),
+    (2, 4, 1, "gpipe"), (4, 8, 1, "gpipe"),
+    (2, 4, 2, "1f1b"), (4, 8, 2, "1f1b"), (4, 16, 4, "1f1b"), (2, 6, 3, "interleaved_1f1b"),
+])
+def test_bubble_fraction_is_the_textbook_one(tmp_path, capsys, pp, m, v, schedule):
+    rc, out, err = _plan(capsys, _yaml(tmp_path, pp=pp, gbs=m, layers=pp * v * 2),
+                         "--set", f"parallelism.pipeline_parallel_schedule={schedule}",
+                         "--set", f"parallelism.pipeline_parallel_interleave_num={v}")
+    assert rc == 0, err
+    assert _bubble(out) == pytest.approx((pp - 1) / (v * m + pp - 1), abs=1e-4)
+    assert f"micro-batches per step: {m}" in out
+    assert len(re.findall(r"^  rank \d+ [FB.|]", out, re.M)) == pp          # one timeline row per rank
+
+
+@pytest.mark.parametrize("pp, m, costs", [(2, 4, "1,1,1"), (4, 8, "1,1,1"), (4, 8, "2,3,1"), (3, 6, "1,2,0.5")])
+def test_zero_bubble_idle_against_1f1b(tmp_path, capsys, pp, m, costs):
+    """Qi et al. (2023): ZB-H1 idles (p-1)(F+B-W) where 1F1B idles (p-1)(F+B+W)."""
+    F, B, W = (float(c) for c in costs.split(","))
+    path = _yaml(tmp_path, pp=pp, gbs=m)
+    rc, out, _ = _plan(capsys, path, "--costs", costs)
+    assert rc == 0 and _idle(out) == pytest.approx((pp - 1) * (F + B + W))
+    rc, out, _ = _plan(capsys, path, "--costs", costs, "--set", "parallelism.pipeline_parallel_enable_dxdw_split=true")
+    assert rc == 0 and _idle(out) == pytest.approx((pp - 1) * (F + B - W))
+    assert "textbook (p-1)(F+B-W)" in out
+    rc, out, _ = _plan(capsys, path, "--costs", costs, "--set", "parallelism.pipeline_parallel_schedule=zbv")
+    assert rc == 0 and "zbv over" in out and "peak" in out
+
+
+def test_layout_and_activations_in_flight(tmp_path, capsys):
+    rc, out, _ = _plan(capsys, _yaml(tmp_path, pp=4, gbs=8, layers=10), "--world", "8")
+    assert rc == 0
+    assert "layout: world=8 pp=4 dp_replicate=1 dp_shard=2" in out
+    assert "micro-batches per step: 4" in out                       # 8 / (dp 2 x 1)
+    # MindFormers' remainder rule: 10 layers on 4 stages = 2, 3, 3, 2
+    for row in ("rank 0: v0 embedding + layers 0-1", "rank 1: v1 layers 2-4", "rank 2: v2 layers 5-7",
+                "rank 3: v3 layers 8-9 + head"):
+        assert row in out
+    assert "tied embeddings: a copy of the table on pipeline ranks 0 and 3" in out
+    peaks = [int(p) for p in re.findall(r"^  rank \d+: busy .* peak (\d+)$", out, re.M)]
+    assert peaks == [4, 3, 2, 1]                                     # 1F1B holds p - r micro-batches
+
+
+def test_no_pipeline(tmp_path, capsys):
+    rc, out, _ = _plan(capsys, _yaml(tmp_path, pp=1))
+    assert rc == 0 and "pipeline: none" in out and "timeline" not in out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--costs", "1,2"], "--costs: expected three numbers F,B,W"),
+    (["--world", "6"], "does not divide the world size 6"),
+    (["--set", "parallelism.pipeline_parallel_interleave_num=2", "--set", "training.global_batch_size=6"],
+     "interleaved_1f1b needs a micro-batch count that is a multiple of pipeline_parallel = 4, got 6"),
+    (["--set", "parallelism.pipeline_parallel_schedule=zbv", "--set", "parallelism.pipeline_parallel_overlap_b_f=true"],
+     "overlap_b_f"),
+    (["--set", "parallelism.pipeline_parallel_schedule=gpipe", "--set",
+      "parallelism.pipeline_parallel_enable_dxdw_split=true"], "gpipe runs every backward after every forward"),
+    (["--set", "parallelism.pipeline_parallel_layers_per_stage=[3,3]"], "one layer count per virtual stage"),
+    (["--set", "model.num_hidden_layers=3"], "at least one layer per virtual stage"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, extra, message):
+    rc, out, err = _plan(capsys, _yaml(tmp_path), *extra)
+    assert rc == 2 and out == ""
+    assert err.startswith("mf plan: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_png(tmp_path, capsys):
+    png = tmp_path / "timeline.png"
+    rc, out, _ = _plan(capsys, _yaml(tmp_path), "--set", "parallelism.pipeline_parallel_interleave_num=2",
+                       "--png", str(png))
+    assert rc == 0 and f"timeline drawn in {png}" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rc, _, err = _plan(capsys, _yaml(tmp_path), "--png", str(tmp_path / "missing" / "x.png"))
+    assert rc == 2 and "--png: cannot write" in err
+
+
+def test_plan_imports_no_mindspore(tmp_path):
+    code = ("import sys; from mf_cli.main import main; rc = main(['plan', sys.argv[1], '--set', "
+            "'parallelism.pipeline_parallel_schedule=zbv']); assert rc == 0; "
+            "assert not [m for m in sys.modules if m.startswith('mindspore')], 'mindspore imported'")
+    proc = subprocess.run([sys.executable, "-c", code, _yaml(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "zbv over 4 stages" in proc.stdout

@@ -1,0 +1,143 @@
+"""A CausalLM cut into pipeline stages: the model chunks one pipeline rank holds.
+
+    layout = mf_parallel.StageLayout.build(spec, mf_config.pipeline_layer_placement(...))
+    stage = pipeline_stage(model, layout, pp_rank)       # this rank's part of the model
+    stage.chunks                                          # by local chunk index, for the executor
+    mf_parallel.PipelineExecutor(schedule, stage.chunks, mesh["pp"], tied=stage.tied, tied_ranks=layout.tied_ranks)
+
+`PipelineStage` holds every parameter of the rank under its global name (`layers.7.attention.wq.
+weight`, `norm.weight`, ...): the optimizer, gradient clipping and checkpoints see one Cell with
+the names of the whole model. Each `PipelineChunk` runs one virtual stage: the embedding on the
+first, its decoder blocks, and the final norm plus the output head on the last; rotary tables and
+the causal mask are computed on every stage from the micro-batch (only hidden states travel).
+
+Tied embeddings: on the rank that holds both ends (ZB-V's rank 0, or one stage) the head uses the
+embedding table itself. Otherwise the last stage gets its own copy of the table, with the same
+name (`tok_embeddings.weight`) and value; the executor sums the two copies' gradients between
+the two ranks after each backward (`tied`), so they take identical optimizer steps and stay equal.
+The model definition itself is untouched.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn
+
+from ..errors import ModelConfigError
+from . import parallel as _parallel  # noqa: F401  (registers Linear's backward split, which the chunks defer)
+from .layers import linear
+
+
+class _Layers(nn.Cell):
+    """Some decoder blocks of a model, each under its global index ("layers.7...")."""
+
+    def __init__(self, layers, ids) -> None:
+        super().__init__()
+        self.ids = tuple(ids)
+        for i in self.ids:
+            self.insert_child_to_cell(str(i), layers[i])
+
+    def blocks(self):
+        return [self._cells[str(i)] for i in self.ids]
+
+
+class _TiedTable(nn.Cell):
+    """The last stage's copy of a tied embedding table (named like the table: tok_embeddings.weight)."""
+
+    def __init__(self, table: Parameter) -> None:
+        super().__init__()
+        self.weight = Parameter(Tensor(table.asnumpy().copy(), table.dtype), name="weight",
+                                requires_grad=table.requires_grad)
+
+
+class PipelineChunk(nn.Cell):
+    """One virtual stage of a CausalLM: `chunk(x, mb)` with `mb` a dict holding `input_ids`
+    [B, S] (every stage reads its shape) and optionally `position_ids`, `attention_mask`; `x` the
+    previous stage's hidden states (None on the first stage). Returns hidden states [B, S, H], or
+    float32 logits [B, S, V] on the last stage."""
+
+    def __init__(self, model, info, parts: dict) -> None:
+        super().__init__(auto_prefix=False)
+        self.stage, self.first, self.last = info.stage, info.first, info.last
+        self.hidden_size = model.args.hidden_size
+        self.compute_dtype = model.compute_dtype
+        object.__setattr__(self, "_model", model)          # for rotary tables and the mask (no parameters)
+        if self.first:
+            self.tok_embeddings = parts["tok_embeddings"]
+        self.layers = _Layers(model.layers, info.layers)
+        if self.last:
+            self.norm = parts["norm"]
+            if "output" in parts:
+                self.output = parts["output"]
+            else:
+                # The table itself or the last stage's copy, under its own name (attaching a Cell
+                # under another attribute would rename its parameter).
+                self.tok_embeddings = parts["tok_embeddings"]
+        object.__setattr__(self, "blocks", self.layers.blocks())
+
+    def activation_spec(self, mb) -> tuple:
+        batch, seq = mb["input_ids"].shape
+        return (batch, seq, self.hidden_size), self.compute_dtype
+
+    def input_spec(self, mb) -> tuple:
+        return self.activation_spec(mb)
+
+    def output_spec(self, mb) -> tuple:
+        return self.activation_spec(mb)
+
+    def construct(self, x, mb):
+        ids = mb["input_ids"]
+        cos, sin, mask = self._model.rotary_and_mask(ids, mb.get("position_ids"), mb.get("attention_mask"))
+        h = self.tok_embeddings(ids).astype(self.compute_dtype) if self.first else x
+        for block in self.blocks:
+            h = block(h, cos, sin, mask, None)
+        if not self.last:
+            return h
+        h = self.norm(h)
+        if hasattr(self, "output"):
+            return self.output(h).astype(ms.float32)
+        # As CausalLM.head with tied embeddings (the head multiplies by the table).
+        return linear(h, self.tok_embeddings.weight.astype(self.compute_dtype)).astype(ms.float32)
+
+
+class PipelineStage(nn.Cell):
+    """Every part of `model` that pipeline rank `pp_rank` holds under `layout` (see the module doc)."""
+
+    def __init__(self, model, layout, pp_rank: int) -> None:
+        super().__init__(auto_prefix=False)
+        if layout.num_layers != model.args.num_hidden_layers:
+            raise ModelConfigError(f"parallelism.pipeline_parallel_layers_per_stage: the layout places "
+                                   f"{layout.num_layers} layers, model.num_hidden_layers is {model.args.num_hidden_layers}")
+        if any(getattr(layer, "moe_enabled", False) for layer in model.layers):
+            # A MoE block also returns its routing statistics and balance-loss terms, which would
+            # have to travel with the hidden states and reach the last stage's loss.
+            raise ModelConfigError("parallelism.pipeline_parallel: pipeline stages of a MoE model are not "
+                                   "implemented yet (its routing statistics and balance loss do not travel "
+                                   "between stages); use expert/data/tensor parallelism for it")
+        infos = layout.chunks(pp_rank)
+        first = any(i.first for i in infos)
+        last = any(i.last for i in infos)
+        parts: dict = {}
+        self.tied = ()
+        if first:
+            self.tok_embeddings = parts["tok_embeddings"] = model.tok_embeddings
+        if last:
+            self.norm = parts["norm"] = model.norm
+            if not model.tie_word_embeddings:
+                self.output = parts["output"] = model.output
+            elif not first:
+                self.tok_embeddings = parts["tok_embeddings"] = _TiedTable(model.tok_embeddings.weight)
+                self.tok_embeddings.weight.name = model.tok_embeddings.weight.name   # the table's global name
+        if model.tie_word_embeddings and len(layout.tied_ranks) > 1 and (first or last):
+            self.tied = (self.tok_embeddings.weight,)
+        self.layers = _Layers(model.layers, [i for info in infos for i in info.layers])
+        self.pp_rank = pp_rank
+        # References, not sub-Cells: the parameters above already carry the global names.
+        object.__setattr__(self, "chunks", [PipelineChunk(model, info, parts) for info in infos])
+
+
+def pipeline_stage(model, layout, pp_rank: int) -> PipelineStage:
+    """The part of `model` (a CausalLM) that pipeline rank `pp_rank` runs under `layout`
+    (an `mf_parallel.StageLayout`). Build the whole model with its seed first: every rank then
+    starts from the same weights, and a rank keeps only its own parts."""
+    return PipelineStage(model, layout, pp_rank)

@@ -1,0 +1,96 @@
+"""`pipeline_stage`: a CausalLM cut into the chunks of one pipeline rank. Global parameter names,
+each decoder parameter on exactly one rank, the tied table on both ends (or once, where one rank
+holds both), and, run by mf-parallel's executor in one process (one rank holding two chunks,
+split backward), the loss and gradients of the whole model under MindSpore's autodiff."""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, ops
+
+import mf_models
+import mf_parallel as mp
+from mf_parallel.mesh import make_group
+from mf_parallel.pipeline import PipelineSpec
+
+CFG = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+       "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32, "attention_bias": True}
+
+
+@pytest.fixture(autouse=True)
+def pynative():
+    ms.set_context(mode=ms.PYNATIVE_MODE, pynative_synchronize=True)
+    yield
+
+
+@pytest.mark.parametrize("schedule, layers", [("1f1b", [[0, 1], [2, 3]]), ("zbv", [[0], [1], [2], [3]])])
+@pytest.mark.parametrize("tied", [True, False])
+def test_stages_partition_the_model_under_global_names(schedule, layers, tied):
+    cfg = {**CFG, "tie_word_embeddings": tied}
+    full = {n for n, _ in mf_models.build_model(cfg, seed=0).parameters_and_names()}
+    layout = mp.StageLayout.build(mp.resolve_pipeline(2, schedule), layers)
+    names = []
+    for rank in range(2):
+        stage = mf_models.pipeline_stage(mf_models.build_model(cfg, seed=0), layout, rank)
+        names.append({n for n, _ in stage.parameters_and_names()})
+        assert {p.name for c in stage.chunks for p in c.trainable_params()} == names[-1]
+        assert len(stage.tied) == (1 if tied and schedule == "1f1b" else 0)
+    assert names[0] | names[1] == full
+    shared = names[0] & names[1]
+    assert shared == ({"tok_embeddings.weight"} if tied and schedule == "1f1b" else set())
+
+
+def test_the_last_stages_table_copy_starts_equal():
+    layout = mp.StageLayout.build(mp.resolve_pipeline(2), [[0, 1], [2, 3]])
+    model = mf_models.build_model({**CFG, "tie_word_embeddings": True}, seed=0)
+    last = mf_models.pipeline_stage(model, layout, 1)
+    assert last.tok_embeddings.weight is not model.tok_embeddings.weight
+    np.testing.assert_array_equal(last.tok_embeddings.weight.asnumpy(), model.tok_embeddings.weight.asnumpy())
+
+
+def test_layer_count_must_match():
+    layout = mp.StageLayout.build(mp.resolve_pipeline(2), [[0], [1]])
+    with pytest.raises(mf_models.ModelConfigError, match="places 2 layers, model.num_hidden_layers is 4"):
+        mf_models.pipeline_stage(mf_models.build_model(CFG, seed=0), layout, 0)
+
+
+def _mbs(m):
+    rng = np.random.default_rng(0)
+    return [{"input_ids": Tensor(rng.integers(0, 64, (2, 8)).astype(np.int32)),
+             "labels": Tensor(rng.integers(0, 64, (2, 8)).astype(np.int32)),
+             "loss_mask": Tensor((rng.random((2, 8)) > 0.2).astype(np.float32))} for _ in range(m)]
+
+
+_LS = ops.LogSoftmax(-1)
+
+
+def _loss(logits, mb):
+    per_token = -ops.gather_elements(_LS(logits.reshape(-1, 64)), 1, mb["labels"].reshape(-1, 1)).reshape(-1)
+    return (per_token * mb["loss_mask"].reshape(-1)).sum() / 100.0
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_executor_on_the_chunks_matches_the_whole_model(split):
+    cfg = {**CFG, "tie_word_embeddings": True}
+    mbs = _mbs(3)
+    ref_model = mf_models.build_model(cfg, seed=0)
+    params = ref_model.trainable_params()
+    ref_loss, ref = 0.0, {p.name: 0.0 for p in params}
+    for mb in mbs:
+        out, vjp_fn = ms.vjp(lambda mb=mb: _loss(ref_model(mb["input_ids"]), mb), weights=params)
+        ref_loss += float(out.asnumpy())
+        for p, g in zip(params, vjp_fn(ops.ones_like(out))[1]):
+            ref[p.name] = ref[p.name] + g.asnumpy()
+    spec = PipelineSpec(1, "interleaved_1f1b", 2, split_backward=split)
+    layout = mp.StageLayout.build(spec, [[0, 1], [2, 3]])
+    stage = mf_models.pipeline_stage(mf_models.build_model(cfg, seed=0), layout, 0)
+    executor = mp.PipelineExecutor(mp.build_schedule(spec, 3), stage.chunks, make_group("pp", [0]))
+    assert len(executor.deferred) == (28 if split else 0)           # the 7 Linears of each of the 4 blocks
+    result = executor.step(mbs, _loss)
+    assert result.loss == pytest.approx(ref_loss, rel=1e-6)
+    assert sorted(p.name for p in executor.params) == sorted(ref)
+    for p, g in zip(executor.params, result.grads):
+        scale = float(np.max(np.abs(ref[p.name])))
+        assert float(np.max(np.abs(g.asnumpy() - ref[p.name]))) <= 1e-5 * scale, p.name

@@ -1,0 +1,299 @@
+"""Pipeline schedules as data: pure functions of (pp, micro-batches, chunks) -> every rank's actions.
+
+Compute orders (which F / B / W each rank runs, in which order):
+
+- `gpipe`: every forward, then every backward (GPipe).
+- `1f1b`: rank r runs min(pp - 1 - r, m) warm-up forwards, then alternates one forward and one
+  backward, then drains the backwards (PipeDream-flush / Megatron's 1F1B).
+- `interleaved_1f1b`: Megatron's interleaved 1F1B over `chunks` chunks per rank: virtual
+  micro-batches go through the chunks in groups of pp micro-batches, (pp - r - 1) * 2 +
+  (chunks - 1) * pp warm-up forwards on rank r; needs m to be a multiple of pp.
+- split backward (`enable_dxdw_split`, ZB-H1 style): the same F / B order, B computing only the
+  input gradient (sent upstream at once) and each W (the weight gradient) deferred: a W runs when
+  the rank would otherwise wait, or when the rank already holds as many unfinished micro-batches
+  as rank 0 of the unsplit schedule does (so peak memory stays that of 1F1B), or at the end.
+- `zbv` (ZB-V): two chunks per rank in a V, backward split; each rank greedily runs, in order of
+  preference, a ready backward (the oldest micro-batch first), a ready forward of its second chunk,
+  a ready forward of its first chunk (both while it holds fewer than 2 pp unfinished chunk-micro-
+  batches: 1F1B's peak), else a deferred W.
+
+The greedy choices are made on a plan with costs F = B = W = 1 (what the handcrafted schedules of
+the zero-bubble paper assume); the resulting order is then fixed, whatever the real costs.
+
+`pipeline_parallel_overlap_b_f` (interleaved 1F1B) fuses a steady-state forward with the backward
+of another chunk that follows it on the same rank into one `Combined` action (Megatron's combined
+1F1B), where that does not lengthen the planned step. Communication is then placed by
+`comm_plan.place_communication`, which makes the lists safe for blocking p2p.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from mf_parallel.errors import ParallelConfigError
+from mf_parallel.pipeline.actions import Combined, Compute, Schedule
+from mf_parallel.pipeline.comm_plan import place_communication
+from mf_parallel.pipeline.dataflow import Costs, InfeasibleOrder, dependencies, timings
+from mf_parallel.pipeline.stages import PipelineSpec, Placement
+
+PLAN_COSTS = Costs(1, 1, 1)
+
+
+def _compute(placement: Placement, op: str, mb: int, stage: int) -> Compute:
+    rank, chunk = placement.owner(stage)
+    return Compute(op, mb, chunk, stage)
+
+
+# ----------------------------------------------------------------------------- static orders
+def gpipe_order(placement: Placement, m: int, rank: int) -> list[Compute]:
+    s = placement.stage(rank, 0)
+    return [_compute(placement, "F", i, s) for i in range(m)] + [_compute(placement, "B", i, s) for i in range(m)]
+
+
+def one_f_one_b_order(placement: Placement, m: int, rank: int) -> list[Compute]:
+    s = placement.stage(rank, 0)
+    warmup = min(placement.pp - 1 - rank, m)
+    order = [_compute(placement, "F", i, s) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [_compute(placement, "F", warmup + i, s), _compute(placement, "B", i, s)]
+    order += [_compute(placement, "B", i, s) for i in range(m - warmup, m)]
+    return order
+
+
+def interleaved_order(placement: Placement, m: int, rank: int) -> list[Compute]:
+    """Megatron's interleaved 1F1B (virtual micro-batch k -> (micro-batch, chunk))."""
+    pp, v = placement.pp, placement.chunks
+    total = m * v
+
+    def micro(k: int, backward: bool) -> Compute:
+        group, within = divmod(k, pp * v)
+        chunk = within // pp
+        if backward:
+            chunk = v - 1 - chunk
+        mb = group * pp + within % pp
+        return _compute(placement, "B" if backward else "F", mb, placement.stage(rank, chunk))
+
+    if m == pp:
+        warmup = total                       # Megatron: every forward first when m == pp
+    else:
+        warmup = min((pp - rank - 1) * 2 + (v - 1) * pp, total)
+    order = [micro(k, False) for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [micro(warmup + k, False), micro(k, True)]
+    order += [micro(k, True) for k in range(total - warmup, total)]
+    return order
+
+
+def peak_in_flight(order: list[Compute]) -> int:
+    """Most (micro-batch, chunk) forwards held at once by an unsplit order (freed by their B)."""
+    held = peak = 0
+    for c in order:
+        held += 1 if c.op == "F" else -1 if c.op == "B" else 0
+        peak = max(peak, held)
+    return peak
+
+
+# ----------------------------------------------------------------------------- greedy (split) orders
+class _Greedy:
+    """Event-driven list scheduling on the plan costs, shared by ZB-H1-style W placement and ZB-V.
+
+    Ranks decide in order of the time they become free, so when a rank decides at time t, every
+    computation that finishes by t is known (it started earlier, on a rank that already decided).
+    """
+
+    def __init__(self, placement: Placement, m: int, caps: list[int], costs: Costs = PLAN_COSTS) -> None:
+        self.p, self.m, self.caps, self.costs = placement, m, caps, costs.exact()
+        self.v = placement.virtual_stages
+        self.end: dict[tuple, object] = {}
+        self.orders: list[list[Compute]] = [[] for _ in range(placement.pp)]
+        self.held = [0] * placement.pp                 # forwards whose W has not run
+        self.pending_w: list[deque] = [deque() for _ in range(placement.pp)]
+
+    def ready_at(self, c: Compute):
+        """When `c`'s inputs exist, or None if some producer is not scheduled yet."""
+        times = [self.end.get(d) for d in dependencies(c, self.v)]
+        if any(t is None for t in times):
+            return None
+        return max(times, default=0)
+
+    def run(self, rank: int, c: Compute, start):
+        finish = start + self.costs.of(c.op, True)
+        self.end[(c.op, c.mb, c.stage)] = finish
+        self.orders[rank].append(c)
+        if c.op == "F":
+            self.held[rank] += 1
+        elif c.op == "B":
+            self.pending_w[rank].append(Compute("W", c.mb, c.chunk, c.stage))
+        else:
+            self.held[rank] -= 1
+        return finish
+
+    def schedule(self, choose) -> list[list[Compute]]:
+        """`choose(rank, t) -> (Compute, start) | ("wait", time or None) | None (rank done)`.
+
+        A rank that waits is woken at `time` or at the next moment another rank becomes free,
+        whichever comes first: something it waits for may be scheduled then.
+        """
+        free = [0] * self.p.pp
+        done = [False] * self.p.pp
+        asleep = [False] * self.p.pp                   # waiting for something not scheduled yet
+        while not all(done):
+            live = [r for r in range(self.p.pp) if not done[r] and not asleep[r]]
+            if not live:
+                raise InfeasibleOrder("pipeline schedule: the greedy plan waits on itself (every rank blocked)")
+            r = min(live, key=lambda i: (free[i], i))
+            decision = choose(r, free[r])
+            if decision is None:
+                done[r] = True
+            elif decision[0] == "wait":
+                later = [free[j] for j in live if j != r and free[j] > free[r]]
+                if decision[1] is not None:
+                    later.append(decision[1])
+                if later:
+                    free[r] = min(later)
+                else:
+                    asleep[r] = True
+            else:
+                c, start = decision
+                free[r] = self.run(r, c, start)
+                asleep = [False] * self.p.pp            # something new is known: wake the sleepers
+        return self.orders
+
+
+def zb_split_orders(placement: Placement, m: int, fb_orders: list[list[Compute]]) -> list[list[Compute]]:
+    """ZB-H1-style: the given F / B orders with each W deferred into the rank's idle time."""
+    cap = max(peak_in_flight(o) for o in fb_orders)   # rank 0's: the peak of the unsplit schedule
+    g = _Greedy(placement, m, [cap] * placement.pp)
+    pos = [0] * placement.pp
+
+    def choose(r: int, t):
+        order = fb_orders[r]
+        nxt = order[pos[r]] if pos[r] < len(order) else None
+        if nxt is None:
+            if g.pending_w[r]:
+                return g.pending_w[r].popleft(), t
+            return None
+        if nxt.op == "F" and g.held[r] >= g.caps[r] and g.pending_w[r]:
+            return g.pending_w[r].popleft(), t
+        ready = g.ready_at(nxt)
+        if ready is not None and ready <= t:
+            pos[r] += 1
+            return nxt, t
+        if g.pending_w[r]:
+            return g.pending_w[r].popleft(), t
+        if ready is None:
+            return ("wait", None)
+        pos[r] += 1
+        return nxt, ready
+
+    return g.schedule(choose)
+
+
+def zbv_orders(placement: Placement, m: int) -> list[list[Compute]]:
+    """ZB-V: greedy over ready backwards, second-chunk forwards, first-chunk forwards, then W."""
+    pp = placement.pp
+    g = _Greedy(placement, m, [2 * pp] * pp)
+    next_f = [[0, 0] for _ in range(pp)]          # next micro-batch to forward, per chunk
+    next_b = [[0, 0] for _ in range(pp)]
+
+    def candidates(r: int):
+        out = []
+        for chunk in (1, 0):                          # the V's second leg first: its B comes first
+            if next_b[r][chunk] < next_f[r][chunk]:
+                out.append(Compute("B", next_b[r][chunk], chunk, placement.stage(r, chunk)))
+        for chunk in (1, 0):
+            if next_f[r][chunk] < m:
+                out.append(Compute("F", next_f[r][chunk], chunk, placement.stage(r, chunk)))
+        return out
+
+    def take(r: int, c: Compute, start):
+        table = next_f if c.op == "F" else next_b
+        table[r][c.chunk] += 1
+        return c, start
+
+    def choose(r: int, t):
+        cands = candidates(r)
+        if not cands and not g.pending_w[r]:
+            return None
+        timed = [(c, g.ready_at(c)) for c in cands]
+        backs = sorted(((c, at) for c, at in timed if c.op == "B" and at is not None and at <= t),
+                       key=lambda ca: (ca[0].mb, -ca[0].chunk))
+        if backs:
+            return take(r, backs[0][0], t)
+        if g.held[r] < g.caps[r]:
+            for c, at in timed:
+                if c.op == "F" and at is not None and at <= t:
+                    return take(r, c, t)
+        if g.pending_w[r]:
+            return g.pending_w[r].popleft(), t
+        upcoming = [at for c, at in timed if at is not None and (c.op == "B" or g.held[r] < g.caps[r])]
+        return ("wait", min(upcoming) if upcoming else None)
+
+    return g.schedule(choose)
+
+
+# ----------------------------------------------------------------------------- combined F + B
+def _plan_bubble(placement: Placement, orders: list[list], split: bool):
+    times = timings(placement, orders, PLAN_COSTS, split)
+    return max((t[-1][1] - t[0][0]) - sum(e - s for s, e in t) for t in times if t)
+
+
+def combine_forward_backward(placement: Placement, orders: list[list[Compute]], split: bool) -> list[list]:
+    """Fuse forwards with the backward right after them on the same rank into one action.
+
+    Only a forward and a backward of different chunks qualify (within one chunk the pair is the
+    forward of a later micro-batch waiting for the backward that the next stage needs first: the
+    critical path would run through every pair), and a pair is kept only if the planned step is
+    not longer with it (a fused pair starts when both inputs exist and its outputs leave together).
+    """
+    budget = _plan_bubble(placement, orders, split)
+    fused = [list(order) for order in orders]
+    for r in range(len(fused)):
+        i = 0
+        while i + 1 < len(fused[r]):
+            a, b = fused[r][i], fused[r][i + 1]
+            if isinstance(a, Compute) and isinstance(b, Compute) and a.op == "F" and b.op == "B" and a.chunk != b.chunk:
+                trial = [list(o) for o in fused]
+                trial[r][i:i + 2] = [Combined(a, b)]
+                try:
+                    if _plan_bubble(placement, trial, split) <= budget:
+                        fused = trial
+                except InfeasibleOrder:
+                    pass
+            i += 1
+    return fused
+
+
+# ----------------------------------------------------------------------------- entry point
+def compute_orders(spec: PipelineSpec, microbatches: int) -> list[list]:
+    """Every rank's compute order (Compute and, with overlap_b_f, Combined actions)."""
+    spec.check_microbatches(microbatches)
+    placement = Placement.of(spec)
+    m = microbatches
+    if spec.schedule == "zbv":
+        orders = zbv_orders(placement, m)
+    else:
+        make = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order, "interleaved_1f1b": interleaved_order}.get(spec.schedule)
+        if make is None:
+            raise ParallelConfigError(f"pipeline: no generator for schedule {spec.schedule!r}")
+        orders = [make(placement, m, r) for r in range(spec.pp)]
+        if spec.split_backward:
+            orders = zb_split_orders(placement, m, orders)
+    if spec.overlap_b_f:
+        orders = combine_forward_backward(placement, orders, spec.split_backward)
+        if not any(isinstance(a, Combined) for order in orders for a in order):
+            raise ParallelConfigError(
+                f"parallelism.pipeline_parallel_overlap_b_f: with {m} micro-batches {spec.schedule} has no steady state "
+                f"where a forward and a backward could run combined; raise the micro-batch count above "
+                f"{spec.pp} or set it to false")
+    return orders
+
+
+def build_schedule(spec: PipelineSpec, microbatches: int) -> Schedule:
+    """The action lists (computation and communication) of every pipeline rank for one step."""
+    orders = compute_orders(spec, microbatches)
+    placement = Placement.of(spec)
+    ranks = place_communication(placement, orders, PLAN_COSTS, spec.split_backward)
+    return Schedule(name=spec.schedule, pp=spec.pp, microbatches=microbatches, chunks=spec.chunks, style=spec.style,
+                    split_backward=spec.split_backward, combined=spec.overlap_b_f,
+                    ranks=tuple(tuple(r) for r in ranks))
