@@ -11,9 +11,9 @@ from mf_trainer.preflight.registry import TRAINING, check
 @check(commands=TRAINING, needs=("files",))
 def outputs_writable(t):
     """output_dir and checkpoint.save_path can be written."""
-    from mf_trainer.rundir import file_in_the_way, writable_problem
-
     import os
+
+    from mf_trainer.rundir import file_in_the_way, writable_problem
 
     cfg = t.cfg
     problem = writable_problem(cfg.output_dir)
