@@ -150,6 +150,8 @@ class MetricsLogger(Callback):
         total = trainer.state.total_steps
         if step % self.log_interval == 0 or step == total or step == trainer.state.start_step + 1:
             log.info(self.line(metrics, total))
+            if self._writer is not None:
+                self._writer.flush()     # TensorBoard as current as the console
 
     def on_evaluate(self, trainer, metrics):
         self._write(metrics)
@@ -163,6 +165,19 @@ class MetricsLogger(Callback):
     def on_save(self, trainer, step, path):
         if self._file is not None:     # a save outside train() (Trainer.save_checkpoint from Python) has no file
             self._write({"step": step, "checkpoint": str(path)})
+        if self._writer is not None:
+            # tensorboardX queues events for a writer thread and flushes every 2 minutes: a run killed
+            # after this checkpoint must still hold every event up to it (a resume purges only the
+            # steps after it), so let the thread drain the queue (bounded), then flush the file.
+            self._drain_tensorboard()
+
+    def _drain_tensorboard(self, timeout: float = 5.0) -> None:
+        queue = getattr(getattr(self._writer.file_writer, "event_writer", None), "_event_queue", None)
+        deadline = time.monotonic() + timeout
+        while queue is not None and not queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.01)     # the event the thread took last: written before the flush
+        self._writer.flush()
 
     def line(self, m: dict, total: int) -> str:
         step = m["step"]
