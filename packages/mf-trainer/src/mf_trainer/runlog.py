@@ -24,8 +24,6 @@ DATE = "%Y-%m-%d %H:%M:%S"
 
 
 class _Buffer(logging.Handler):
-    mf_run_log = True      # not a console: mf-cli's console set-up looks past it
-
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.records: list[logging.LogRecord] = []
@@ -59,7 +57,6 @@ class RunLog:
         handler = logging.FileHandler(Path(output_dir) / "train.log", mode="a", encoding="utf-8")
         handler.setLevel(logging.INFO)
         handler.setFormatter(logging.Formatter(FORMAT, DATE))
-        handler.mf_run_log = True
         began = self._buffer.records[0].created if self._buffer.records else time.time()
         handler.stream.write(f"{time.strftime(DATE, time.localtime(began))} ==== {header} ====\n")
         for record in self._buffer.records:

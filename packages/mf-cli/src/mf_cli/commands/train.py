@@ -66,6 +66,11 @@ class _CurrentStream(logging.StreamHandler):
         pass
 
 
+def _is_console(handler: logging.Handler) -> bool:
+    return (type(handler) is logging.StreamHandler
+            and getattr(handler, "stream", None) in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__))
+
+
 def _logging(stream_name: str = "stdout") -> None:
     """Progress lines of the mf loggers on stdout (`mf train`) or stderr (`mf eval`, whose stdout is the result)."""
     handler = _CurrentStream(stream_name)
@@ -75,8 +80,9 @@ def _logging(stream_name: str = "stdout") -> None:
         logger.setLevel(logging.INFO)
         for old in [h for h in logger.handlers if isinstance(h, _CurrentStream)]:
             logger.removeHandler(old)
-        # A handler of the user's stays the console; a run's train.log (mf_trainer.runlog) is not one.
-        if not [h for h in logger.handlers if not getattr(h, "mf_run_log", False)]:
+        # A console handler of the user's (a plain StreamHandler on stdout / stderr) stays the
+        # console; any other handler (a file, train.log, a test's log capture) is not a console.
+        if not any(_is_console(h) for h in logger.handlers):
             logger.addHandler(handler)
         logger.propagate = False
 
