@@ -61,35 +61,63 @@ def write_yaml(path: Path, corpus: str, out: Path, **changes) -> str:
     return str(path)
 
 
+def records(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 def losses(out: Path) -> list[float]:
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in records(out) if "loss" in r]
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     return [r["loss"] for r in rows]
 
 
-def test_killed_and_resumed_run_matches_the_uninterrupted_one(tmp_path, corpus):
+def tensorboard_scalars(logdir: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of a scalar as TensorBoard itself reads the run (its EventAccumulator, which
+    applies the purge a resumed writer records)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+def test_a_killed_run_rerun_with_the_same_yaml_resumes_without_repeating_steps(tmp_path, corpus):
     full = tmp_path / "full"
     done = mf("train", write_yaml(tmp_path / "full.yaml", corpus, full))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "mf train: done at step 6" in done.stdout
     assert (full / "checkpoint" / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
-    assert list((full / "tensorboard").glob("events.out.tfevents.*"))
     reference = losses(full)
     assert len(reference) == 6 and reference[-1] < reference[0]
 
-    # The same run, SIGKILLed at the end of step 5 (after checkpoint 4 was started asynchronously).
+    # The same run, SIGKILLed at the end of step 5 (after checkpoint 4 was started asynchronously),
+    # then the very same command again: it resumes from the last committed checkpoint by itself.
     part = tmp_path / "part"
-    killed = mf("train", write_yaml(tmp_path / "part.yaml", corpus, part,
-                                    callbacks=[{"type": "kill_hooks:KillAtStep", "step": 5}]))
+    config = write_yaml(tmp_path / "part.yaml", corpus, part,
+                        callbacks=[{"type": "kill_hooks:KillAtStep", "step": 5, "once": str(tmp_path / "killed")}])
+    killed = mf("train", config)
     assert killed.returncode == -signal.SIGKILL
     committed = int((part / "checkpoint" / "latest_checkpointed_iteration.txt").read_text())
     assert committed in (2, 4)
-    resumed = mf("train", write_yaml(tmp_path / "resume.yaml", corpus, part,
-                                     checkpoint={"save_interleaved_steps": 2, "save_max": 2, "async_save": True,
-                                                 "load_path": str(part / "checkpoint")}))
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"resuming from {part / 'checkpoint'} at step {committed}" in resumed.stdout
-    assert losses(part) == reference  # bit for bit: JSON keeps every float exactly
+    assert [r["step"] for r in records(part) if "loss" in r] == [1, 2, 3, 4, 5]     # step 5 beyond the checkpoint
+    rerun = mf("train", config)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert (f"resuming this run from its checkpoint at step {committed} "
+            f"({part / 'checkpoint' / f'iteration_{committed:08d}'})") in rerun.stdout
+    assert losses(part) == reference  # bit for bit, one record per step: JSON keeps every float exactly
+    # TensorBoard continues the same history: steps 1-6 once each (the killed session's step 5 purged)
+    scalars = tensorboard_scalars(part / "tensorboard", "train/loss")
+    assert [step for step, _ in scalars] == [1, 2, 3, 4, 5, 6]
+    assert [value for _, value in scalars] == pytest.approx(reference, rel=1e-6)   # float32 in the events
+    summary = json.loads((part / "summary.json").read_text())
+    assert (summary["status"], summary["step"], summary["start_step"], summary["sessions"]) == \
+        ("finished", 6, committed, 2)
+    assert (part / "train.log").read_text().count("==== mf train session: ") == 2
+    # and once more: finished, nothing to do, nothing touched
+    again = mf("train", config)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+    assert "training.steps: 6: this run already finished at step 6" in again.stderr
+    assert losses(part) == reference
 
 
 def test_bad_yaml_exits_2_with_one_line_and_writes_nothing(tmp_path, corpus):
@@ -103,26 +131,3 @@ def test_bad_yaml_exits_2_with_one_line_and_writes_nothing(tmp_path, corpus):
     assert out.returncode == 2 and out.stderr == (
         "mf train: error: optimizer.type: unknown optimizer 'SGD'; available: AdamW\n")
     assert not (tmp_path / "out").exists()
-
-
-def test_demo_yaml_builds_its_corpus_trains_and_samples(tmp_path):
-    cache = tmp_path / "cache"
-    out = mf("train", str(ROOT / "examples" / "tiny" / "train.yaml"),
-             "--set", f"output_dir={tmp_path / 'out'}", "--set", f"checkpoint.save_path={tmp_path / 'ckpt'}",
-             "--set", f"train_dataset.dataloader.config.data_path=['1', '{cache}/pydoc_text_document']",
-             "--set", f"tokenizer.path={cache}/pydoc_spm.model",
-             "--set", "training.steps=2", "--set", "inference.max_new_tokens=4",
-             # the demo's data, tokenizer and settings, on a smaller model to keep the suite fast
-             "--set", "model.hidden_size=64", "--set", "model.intermediate_size=128",
-             "--set", "model.num_hidden_layers=1", "--set", "model.num_attention_heads=2",
-             "--set", "model.num_key_value_heads=1")
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "demo corpus: trained a 2000-piece sentencepiece model" in out.stdout
-    assert (cache / "pydoc_text_document.bin").stat().st_size > 100_000
-    assert out.stdout.count("[mf_trainer] sample: ") == 2
-    assert (tmp_path / "ckpt" / "iteration_00000002").is_dir()
-    # `mf report` on the demo's run directory: its summary and its PNG.
-    report = mf("report", str(tmp_path / "out"), "--out", str(tmp_path / "demo.png"))
-    assert report.returncode == 0, report.stdout + report.stderr
-    assert report.stdout.startswith(f"out ({tmp_path / 'out'}): steps 1-2 (2 recorded, 0 skipped); ")
-    assert (tmp_path / "demo.png").stat().st_size > 10_000

@@ -169,7 +169,8 @@ def test_communication_volume_is_in_the_metrics(runs):
 @pytest.mark.parametrize("case", ["fsdp2", "hsdp2x2"])
 def test_only_rank_0_writes_metrics(runs, case):
     lines = (runs / case / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == list(range(1, STEPS + 1))
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, STEPS + 1))
 
 
 def test_context_parallel_checkpoint_continues_in_one_process(reference, cp_back_to_one_process):

@@ -182,7 +182,10 @@ BAD = [
     (["generate", "{hf}", "--prompt-ids", "1,9999"], "outside the vocabulary"),
     (["generate", "{hf}", "--input", "{bad_jsonl}"], "bad.jsonl:2: expected"),
     (["generate", "{hf}"], "no prompts"),
-    (["generate", "{train_yaml}"], "run_mode: mf generate needs a 'predict' config"),
+    # a training YAML means its run's weights: none there yet
+    (["generate", "{train_yaml}", "--set", "checkpoint.save_path={tmp}/no_ckpt"],
+     "checkpoint.save_path {tmp}/no_ckpt holds no checkpoint yet (a training YAML is read with the weights its run"),
+    (["generate", "{eval_yaml}"], "'eval' evaluates: run it with `mf eval CONFIG`"),
     (["generate", "{config}", "--prompt-ids", "1,2"], "--prompt-ids: with a CONFIG"),
     (["generate", "{config}", "--top-p", "2"], "inference.top_p"),
     (["generate", "{no_load}"], "checkpoint.load_path: run_mode predict needs the weights"),
@@ -211,7 +214,8 @@ def test_bad_input_is_one_line_and_exit_2(hf_fixtures, tiny, tmp_path, capsys, a
     existing = tmp_path / "existing.jsonl"
     existing.write_text("keep me\n")
     values = {"hf": str(hf_fixtures / "llama"), "bad_jsonl": str(bad), "config": config, "train_yaml": str(REPO / "examples" / "tiny" / "train.yaml"),
-              "no_load": str(no_load), "good_jsonl": str(good), "existing": str(existing)}
+              "no_load": str(no_load), "good_jsonl": str(good), "existing": str(existing), "tmp": str(tmp_path),
+              "eval_yaml": str(REPO / "examples" / "tiny" / "eval.yaml")}
     capsys.readouterr()
     assert main([a.format(**values) for a in argv]) == 2
     assert message.format(**values) in one_error_line(capsys)

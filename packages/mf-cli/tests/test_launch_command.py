@@ -53,3 +53,20 @@ def test_each_rank_runs_mf_train():
     # The rank script sits alone in its directory (the rank entry puts it first on sys.path).
     assert sorted(p.name for p in RANK_SCRIPT.parent.iterdir() if p.suffix == ".py") == ["mf_train_rank.py"]
     assert 'main(["train", *sys.argv[1:]])' in RANK_SCRIPT.read_text()
+
+
+def test_the_console_leaves_out_mindspores_own_info_lines():
+    import io
+
+    from mf_cli.commands.launch import ConsoleFilter
+
+    out = io.StringIO()
+    console = ConsoleFilter(out)
+    # MindSpore's glog lines arrive with the rank's own, in pieces split anywhere
+    text = ("[mf_trainer] step 1/3 | loss 7.6\n[INFO] DISTRIBUTED(4242,7f,python):2026-12-01-10:00:00.1 [comm.cc:1] "
+            "Finalize\n[WARNING] ME(4242,7f,python): kept\n[DEBUG] PIPELINE(1,2,python): x\n[mf_trainer] [INFO] my own")
+    for i in range(0, len(text), 7):
+        console.write(text[i:i + 7])
+    console.flush()
+    assert out.getvalue() == ("[mf_trainer] step 1/3 | loss 7.6\n[WARNING] ME(4242,7f,python): kept\n"
+                              "[mf_trainer] [INFO] my own")

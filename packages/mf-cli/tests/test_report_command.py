@@ -137,9 +137,42 @@ def test_summary_numbers_come_from_the_metrics(runs, tmp_path):
     assert f"loss: best {best['loss']:.4f} at step {best['step']}, final {train[-1]['loss']:.4f} at step {STEPS}" in block
     assert [r["step"] for r in evals] == [3, 6]
     assert f"eval loss: best {min(r['eval_loss'] for r in evals):.4f}" in block
+    # checkpoints from the checkpoint records: 2 was committed, then rotated away (save_max 2)
+    assert [r["step"] for r in rows if "checkpoint" in r] == [2, 4, 6]
     assert f"last checkpoint: step {STEPS}, {root / 'full' / 'checkpoint' / 'iteration_00000006'} " \
-           "(on disk: step(s) 4, 6)" in block
+           "(on disk: step(s) 4, 6; rotated away: 2)" in block
+    # wall time: from the session's start record to its last record (mf-trainer's `time` fields)
+    starts = [r for r in rows if "start" in r]
+    assert len(starts) == 1 and starts[0]["step"] == 0
+    wall = rows[-1]["time"] - starts[0]["start"]
+    assert _wall_time(block) == pytest.approx(wall, abs=0.01 if wall < 60 else 1.0)
     assert not (tmp_path / "report.png").exists()
+
+
+def _wall_time(text: str) -> float:
+    """The seconds of `wall time 12.34 s` / `wall time 1m05s` / `wall time 1h02m05s` in a summary."""
+    import re
+
+    match = re.search(r"wall time (?:(\d+)h)?(?:(\d+)m)?(\d+(?:\.\d+)?)(?: s|s)", text)
+    assert match, text
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    return 3600 * hours + 60 * minutes + seconds
+
+
+def test_a_resumed_run_adds_up_its_sessions(runs):
+    root = runs["root"]
+    rows = _records(root / "resumed" / "metrics.jsonl")
+    starts = [i for i, r in enumerate(rows) if "start" in r]
+    assert [rows[i]["step"] for i in starts] == [0, 2, 4]            # a new run, then two resumes
+    ends = [*starts[1:], len(rows)]
+    wall = sum(rows[end - 1]["time"] - rows[start]["start"] for start, end in zip(starts, ends))
+    out = _mf("report", str(root / "resumed"), "--no-plot")
+    assert out.returncode == 0, out.stderr
+    head = out.stdout.splitlines()[0]
+    assert " over 3 sessions (" in head, head
+    # the gaps between the sessions (their start-up before the start record excepted) are not counted
+    assert _wall_time(head) == pytest.approx(wall, abs=0.01 if wall < 60 else 1.0)
+    assert "note:" not in out.stdout                                 # one clean history: nothing to explain
 
 
 def test_compare_a_resumed_run_with_the_uninterrupted_one_exits_0(runs):
@@ -245,8 +278,8 @@ def test_the_png_has_every_panel_with_every_runs_data_and_no_mindspore(runs, tmp
     full_evals = [r for r in _records(root / "full" / "metrics.jsonl") if "eval_loss" in r]
     assert loss["full eval"] == ([3, 6], [r["eval_loss"] for r in full_evals])
     assert loss["resumed eval"][0] == [2, 3, 4, 6]   # each attempt also evaluated where it stopped
-    for name in names:   # save_max 2: checkpoint 2 was rotated away
-        assert loss[f"{name} checkpoints"][0] == [4, 6]
+    for name in names:   # save_max 2: checkpoint 2 was rotated away (a hollow triangle)
+        assert loss[f"{name} checkpoints"][0] == [4, 6] and loss[f"{name} rotated checkpoints"][0] == [2]
     assert [t.get_text() for t in axes["loss"].get_legend().get_texts()] == [
         "full", "resumed", "lr", "full eval", "resumed eval", "lr eval", "checkpoint"]
     compare = _by_gid(axes["compare"])

@@ -46,7 +46,7 @@ def test_train_runs_saves_and_reports(tmp_path, corpus):
     assert "step 3/3" in out.stdout
     assert out.stdout.splitlines()[-1].startswith("mf train: done at step 3, final loss ")
     rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
     # the delegated checkpoint tool reads what training wrote
     inspect = _mf("ckpt", "inspect", str(tmp_path / "out" / "checkpoint"))
     assert inspect.returncode == 0, inspect.stderr

@@ -361,6 +361,17 @@ def test_run_modes_require_their_sections(load_text):
     assert cfg.eval_dataset.eval_iters == 10
 
 
+def test_a_finetune_may_leave_the_model_to_its_base(load_text):
+    data = "train_dataset:\n  dataloader:\n    type: X\ntraining:\n  steps: 2\n"
+    cfg = load_text("run_mode: finetune\ncheckpoint:\n  load_path: base\n" + data, complete=False)
+    assert cfg.model.model_type is None and cfg.model.extra == {}
+    with pytest.raises(ConfigError, match=r"^model.model_type: .*a run_mode finetune with checkpoint.load_path "
+                                          r"may omit the model section"):
+        load_text("run_mode: finetune\n" + data, complete=False)
+    with pytest.raises(ConfigError, match=r"^model: required section is missing"):
+        load_text(data, complete=False)
+
+
 def test_predict_needs_prompts_and_a_tokenizer(load_text):
     base = "run_mode: predict\nmodel:\n  model_type: x\n"
     with pytest.raises(ConfigError, match=r"^inference.prompts: run_mode predict needs"):

@@ -189,6 +189,18 @@ def test_token_range_of_a_megatron_pair_is_computed_once_and_cached(megatron_fix
     assert token_range(prefix) == (int(tokens.min()), int(tokens.max()))
 
 
+def test_token_range_without_cache_writes_nothing(megatron_fixtures, tmp_path):
+    import shutil
+
+    for ext in (".bin", ".idx"):
+        shutil.copy(megatron_fixtures / f"b_i32{ext}", tmp_path / f"b{ext}")
+    prefix = str(tmp_path / "b")
+    tokens = np.concatenate(IndexedDataset(prefix)[0:len(IndexedDataset(prefix))])
+    # what a dry run asks: the range, with no stats file written beside the data
+    assert token_range(prefix, cache=False) == (int(tokens.min()), int(tokens.max()))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.bin", "b.idx"]
+
+
 def test_token_range_follows_the_files_and_survives_a_read_only_directory(tmp_path, write_dataset, monkeypatch):
     prefix = write_dataset([[5, 6, 7], [300, 1]])
     assert token_range(prefix) == (1, 300)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import mf_data
-from mf_trainer.data import check_eod, ensure_demo_corpus
+from mf_trainer.demo_data import check_eod, ensure_demo_corpus
 from mf_trainer.errors import TrainerConfigError
 from mf_trainer.runtime import setup_context
 

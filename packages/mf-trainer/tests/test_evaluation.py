@@ -72,7 +72,7 @@ def test_evaluate_matches_numpy_on_the_valid_split(tmp_path, tiny_corpus, tiny_c
 @pytest.mark.parametrize("change, message", [
     ({"eval_dataset": "both"}, "eval_dataset.dataloader.sizes: name the split to evaluate by giving exactly one split"),
     ({"valid": 0}, "train_dataset.dataloader.sizes: evaluating the valid split needs sizes[1] > 0"),
-    ({"checkpoint": {"load_path": ""}}, "checkpoint.load_path: evaluation needs weights"),
+    ({"checkpoint": {"load_path": ""}}, "checkpoint.load_path: empty, and checkpoint.save_path "),
     ({"checkpoint": {"load_path": "/nonexistent"}}, "checkpoint.load_path: /nonexistent: checkpoint directory does not"),
 ])
 def test_evaluation_refusals(tmp_path, tiny_corpus, tiny_config, weights, change, message):

@@ -131,7 +131,8 @@ def test_a_preempted_lora_finetune_resumes_its_own_checkpoint(lora_run, plain_ru
     assert [r["step"] for r in rows if "eval_loss" in r] == [4, 8, 10]
     # other LoRA settings are another run: refused, nothing overwritten
     raw["lora"] = {**raw["lora"], "lora_rank": 2}
-    with pytest.raises(TrainerConfigError, match="checkpoint.save_path: .* already holds checkpoint 10 of a fine-tune"):
+    with pytest.raises(TrainerConfigError, match=r"checkpoint.save_path: .* holds checkpoint 10 of a fine-tune of .* "
+                                                 r"with LoRA \(it differs in lora.lora_rank \(2 here, 4 there\)\)"):
         Trainer(mf_config.load_config(raw))
 
 
@@ -175,7 +176,7 @@ def test_finetune_refusals(lora_run, tmp_path, tiny_corpus, tiny_config, base):
     pre = tiny_config(tmp_path / "d", tiny_corpus, training={**STEPS, "steps": 1})
     Trainer(mf_config.load_config(pre)).save_checkpoint()
     raw = _lora_raw(tmp_path / "d", tiny_corpus, tiny_config, base[0])
-    refused(raw, "already holds checkpoint 0 of a run that is not a fine-tune")
+    refused(raw, "holds checkpoint 0 of a run_mode train run of another config (it differs in ")
     train = tiny_config(tmp_path / "e", tiny_corpus, checkpoint={"load_path": str(lora_run["out"] / "checkpoint")})
     refused(train, "is a LoRA adapter checkpoint: continue it with run_mode finetune")
     refused({**train, "run_mode": "eval", "eval_dataset": _eval_section(train)}, "is not a training mode: run `mf eval CONFIG`")

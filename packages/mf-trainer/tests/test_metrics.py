@@ -45,35 +45,63 @@ def _trainer(step, total=4):
     return SimpleNamespace(state=SimpleNamespace(step=step, start_step=step, total_steps=total))
 
 
+def _kinds(path):
+    """The records of a metrics file by kind: start, training, evaluation, checkpoint."""
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    kind = {"start": "start", "loss": "train", "eval_loss": "eval", "checkpoint": "checkpoint"}
+    return rows, [next(v for k, v in kind.items() if k in r) for r in rows]
+
+
 def test_logger_writes_jsonl_console_and_tensorboard(tmp_path, caplog):
-    logger = MetricsLogger(tmp_path, log_interval=2, tensorboard=True)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    logger = MetricsLogger(tmp_path, log_interval=2, tensorboard=True, hparams={"training.seed": 7, "model.x": "y"})
     trainer = _trainer(0)
     with caplog.at_level(logging.INFO, logger="mf_trainer"):
         logger.on_train_begin(trainer)
         for step in range(1, 5):
             logger.on_step_end(trainer, _metrics(step, 5.0 - step))
+            if step == 2:
+                logger.on_save(trainer, 2, str(tmp_path / "ck" / "iteration_00000002"))
         logger.on_train_end(trainer)
-    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in lines] == [1, 2, 3, 4] and lines[3]["loss"] == 1.0
+    rows, kinds = _kinds(tmp_path / "metrics.jsonl")
+    assert kinds == ["start", "train", "train", "checkpoint", "train", "train"]
+    assert [r["step"] for r in rows] == [0, 1, 2, 2, 3, 4] and rows[5]["loss"] == 1.0
+    assert rows[3]["checkpoint"] == str(tmp_path / "ck" / "iteration_00000002")
+    times = [r["time"] for r in rows]       # wall clock, in the order written
+    assert times == sorted(times) and rows[0]["start"] <= rows[0]["time"]
     console = [r.getMessage() for r in caplog.records]
     # first step, every 2nd step, and the last
     assert [c.split(" ")[1] for c in console] == ["1/4", "2/4", "4/4"]
     assert "loss 3.0000" in console[1] and "MFU 25.0%" in console[1] and "ETA 0s" in console[2]
     assert "ETA" in console[0]
-    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-    assert events and events[0].stat().st_size > 0
+    # TensorBoard, read back with TensorBoard's own reader: the scalars and the hyperparameters
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    assert start.hparams["training.seed"].number_value == 7 and start.hparams["model.x"].string_value == "y"
+    assert logger.history.best_loss() == {"value": 1.0, "step": 4}
+    assert logger.history.last_checkpoint == {"step": 2, "path": str(tmp_path / "ck" / "iteration_00000002")}
 
 
 def test_resume_drops_lines_after_the_checkpoint_step(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps(_metrics(s, 1.0)) + "\n" for s in range(1, 7)))
+    path.write_text(json.dumps({"step": 0, "start": 100.0, "time": 100.0}) + "\n"
+                    + "".join(json.dumps({**_metrics(s, 1.0), "time": 100.0 + s}) + "\n" for s in range(1, 7))
+                    + '{"step": 7, "loss": 1.')          # a torn last line (a killed run)
     logger = MetricsLogger(tmp_path, tensorboard=False)
     trainer = _trainer(4, total=6)
     logger.on_train_begin(trainer)
     logger.on_step_end(trainer, _metrics(5, 0.5))
     logger.close()
-    steps = [json.loads(x)["step"] for x in path.read_text().splitlines()]
-    assert steps == [1, 2, 3, 4, 5]
+    rows, kinds = _kinds(path)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 4, 5] and kinds[5] == "start"
+    # the summary's history holds both sessions: the first ran from t=100 to its step 4 (t=104)
+    assert len(logger.history.sessions) == 2 and logger.history.sessions[0] == [100.0, 104.0]
+    assert list(logger.history.steps) == [1, 2, 3, 4, 5]
 
 
 def test_non_finite_values_stay_valid_json(tmp_path):
@@ -82,7 +110,7 @@ def test_non_finite_values_stay_valid_json(tmp_path):
     logger.on_train_begin(trainer)
     logger.on_step_end(trainer, {**_metrics(1, float("nan")), "skipped": True})
     logger.close()
-    row = json.loads((tmp_path / "metrics.jsonl").read_text())
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[1])
     assert row["loss"] == "nan" and row["skipped"] is True
 
 

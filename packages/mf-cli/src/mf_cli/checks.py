@@ -29,11 +29,24 @@ def bad_input_message(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def check(cfg, command: str, world: int | None = None, device: str | None = None, source: str | None = None):
+def completed(cfg, notes: list | None = None):
+    """The config as the run will see it: a fine-tune without a `model` section gets its base's
+    (mf_trainer.sources; no MindSpore). The note saying so is appended to `notes` when given."""
+    from mf_trainer.sources import complete_model_section
+
+    cfg, note = complete_model_section(cfg)
+    if note and notes is not None:
+        notes.append(note)
+    return cfg
+
+
+def check(cfg, command: str, world: int | None = None, device: str | None = None, source: str | None = None, *,
+          files: bool = True, overwrite: bool = False, plan_only: bool = False):
     """Run the preflight; every problem becomes one line of a UsageError (exit 2). Returns the report."""
     import mf_trainer
 
-    report = mf_trainer.preflight(cfg, command, world, device, source=source)
+    report = mf_trainer.preflight(cfg, command, world, device, source=source, files=files, overwrite=overwrite,
+                                  plan_only=plan_only)
     if report.problems:
         raise UsageError("\n".join(report.lines()))
     return report

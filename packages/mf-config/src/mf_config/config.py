@@ -65,9 +65,10 @@ class TrainConfig(Section):
 
 # Sections that must appear in the YAML for a run mode (the reference: model, train_dataset and
 # training for training; mf's other modes need their own inputs instead).
+# A fine-tune may omit `model`: it is then the model its base (checkpoint.load_path) records.
 REQUIRED_SECTIONS: dict[str, tuple[str, ...]] = {
     "train": ("model", "train_dataset", "training"),
-    "finetune": ("model", "train_dataset", "training"),
+    "finetune": ("train_dataset", "training"),
     "eval": ("model", "eval_dataset"),
     "predict": ("model",),
 }

@@ -50,8 +50,12 @@ def _model(cfg: TrainConfig) -> None:
             value = model.extra[key]
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"model.{key}", "must be a positive integer", value)
-    if model.model_type is None and model.architectures is None:
-        raise ConfigError("model.model_type", "the model needs a model_type (or architectures) to build it")
+    # A fine-tune may leave the model to its base (mf-trainer reads load_path's config.json).
+    from_base = cfg.run_mode == "finetune" and bool(cfg.checkpoint.load_path)
+    if model.model_type is None and model.architectures is None and not from_base:
+        raise ConfigError("model.model_type", "the model needs a model_type (or architectures) to build it"
+                          + (" (a run_mode finetune with checkpoint.load_path may omit the model section: it is "
+                             "then the base's)" if cfg.run_mode == "finetune" else ""))
     experts = _int_extra(model, "n_routed_experts") or _int_extra(model, "num_experts")
     per_token = _int_extra(model, "num_experts_per_tok")
     if experts is not None and per_token is not None and per_token > experts:

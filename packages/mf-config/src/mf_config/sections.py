@@ -125,6 +125,9 @@ class TrainingConfig(Section):
     deterministic: bool = fld(False, doc="deterministic kernels (slower)")
     max_consecutive_nonfinite: int = fld(
         5, check=positive, doc="extension: stop after this many non-finite (NaN/Inf) steps in a row")
+    max_skipped_fraction: float = fld(
+        0.1, check=in_range(0.0, 1.0),
+        doc="extension: a run that skipped more than this share of its steps (non-finite) fails; 1 = never")
 
 
 # ----------------------------------------------------------------------------- parallelism

@@ -363,10 +363,11 @@ class IndexedDataset:
         """The whole `.bin` as one read-only array (None when not memory-mapped)."""
         return self._tokens
 
-    def token_range(self) -> TokenRange | None:
+    def token_range(self, *, cache: bool = True) -> TokenRange | None:
         """Smallest and largest token id in the `.bin` (None when it holds no token): from
         `<prefix>.stats.json` when that still describes the files, else one scan of the `.bin`,
-        then cached there when the directory is writable."""
+        then cached there when the directory is writable (and `cache`: a caller that must write
+        nothing, e.g. a dry run, passes False)."""
         found, value = _read_stats(self.path_prefix)
         if found:
             return value
@@ -379,7 +380,8 @@ class IndexedDataset:
                 lo = b_lo if lo is None else min(lo, b_lo)
                 hi = b_hi if hi is None else max(hi, b_hi)
         value = None if lo is None else TokenRange(int(lo), int(hi))
-        _write_stats(self.path_prefix, value, self.num_tokens)
+        if cache:
+            _write_stats(self.path_prefix, value, self.num_tokens)
         return value
 
 
@@ -543,7 +545,8 @@ class IndexedDatasetBuilder:
             os.unlink(self._tmp_bin)
 
 
-def token_range(path_prefix: str) -> TokenRange | None:
+def token_range(path_prefix: str, *, cache: bool = True) -> TokenRange | None:
     """Smallest and largest token id of the dataset at `path_prefix` (see IndexedDataset.token_range):
-    what a trainer compares with its vocabulary before the first step."""
-    return IndexedDataset(os.fspath(path_prefix)).token_range()
+    what a trainer compares with its vocabulary before the first step. `cache=False` scans without
+    writing `<prefix>.stats.json` when it is missing or stale."""
+    return IndexedDataset(os.fspath(path_prefix)).token_range(cache=cache)

@@ -5,7 +5,8 @@
 
 Runs the preflight for the world the run would have (default: this process's, as the launcher
 announces it; `world=N` checks a launch layout from one process), resolves the layout, the
-accumulation and the tokens per optimizer step, lists where outputs would go, and with
+accumulation and the tokens per optimizer step, lists where outputs would go and what the run
+directory holds (a new run, this run resumed at step N, or what `--overwrite` would remove), and with
 `build_model` builds the model (MindSpore; weights not initialised) to count its parameters: total,
 trainable (a LoRA fine-tune adds its adapters and freezes the rest) and per rank. Per rank is
 exact for data-parallel layouts (FSDP splits dim 0 of every parameter, padded to a multiple of the
@@ -16,7 +17,6 @@ which weights split, which only the ranks themselves apply, so it is not compute
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 from mf_trainer.environment import world_size_from_env
@@ -36,6 +36,8 @@ class DryRun:
     outputs: dict[str, str] = field(default_factory=dict)
     parameters: dict[str, int | str] = field(default_factory=dict)
     memory: list[str] = field(default_factory=list)
+    start: str = ""                       # the run directory's verdict (rundir.RunDirectory.describe)
+    notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [f"layout: {self.layout}"]
@@ -47,6 +49,9 @@ class DryRun:
                                                   for k, v in self.parameters.items()))
         out += self.memory
         out += [f"{what}: {where}" for what, where in self.outputs.items()]
+        if self.start:
+            out.append(f"start: {self.start}")
+        out += self.notes
         out += [f"not checked: {line}" for line in self.report.skipped]
         return out
 
@@ -55,18 +60,6 @@ def _seq_length(cfg) -> int | None:
     config = cfg.train_dataset.dataloader.extra.get("config")
     value = config.get("seq_length") if isinstance(config, dict) else None
     return value if isinstance(value, int) else None
-
-
-def _outputs(cfg) -> dict[str, str]:
-    out = {"output_dir": cfg.output_dir, "metrics": os.path.join(cfg.output_dir, "metrics.jsonl")}
-    if cfg.monitor.tensorboard:
-        out["tensorboard"] = os.path.join(cfg.output_dir, "tensorboard")
-    ckpt = cfg.checkpoint
-    out["checkpoints"] = (f"{ckpt.save_path} (every {ckpt.save_interleaved_steps} steps and at the end, "
-                          f"{ckpt.save_max} kept)" if ckpt.enable_save else "none (checkpoint.enable_save: false)")
-    if cfg.profiler.enable_profiling:
-        out["profile"] = cfg.profiler.output_path or os.path.join(cfg.output_dir, "profile")
-    return out
 
 
 def _count_parameters(cfg, dims) -> dict[str, int | str]:
@@ -122,12 +115,17 @@ def _pipeline_rank_counts(cfg, model, dims) -> str:
 
 
 def dry_run(cfg, world: int | None = None, device: str | None = None, *, build_model: bool = False,
-            source: str | None = None) -> DryRun:
+            source: str | None = None, overwrite: bool = False) -> DryRun:
     """The plan of a training run (see the module docstring); problems raise PreflightError."""
+    from mf_trainer.rundir import inspect_run
+    from mf_trainer.session import outputs
+    from mf_trainer.sources import complete_model_section
+
     world = world_size_from_env() if world is None else world
     device = device or cfg.context.device_target
     command = TRAIN if world == 1 else LAUNCH
-    report = preflight(cfg, command, world, device, source=source)
+    cfg, model_note = complete_model_section(cfg)
+    report = preflight(cfg, command, world, device, source=source, overwrite=overwrite, plan_only=True)
     report.raise_for_problems()
     from mf_trainer.preflight.parallel import effective_dims
 
@@ -137,7 +135,9 @@ def dry_run(cfg, world: int | None = None, device: str | None = None, *, build_m
     plan.global_batch = plan.accumulation * dims.dp * cfg.training.local_batch_size
     seq = _seq_length(cfg)
     plan.tokens_per_step = plan.global_batch * seq if seq else 0
-    plan.outputs = _outputs(cfg)
+    plan.outputs = outputs(cfg)
+    plan.start = inspect_run(cfg, overwrite=overwrite).describe()
+    plan.notes = [model_note] if model_note else []
     if build_model:
         plan.parameters = _count_parameters(cfg, dims)
     plan.memory = _memory(cfg, world, device)

@@ -73,10 +73,14 @@ class EvalResult:
     samples: int
     seconds: float
     data: str  # which data: "eval_dataset (train split)", "train_dataset (valid split)"
+    compile_seconds: float = 0.0   # compiling the forward (GRAPH_MODE's first evaluation), not in `seconds`
+    weights: str = ""              # which weights (mf eval: what sources.weights_for_inference chose)
 
     def metrics(self, step: int | None = None) -> dict:
         m = {"eval_loss": self.loss, "eval_ppl": self.ppl, "eval_accuracy": self.accuracy,
              "eval_tokens": self.tokens, "eval_batches": self.batches, "eval_time_s": self.seconds}
+        if self.compile_seconds:
+            m["eval_compile_s"] = self.compile_seconds
         return m if step is None else {"step": step, **m}
 
 
@@ -106,6 +110,7 @@ class Evaluator:
         self.model = model
         self.interval = interval
         self.forward = EvalForward(model)
+        self.compiled = False
         self.last_step: int | None = None
 
     def due(self, step: int, total_steps: int, stopping: bool) -> bool:
@@ -121,9 +126,16 @@ class Evaluator:
         batches = iter(self.loader)
         loss_sum = tokens = correct = 0.0
         samples = 0
+        compiling = 0.0
         try:
             for _ in range(self.batches):
                 mb = next(batches)
+                if not self.compiled and ms.get_context("mode") == ms.GRAPH_MODE:
+                    # Compiled ahead of its first call, so the evaluation's time is its own.
+                    c0 = time.perf_counter()
+                    self.forward.compile(*_targets(mb), *_model_inputs(mb))
+                    compiling = time.perf_counter() - c0
+                self.compiled = True
                 part = self.forward(*_targets(mb), *_model_inputs(mb))
                 loss_sum += float(part[0].asnumpy())
                 tokens += float(part[1].asnumpy())
@@ -137,7 +149,7 @@ class Evaluator:
         ppl = math.exp(loss) if loss < 700 else float("inf")
         return EvalResult(loss=loss, ppl=ppl, accuracy=correct / tokens if tokens else float("nan"),
                           tokens=int(tokens), batches=self.batches, samples=samples,
-                          seconds=time.perf_counter() - t0, data=self.where)
+                          seconds=time.perf_counter() - t0 - compiling, data=self.where, compile_seconds=compiling)
 
 
 def build_evaluator(cfg, model, micro_batch_size: int) -> Evaluator | None:
@@ -161,20 +173,28 @@ def load_weights(model, ckpt_cfg) -> str:
         raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
 
 
-def evaluate(cfg, *, whole_split: bool = False) -> EvalResult:
-    """`mf eval`: the model of `cfg.model` with the weights of `checkpoint.load_path`, evaluated on
-    `eval_data(cfg)`; graph or PyNative as `context.mode` says. Bad input: TrainerConfigError."""
+def evaluate(cfg, *, whole_split: bool = False, weights: str | None = None) -> EvalResult:
+    """`mf eval`: the model of `cfg.model` (a fine-tune without one: its base's) with the weights
+    sources.weights_for_inference picks (`weights` given: those; a training YAML: its run's last
+    checkpoint; else checkpoint.load_path), evaluated on `eval_data(cfg)`; graph or PyNative as
+    `context.mode` says. Bad input: TrainerConfigError."""
     import mf_models
     from mf_trainer import runtime
     from mf_trainer.preflight import preflight
+    from mf_trainer.preflight.registry import model_section
+    from mf_trainer.sources import complete_model_section, weights_for_inference
 
+    cfg, model_note = complete_model_section(cfg)
+    cfg, weights_note = weights_for_inference(cfg, weights)
     device = runtime.resolve_device(cfg.context.device_target)
     preflight(cfg, "eval", runtime.world_size_from_env(), device).raise_for_problems()
+    for note in (model_note, weights_note):
+        if note:
+            log.info("%s", note)
     runtime.setup_context(device, cfg.context.mode, cfg.context.device_id, cfg.training.deterministic)
     runtime.seed_everything(cfg.training.seed)
-    section = {"model_type": cfg.model.model_type, "architectures": cfg.model.architectures, **cfg.model.extra}
     try:
-        model = mf_models.build_model({k: v for k, v in section.items() if v is not None}, init=False)
+        model = mf_models.build_model(model_section(cfg), init=False)
     except mf_models.ModelConfigError as exc:
         raise TrainerConfigError(str(exc)) from None
     what = load_weights(model, cfg.checkpoint)   # a bad checkpoint fails before the data is indexed
@@ -182,7 +202,9 @@ def evaluate(cfg, *, whole_split: bool = False) -> EvalResult:
     evaluator = Evaluator(cfg, model, micro_batch_size=cfg.training.local_batch_size, iters=iters)
     log.info("evaluating %s on %s: %d batches of %d samples, %s mode", what, evaluator.where, evaluator.batches,
              cfg.training.local_batch_size, "GRAPH" if cfg.context.mode == 0 else "PyNative")
-    return evaluator.run()
+    result = evaluator.run()
+    result.weights = cfg.checkpoint.load_path
+    return result
 
 
 def _default_iters() -> int:

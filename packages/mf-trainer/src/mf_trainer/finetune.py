@@ -12,13 +12,13 @@ Start (no checkpoint of this run in `checkpoint.save_path` yet):
     `mf ckpt merge-lora`, `mf generate`, `mf serve` and `mf eval` know their base.
 
 Resume (a preempted fine-tune restarted with the same YAML): when `checkpoint.save_path` holds a
-committed checkpoint written by a fine-tune of the same base (`load_path`, compared as an
-absolute path) with the same `lora` settings (or none in both), the run continues from it with
-its full state (weights or adapters, optimizer moments and step, LR position, RNG,
-consumed_samples, counters), exactly as `run_mode: train` resumes. A LoRA run reloads its frozen
-base from `load_path` at the iteration recorded at the start. A committed checkpoint there of
-anything else (pre-training, another base, other LoRA settings) is refused: resuming it would mix
-two runs, and saving beside it could rotate it away. `save_path` may not be `load_path`.
+committed checkpoint of this same run (rundir.py: the same run identity, which holds the base
+`load_path` as an absolute path and the `lora` settings), the run continues from it with its
+full state (weights or adapters, optimizer moments and step, LR position, RNG, consumed_samples,
+counters), exactly as `run_mode: train` resumes. A LoRA run reloads its frozen base from
+`load_path` at the iteration recorded at the start. A committed checkpoint there of anything else
+(pre-training, another base, other LoRA settings) is refused by the preflight: resuming it would
+mix two runs, and saving beside it could rotate it away. `save_path` may not be `load_path`.
 
 With `lora_dropout` > 0 the masks come from MindSpore's dropout kernels, whose random state lives
 inside the compiled graph (no RNG snapshot reaches it) and, on CPU, whose concurrent kernels draw in
@@ -42,25 +42,16 @@ from mf_trainer.errors import TrainerConfigError
 
 log = logging.getLogger("mf_trainer")
 
-MARKER = "latest_checkpointed_iteration.txt"
 
 
 def _lora_settings(lora) -> dict | None:
     return None if lora is None else {k: v for k, v in dataclasses.asdict(lora).items()}
 
 
-def _describe(common: dict) -> str:
-    mine = common.get("finetune")
-    if isinstance(mine, dict):
-        lora = mine.get("lora")
-        return f"a fine-tune of {mine.get('base')}" + (f" with LoRA {lora}" if lora else " (full)")
-    return "a run that is not a fine-tune (pre-training?)"
-
-
 class Finetune:
     """The finetune plan of one run: base weights, LoRA adapters, resume from its own save_path."""
 
-    def __init__(self, cfg, seed: int):
+    def __init__(self, cfg, seed: int, run_directory=None):
         self.cfg = cfg
         self.seed = seed
         ckpt = cfg.checkpoint
@@ -68,7 +59,7 @@ class Finetune:
         self.lora = cfg.lora
         self.identity = {"base": self.base, "base_kind": None, "base_iteration": None, "lora": _lora_settings(self.lora)}
         self.base_adapter = None
-        self.resume_path = self._own_checkpoint(ckpt.save_path)
+        self.resume_path = self._own_checkpoint(run_directory)
         # The base is read unless a full fine-tune resumes (its own checkpoint holds every weight).
         if self.resume_path is None or self.lora is not None:
             try:
@@ -86,26 +77,18 @@ class Finetune:
         self.excluded_layers: list[int] = []
 
     # ---- which checkpoint --------------------------------------------------------------------
-    def _own_checkpoint(self, save_path: str) -> str | None:
-        """save_path when it holds a committed checkpoint of this run; refuses one of another run."""
-        if not os.path.isfile(os.path.join(save_path, MARKER)):
+    def _own_checkpoint(self, run_directory) -> str | None:
+        """save_path when it holds a committed checkpoint of this run (rundir.py decided, and the
+        preflight refused anything of another run there)."""
+        if run_directory is None or not run_directory.resumes_own:
             return None
-        try:
-            info = mf_ckpt.load(save_path, {}, strict=False)
-        except mf_ckpt.CheckpointError as exc:
-            raise TrainerConfigError(f"checkpoint.save_path: holds an unreadable checkpoint ({exc})") from None
-        mine = info.common.get("finetune")
-        same = (isinstance(mine, dict) and mine.get("base") == self.base
-                and mine.get("lora") == self.identity["lora"] and "step" in info.common)
-        if not same:
-            raise TrainerConfigError(
-                f"checkpoint.save_path: {save_path} already holds checkpoint {info.iteration} of {_describe(info.common)}, "
-                f"not of this fine-tune of {self.base}" + (f" with LoRA {self.identity['lora']}" if self.lora else "")
-                + ": choose another save_path (or output_dir), or remove it to start over")
+        mine = run_directory.common.get("finetune")
+        if not isinstance(mine, dict):
+            raise TrainerConfigError(f"checkpoint.save_path: {run_directory.save_path}: the checkpoint of this run "
+                                     "records no fine-tune start (no 'finetune' in common.json)")
         # A LoRA resume reloads the frozen base exactly as the run started from it.
         self.identity["base_kind"], self.identity["base_iteration"] = mine.get("base_kind"), mine.get("base_iteration")
-        log.info("finetune: %s holds checkpoint %s of this run; resuming it", save_path, info.iteration)
-        return save_path
+        return run_directory.save_path
 
     # ---- model -------------------------------------------------------------------------------
     def prepare_model(self, model) -> None:

@@ -1,8 +1,13 @@
-"""What a step costs: the device's peak FLOP/s (for MFU) and host memory.
+"""What a step costs: the FLOPs it spends, the device's peak FLOP/s (for MFU) and host memory.
 
 MFU = (model FLOPs per step / step time) / peak FLOP/s of the devices used. Model FLOPs per token
-are mf-models' `num_flops_per_token(seq_len)` (PaLM, appendix B: 6 x active matmul parameters plus
-the attention term); the Trainer multiplies by the tokens of the global batch.
+(`training_flops_per_token`) are mf-models' `num_flops_per_token(seq_len)` (PaLM, appendix B: 6 x
+active matmul parameters N plus the attention term) when every weight trains: per weight and
+token, 2 FLOPs forward, 2 for the input gradient and 2 for the weight gradient. A LoRA run freezes
+every base weight, so their weight-gradient GEMMs are never computed: 4 N, plus 6 per adapter
+weight (forward, input and weight gradients of A and B), plus the attention term. (The first
+layer's input gradients, which nothing frozen below needs, are still counted: a 1/layers share of
+2 N.) The Trainer multiplies by the tokens of the global batch.
 
 Peak per device: `monitor.peak_flops_per_device` when given; on Ascend a table of known parts;
 on CPU a float32 numpy GEMM timed in this process (its BLAS threads, its environment) for a
@@ -93,6 +98,21 @@ def cpu_peak_flops() -> tuple[float, str]:
         pass  # an unwritable cache only costs a re-measurement next run
     return peak, f"measured now for {key}"
 
+
+
+def training_flops_per_token(model, seq_len: int) -> int:
+    """FLOPs one training step spends per token (see the module docstring)."""
+    import mf_models
+
+    full = model.num_flops_per_token(seq_len)
+    adapters = mf_models.adapter_state(model)
+    if not adapters:
+        return full
+    adapter_weights = sum(int(v.size) for v in adapters.values())
+    base_trains = any(p.name not in adapters for p in model.trainable_params())
+    if base_trains:                  # adapters on a model that trains whole (not mf's LoRA)
+        return full + 6 * adapter_weights
+    return full - 2 * model.active_matmul_params() + 6 * adapter_weights
 
 
 def peak_flops_per_device(device_target: str, configured: float | None) -> tuple[float | None, str]:

@@ -1,8 +1,9 @@
 """A text sample at the end of training: `inference.prompts` (or `input_file`) completed by the
 trained model with `mf_models.generate`, tokenised with the sentencepiece model at
 `tokenizer.path`. Sampling settings come from the `inference` section (max_new_tokens,
-do_sample, temperature, top_k, top_p, stop_token_ids, batch_size); the results are logged and,
-with `inference.output_file`, written as one JSON object per prompt.
+do_sample, temperature, top_k, top_p, stop_token_ids, batch_size); the results are logged
+(`sample_text`: the prompt and the completion on labelled lines) and, with
+`inference.output_file`, written as one JSON object per prompt.
 """
 
 from __future__ import annotations
@@ -41,6 +42,22 @@ def _left_pad(rows: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
+def sample_text(index: int, count: int, prompt: str, completion: str) -> str:
+    """One sample as the console shows it: a header, then the prompt and the completion on lines
+    of their own (a multi-line text keeps its lines, each under its label)::
+
+        sample 1/2
+          prompt     | The for statement
+          completion | is used to iterate over the elements of a sequence
+    """
+    lines = [f"sample {index}/{count}"]
+    for label, text in (("prompt", prompt), ("completion", completion)):
+        parts = text.split("\n") if text else [""]
+        lines.append(f"  {label:<10} | {parts[0]}")
+        lines += [f"  {'':<10} | {part}" for part in parts[1:]]
+    return "\n".join(lines)
+
+
 def generate_samples(model, inf, tokenizer_path: str, seed: int) -> list[dict]:
     import mf_data
     import mf_models
@@ -67,7 +84,7 @@ def generate_samples(model, inf, tokenizer_path: str, seed: int) -> list[dict]:
             row = [t for t in row if t < tokenizer.vocab_size]
             completion = tokenizer.decode(row)
             results.append({"prompt": prompt, "completion": completion})
-            log.info("sample: %s|%s", prompt, completion)
+            log.info(sample_text(len(results), len(prompts), prompt, completion))
     if inf.output_file:
         with open(inf.output_file, "w", encoding="utf-8") as f:
             for row in results:

@@ -195,6 +195,17 @@ class StepRunner:
     def cells(self) -> list[nn.Cell]:
         return [self.fused] if self.accumulation == 1 else [self.accumulate, self.apply]
 
+    def compile(self, micro_batches: list[dict], lr: float) -> None:
+        """Compile the step's graphs for these inputs without running them (GRAPH_MODE): the first
+        call then runs the cached graph, so its time is a step's, not the compiler's."""
+        mb = micro_batches[0]
+        inv, scalars = Tensor(np.float32(1.0)), self.optimizer.scalars(lr)
+        if self.accumulation == 1:
+            self.fused.compile(*_targets(mb), inv, *scalars, *_model_inputs(mb))
+        else:
+            self.accumulate.compile(*_targets(mb), inv, *_model_inputs(mb))
+            self.apply.compile(Tensor(0.0, ms.float32), *scalars)
+
     def __call__(self, micro_batches: list[dict], lr: float) -> StepResult:
         tokens = self.global_tokens(float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches)))
         # A global batch whose every token is masked out has no loss; 1/0 would make NaN, which

@@ -17,6 +17,12 @@ start, which tensors train and which a checkpoint holds), not a branch. Started 
 (`mf launch`, msrun), every rank runs this same loop on its share of the work; the loss, norm and
 decisions are global, so every rank takes the same path. Rank 0 alone writes metrics,
 TensorBoard, console progress and the end-of-training sample.
+
+The run directory (session.py): a rerun of the same config resumes its own last checkpoint
+(rundir.py decides, run_identity.py says what "the same run" is), another run's outputs are
+refused by the preflight unless `overwrite`, and every session leaves config.yaml, train.log,
+metrics.jsonl and summary.json behind. A run that ran all its steps but skipped too many of them,
+or whose final loss is not finite, raises TrainingError at the end (after its last checkpoint).
 """
 
 from __future__ import annotations
@@ -29,15 +35,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import mf_models
-from mf_trainer import runtime
+from mf_trainer import run_identity, runtime
 from mf_trainer.callbacks import Callback, CallbackList, build_callbacks
 from mf_trainer.checkpointing import CheckpointSaver, carried, load_checkpoint
-from mf_trainer.data import build_loader, ensure_demo_corpus
+from mf_trainer.data import build_loader
+from mf_trainer.demo_data import prepare_demo_data
 from mf_trainer.errors import TrainerConfigError, TrainingError
 from mf_trainer.evaluation import build_evaluator
 from mf_trainer.loss import MaskedLMLoss
 from mf_trainer.lr_schedulers import build_scheduler
-from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device
+from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device, training_flops_per_token
 from mf_trainer.moe import MoETraining
 from mf_trainer.monitor import MetricsLogger
 from mf_trainer.optimizer import build_optimizer
@@ -48,6 +55,9 @@ from mf_trainer.preflight.data import accumulation
 from mf_trainer.preflight.registry import model_section
 from mf_trainer.profiling import ProfilerCallback
 from mf_trainer.recompute import apply_recompute
+from mf_trainer.rundir import inspect_run
+from mf_trainer.session import RunSession, fp16_hint, hparams
+from mf_trainer.sources import complete_model_section
 from mf_trainer.start import start_plan
 from mf_trainer.step import GradNorm, StepResult, StepRunner
 
@@ -72,13 +82,35 @@ class TrainResult:
     samples: list[dict] = field(default_factory=list)  # end-of-training generations
 
 
+def _count(n: int) -> str:
+    """12,345 / 12.35M / 8.03B."""
+    return f"{n:,}" if n < 10**6 else (f"{n / 1e6:.2f}M" if n < 10**9 else f"{n / 1e9:.2f}B")
+
+
 class Trainer:
-    def __init__(self, config, callbacks: list[Callback] | tuple = ()):
+    """`overwrite`: output_dir / save_path may hold earlier outputs; this run's own kinds of file
+    there are removed before its first step (rundir.py lists exactly which), instead of refused."""
+
+    def __init__(self, config, callbacks: list[Callback] | tuple = (), *, overwrite: bool = False):
+        self.started = time.time()     # the session's start in metrics.jsonl (wall time includes set-up)
+        self.session = None
+        try:
+            self._setup(config, callbacks, overwrite)
+        except BaseException:
+            if self.session is not None:
+                self.session.close()
+            raise
+
+    def _setup(self, config, callbacks, overwrite: bool) -> None:
+        config, model_note = complete_model_section(config)   # a fine-tune without `model`: its base's
         self.config = cfg = config
         self.should_stop = False
         self.device = runtime.resolve_device(cfg.context.device_target)
         world = runtime.world_size_from_env()
-        preflight(cfg, "train", world, self.device).raise_for_problems()   # every refusal, before any work
+        preflight(cfg, "train", world, self.device, overwrite=overwrite).raise_for_problems()   # every refusal
+        self.run_directory = inspect_run(cfg, overwrite=overwrite)
+        self.session = RunSession(cfg, self.run_directory)
+        self.session.announce([model_note])
         dims = build_dims(cfg, world)
         dp = dims.dp
         self.accumulation = accumulation(cfg.training, dp)
@@ -94,6 +126,7 @@ class Trainer:
         runtime.setup_context(self.device, cfg.context.mode, cfg.context.device_id, cfg.training.deterministic)
         self.mode = cfg.context.mode
         self.parallel = ParallelContext(cfg, dims)    # joins the world (collective) when there are ranks
+        self.session.set_writer(self.parallel.is_rank0)
         blocker = self.parallel.graph_mode_blocker()
         if dims.pp > 1:   # the pipeline executor runs per micro-batch (pipeline_step.py)
             blocker = "the pipeline executor differentiates each micro-batch of each stage in PyNative"
@@ -104,7 +137,7 @@ class Trainer:
         runtime.seed_everything(cfg.training.seed)
 
         # Where the weights come from and what a checkpoint holds (run_mode train / finetune).
-        self.start = start_plan(cfg, cfg.training.seed)
+        self.start = start_plan(cfg, cfg.training.seed, self.run_directory)
         self.model = self._build_model()
         # Balance loss, expert-bias update and routing metrics of MoE models (inactive for dense ones).
         self.moe = MoETraining(self.model, self.model.args, cfg.monitor.moe_monitor,
@@ -129,20 +162,38 @@ class Trainer:
         self.runner = self._make_runner()
 
         self.seq_length = self.loader.config.sequence_length
-        self.flops_per_token = whole_model.num_flops_per_token(self.seq_length)
+        self.flops_per_token = training_flops_per_token(whole_model, self.seq_length)
         self.peak_flops, peak_source = peak_flops_per_device(self.device, cfg.monitor.peak_flops_per_device)
-        log.info("device %s, %s mode; peak %s FLOP/s (%s); %.2fM parameters; accumulation %d x %d samples",
-                 self.device, "GRAPH" if self.mode == 0 else "PyNative",
-                 f"{self.peak_flops:.3g}" if self.peak_flops else "unknown", peak_source,
-                 sum(p.size for p in self.model.trainable_params()) / 1e6, self.accumulation,
+        log.info("device %s, %s mode; peak %s FLOP/s (%s); accumulation %d x %d samples", self.device,
+                 "GRAPH" if self.mode == 0 else "PyNative",
+                 f"{self.peak_flops:.3g}" if self.peak_flops else "unknown", peak_source, self.accumulation,
                  cfg.training.local_batch_size)
+        log.info("parameters: %s", self._parameter_counts())
         self.checkpointer = CheckpointSaver(cfg.checkpoint, self.parallel.comm, carried(cfg))
         built_in: list[Callback] = []
+        self.metrics_logger = None
         if self.parallel.is_rank0:   # one writer of metrics.jsonl, TensorBoard, console progress, profile
-            built_in.append(MetricsLogger(self.output_dir, cfg.monitor.log_interval, cfg.monitor.tensorboard))
+            self.metrics_logger = MetricsLogger(self.output_dir, cfg.monitor.log_interval, cfg.monitor.tensorboard,
+                                                hparams=hparams(cfg))
+            built_in.append(self.metrics_logger)
             if cfg.profiler.enable_profiling:
                 built_in.append(ProfilerCallback(cfg.profiler, self.output_dir, self.device))
         self.callbacks = CallbackList([*built_in, *user_callbacks])
+
+    def _parameter_counts(self) -> str:
+        """`12.45M total, 0.12M trainable (0.98%), 6.23M per rank`: global sizes from the layouts,
+        per rank = the real blocks this rank holds (FSDP padding left out)."""
+        layouts = self.parallel.layouts(self.model)
+        trainable = {p.name for p in self.model.trainable_params()}
+        total = trained = local = 0
+        for name, lay in layouts.items():
+            size = int(np.prod(lay.global_shape, dtype=np.int64))
+            total += size
+            trained += size if name in trainable else 0
+            local += int(np.prod(lay.shape, dtype=np.int64))
+        share = f" ({100.0 * trained / total:.2f}%)" if total and trained != total else ""
+        return (f"{_count(total)} total, {_count(trained)} trainable{share}, {_count(local)} per rank"
+                + (f" (of {self.parallel.world})" if self.parallel.world > 1 else ""))
 
     # ---- construction helpers ------------------------------------------------------------------
     def _build_model(self):
@@ -162,11 +213,11 @@ class Trainer:
 
     def _build_loader(self):
         cfg, par = self.config, self.parallel
-        if "demo_corpus" in cfg.train_dataset.dataloader.extra:
-            # One builder of the demo corpus; the other ranks find it built.
+        extra = cfg.train_dataset.dataloader.extra
+        if "demo_corpus" in extra or "demo_sft" in extra:
+            # One builder of the demo data; the other ranks find it built.
             if par.is_rank0:
-                ensure_demo_corpus(dict(cfg.train_dataset.dataloader.extra), cfg.tokenizer.path,
-                                   cfg.model.extra.get("vocab_size"))
+                prepare_demo_data(dict(extra), cfg.tokenizer.path, cfg.model.extra.get("vocab_size"))
             par.barrier()
         return build_loader(cfg, micro_batch_size=cfg.training.local_batch_size, dp_rank=par.dp_rank, dp_size=par.dp,
                             consumed_samples=self.state.consumed_samples, is_built_on_rank=lambda: par.is_rank0)
@@ -215,7 +266,16 @@ class Trainer:
             raise TrainerConfigError(f"{key}: {where}: {exc}") from None
 
     def _check_data(self) -> None:
-        """What the preflight cannot know from the config: whether the dataset holds enough samples."""
+        """What the preflight could not see: whether the dataset holds enough samples, and the token
+        ids of data built since (the demo corpus) against the vocabulary."""
+        from mf_trainer.preflight.data import token_range_problems
+
+        extra = self.config.train_dataset.dataloader.extra
+        if "demo_corpus" in extra or "demo_sft" in extra:
+            vocab = self.model.args.vocab_size
+            problems = list(token_range_problems(self.config, vocab, [("train_dataset", self.config.train_dataset)]))
+            if problems:
+                raise TrainerConfigError(f"{problems[0][0]}: {problems[0][1]}")
         needed = (self.state.total_steps - self.state.step) * self.global_batch
         left = self.loader.total_samples - self.state.consumed_samples
         if needed > left:
@@ -237,7 +297,7 @@ class Trainer:
             "optimizer_step": self.optimizer.step, "skipped_steps": self.state.skipped_steps,
             "nonfinite_in_row": self.state.nonfinite_in_row, "rng": runtime.rng_state(),
             "lr_schedule": self.scheduler.describe(), "hf_config": hf_config, "train_config": config_to_dict(cfg),
-            **self.start.common(),
+            "run_identity": run_identity.record(cfg), **self.start.common(),
         }
 
     def save_checkpoint(self) -> None:
@@ -252,16 +312,22 @@ class Trainer:
             self.callbacks.on_save(self, step, path)
 
     # ---- the loop ------------------------------------------------------------------------------
-    def _run_step(self, micro_batches, lr) -> StepResult:
+    def _run_step(self, micro_batches, lr) -> tuple[StepResult, float]:
+        """(the step's result, seconds spent compiling it: GRAPH_MODE's first step only)."""
         first_compiled = self.mode == 0 and self.state.step == self.state.start_step
-        if not (first_compiled and self.parallel.may_retry_step):
-            return self.runner(micro_batches, lr)
+        if not first_compiled:
+            return self.runner(micro_batches, lr), 0.0
+        if not self.parallel.may_retry_step:
+            compiling = self._compile(micro_batches, lr)
+            return self.runner(micro_batches, lr), compiling
         # First step in GRAPH_MODE compiles. If compiling fails, fall back to PyNative from an
         # untouched state (weights and moments snapshotted, since the error may surface late).
         weights = {k: np.array(v) for k, v in mf_models.model_state(self.model).items()}
         moments = self.optimizer.state_dict()
+        compiling = 0.0
         try:
-            return self.runner(micro_batches, lr)
+            compiling = self._compile(micro_batches, lr)
+            return self.runner(micro_batches, lr), compiling
         except (RuntimeError, TypeError, ValueError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             log.warning("GRAPH_MODE compile/run of the training step failed (%s); falling back to PyNative", reason)
@@ -270,16 +336,56 @@ class Trainer:
             mf_models.load_state(self.model, weights)
             self.optimizer.load_state_dict(moments)
             self.runner = self._make_runner()
-            return self.runner(micro_batches, lr)
+            return self.runner(micro_batches, lr), compiling
+
+    def _compile(self, micro_batches, lr) -> float:
+        t0 = time.perf_counter()
+        self.runner.compile(micro_batches, lr)
+        seconds = time.perf_counter() - t0
+        log.info("compiled the training step in %.1f s (GRAPH_MODE; not counted in step %d's time)", seconds,
+                 self.state.step + 1)
+        return seconds
 
     def train(self) -> TrainResult:
+        """Run the remaining steps; see the module docstring for what is written and when it fails."""
+        state = self.state
+        status, reason = "failed", None
+        try:
+            os.makedirs(self.output_dir, exist_ok=True)
+            self.session.begin(state.start_step, state.total_steps)
+        except BaseException:
+            self.session.close()      # train.log's handlers leave the loggers with it
+            raise
+        if self.run_directory.verdict == "overwrite" and self.parallel.enabled:
+            self.parallel.barrier()      # rank 0 removed the earlier outputs before anyone writes
+        try:
+            result = self._train()
+            reason = self.session.verdict(step=state.step, skipped=state.skipped_steps,
+                                          last_loss=result.losses[-1] if result.losses else None, device=self.device)
+            if reason is not None:
+                raise TrainingError(reason)
+            status = "finished" if state.step >= state.total_steps else "stopped"
+            return result
+        except KeyboardInterrupt:
+            status, reason = "interrupted", "KeyboardInterrupt"
+            raise
+        except BaseException as exc:
+            if reason is None:
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.error("training failed at step %d: %s", state.step, reason)
+            raise
+        finally:
+            self.session.end(status=status, reason=reason, state=state,
+                             history=self.metrics_logger.history if self.metrics_logger is not None else None)
+
+    def _train(self) -> TrainResult:
         cfg, state = self.config, self.state
         result = TrainResult(step=state.step)
         self.last_checkpoint = None
-        os.makedirs(self.output_dir, exist_ok=True)
         tokens_per_step = self.global_batch * self.seq_length
         self.callbacks.on_train_begin(self)
         batches = iter(self.loader)
+        ended = False
         try:
             while state.step < state.total_steps and not self.should_stop:
                 step = state.step + 1
@@ -288,10 +394,10 @@ class Trainer:
                 lr = self.scheduler(self.optimizer.step)
                 comm_metrics()   # drop what happened between steps (checkpoints, evaluation)
                 t0 = time.perf_counter()
-                done = self._run_step(micro, lr)
+                done, compiling = self._run_step(micro, lr)
                 routing = self.moe.after_step(step, done)   # the expert-bias update belongs to the step
                 loss = self.parallel.global_loss(done.loss)
-                seconds = time.perf_counter() - t0
+                seconds = time.perf_counter() - t0 - compiling
                 state.step = step
                 state.consumed_samples = self.loader.consumed_samples
                 state.nonfinite_in_row = 0 if done.applied else state.nonfinite_in_row + 1
@@ -305,7 +411,8 @@ class Trainer:
                     if state.nonfinite_in_row >= cfg.training.max_consecutive_nonfinite:
                         raise TrainingError(
                             f"{state.nonfinite_in_row} non-finite steps in a row (training.max_consecutive_nonfinite"
-                            f" = {cfg.training.max_consecutive_nonfinite}); stopping at step {step}")
+                            f" = {cfg.training.max_consecutive_nonfinite}); stopping at step {step}"
+                            + fp16_hint(cfg, self.device))
                 # Before the save of this step: a run resumed from it must not need this evaluation again.
                 if self.evaluator is not None and self.evaluator.due(step, state.total_steps, self.should_stop):
                     self.callbacks.on_evaluate(self, self.evaluator.run(step).metrics(step))
@@ -317,6 +424,7 @@ class Trainer:
                     and self.checkpointer.last_saved_step != state.step):
                 self.save_checkpoint()
             self._announce(self.checkpointer.finalize())
+            ended = True
         finally:
             batches.close()
             # Commit or stop an async save even when training failed, so no writer thread leaks.
@@ -325,6 +433,8 @@ class Trainer:
                     self._announce(self.checkpointer.finalize())
                 except TrainingError as exc:
                     log.error("%s", exc)
+            if not ended and self.metrics_logger is not None:
+                self.metrics_logger.close()   # a failed run's metrics.jsonl and TensorBoard, flushed
         if cfg.inference.prompts or cfg.inference.input_file:
             result.samples = self._samples()
         self.callbacks.on_train_end(self)

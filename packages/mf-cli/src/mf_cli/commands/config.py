@@ -7,11 +7,14 @@ train`, `mf launch -n N` for the old layout's N devices, `mf generate` for a pre
 problem it finds that no action line names yet becomes one, so a written file either passes that
 preflight or lists every remaining problem (also as `# action:` comments at the top of the file).
 
-`validate FILE [--world N] [--device CPU|Ascend]` runs mf-config's schema and rules, then
-mf-trainer's preflight for the command that runs FILE's run_mode (the same checks `mf train`,
+`validate FILE [--world N] [--device CPU|Ascend] [--no-files]` runs mf-config's schema and rules,
+then mf-trainer's preflight for the command that runs FILE's run_mode (the same checks `mf train`,
 `mf launch`, `mf eval` and `mf generate` run): every problem is one `key: reason` line on stderr,
 exit 2. Checks that need the world size or the device are listed as not checked when those are
-not given. It imports no MindSpore: a bad key is reported in a fraction of a second.
+not given; `--no-files` also skips the ones that look at this machine's files (output_dir and
+save_path writable and free of another run, the datasets' token ids against the vocabulary: a
+config written for another machine). It writes nothing and imports no MindSpore: a bad key is
+reported in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
                                 "world size are skipped and listed")
             p.add_argument("--device", choices=("CPU", "Ascend"),
                            help="check against this device (default: context.device_target when set)")
+            p.add_argument("--no-files", action="store_true",
+                           help="skip the checks that read this machine's files (outputs, the data's token ids)")
         p.set_defaults(run=run)
     text = "convert an older MindFormers run_xxx.yaml into the new format, reporting what was not carried over"
     p = actions.add_parser("migrate", help=text, description=text + ". The report goes to stderr.")
@@ -79,14 +84,20 @@ def _validate(args, config) -> int:
     """The preflight of the command that runs this config: `mf train` (or `mf launch` for
     --world N > 1), `mf eval`, `mf generate`. No MindSpore is imported."""
     import mf_config
-    from mf_cli.checks import check
+    from mf_cli.checks import check, completed
 
     if args.world is not None and args.world < 1:
         raise UsageError(f"--world: must be a positive integer, got {args.world}")
     command = _COMMAND_OF[config.run_mode]
     if command == "train" and args.world is not None and args.world > 1:
         command = "launch"
-    report = check(config, command, args.world, args.device or config.context.device_target, source=args.file)
+    notes: list[str] = []
+    if not args.no_files:
+        config = completed(config, notes)
+    report = check(config, command, args.world, args.device or config.context.device_target, source=args.file,
+                   files=not args.no_files, plan_only=True)
+    for note in notes:
+        print(f"mf config: note: {note}", file=sys.stderr)
     for warning in mf_config.path_warnings(config):
         print(f"mf config: warning: {warning}", file=sys.stderr)
     for line in report.skipped:

@@ -1,8 +1,11 @@
 """`mf eval CONFIG [--set key=value ...] [--all] [--json]`: loss, perplexity and token accuracy.
 
-CONFIG is a `run_mode: eval` YAML or any training YAML: the model of its `model` section with the
-weights of `checkpoint.load_path` (an mf checkpoint, a LoRA adapter checkpoint merged into the base
-it records, or a Hugging Face directory), evaluated on `eval_dataset` (or, without one, on the
+CONFIG is a `run_mode: eval` YAML or any training YAML: the model of its `model` section (a
+fine-tune without one: its base's) with the weights of `checkpoint.load_path` (an mf checkpoint, a
+LoRA adapter checkpoint merged into the base it records, or a Hugging Face directory); for a
+training (train / finetune) YAML the weights its run produced instead, the last checkpoint in
+`checkpoint.save_path` (the fine-tuned weights), unless `--weights PATH` or `--set
+checkpoint.load_path=...` says otherwise; stderr says which weights were used. Evaluated on `eval_dataset` (or, without one, on the
 valid split of `train_dataset`) over `eval_dataset.eval_iters` batches of
 `training.local_batch_size` samples, or the whole split with `--all` (mf_trainer.evaluation says
 exactly how). `context.mode` 0 compiles the forward (GRAPH_MODE), 1 runs it in PyNative.
@@ -30,23 +33,46 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
     parser.add_argument("--all", dest="whole_split", action="store_true",
                         help="evaluate the whole split instead of eval_dataset.eval_iters batches")
     parser.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
+    parser.add_argument("--weights", metavar="PATH",
+                        help="evaluate these weights (mf checkpoint, LoRA adapter checkpoint or HF directory) instead "
+                             "of the config's: for a training YAML, its save_path's last checkpoint")
     parser.set_defaults(run=run)
+
+
+def explicit_weights(args) -> str | None:
+    """Weights the command line names: --weights, else the last --set checkpoint.load_path=..."""
+    if getattr(args, "weights", None):
+        return args.weights
+    given = [o.split("=", 1)[1] for o in args.overrides if o.split("=", 1)[0].strip() == "checkpoint.load_path"]
+    if given:
+        import yaml
+
+        value = yaml.safe_load(given[-1])
+        return str(value) if value else None
+    return None
 
 
 def run(args) -> int:
     os.environ.setdefault("GLOG_v", "3")
-    from mf_cli.checks import bad_input_message, check, load_config
+    from mf_cli.checks import bad_input_message, check, completed, load_config
+    from mf_cli.commands.generate import bad_input_errors
     from mf_trainer.environment import world_size_from_env
+    from mf_trainer.sources import weights_for_inference
 
     config = load_config(args.config, args.overrides)
-    check(config, "eval", world_size_from_env(), config.context.device_target, source=args.config)
+    weights = explicit_weights(args)
+    try:
+        checked, _ = weights_for_inference(completed(config), weights)
+    except bad_input_errors() as exc:
+        raise UsageError(bad_input_message(exc)) from None
+    check(checked, "eval", world_size_from_env(), config.context.device_target, source=args.config)
     from mf_cli.commands.train import _bad_input_errors, _logging
 
     _logging("stderr")  # stdout carries the result
     import mf_trainer
 
     try:
-        result = mf_trainer.evaluate(config, whole_split=args.whole_split)
+        result = mf_trainer.evaluate(config, whole_split=args.whole_split, weights=weights)
     except _bad_input_errors() as exc:
         raise UsageError(bad_input_message(exc)) from None
     except KeyboardInterrupt:
@@ -58,9 +84,9 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"loss": result.loss, "ppl": result.ppl, "accuracy": result.accuracy, "tokens": result.tokens,
                           "batches": result.batches, "samples": result.samples, "seconds": result.seconds,
-                          "data": result.data}))
+                          "data": result.data, "weights": result.weights}))
     else:
         print(f"mf eval: loss {result.loss:.4f}, ppl {result.ppl:.4g}, accuracy {100.0 * result.accuracy:.2f}% over "
               f"{result.tokens} tokens ({result.batches} batches, {result.samples} samples) of {result.data} in "
-              f"{result.seconds:.2f} s")
+              f"{result.seconds:.2f} s; weights {result.weights}")
     return 0

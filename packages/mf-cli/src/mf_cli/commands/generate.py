@@ -5,6 +5,9 @@ SOURCE is one of
     `tokenizer.path`, and the `inference` section (max_new_tokens, do_sample, temperature, top_k,
     top_p, stop_token_ids, batch_size = engine slots, prompts / input_file, output_file);
     `training.seed` seeds sampling. Command-line flags override these keys (as `--set` does).
+  - a training YAML (`run_mode: train | finetune`): the same, with the weights its run produced
+    (the last checkpoint in `checkpoint.save_path`: a fine-tune's fine-tuned weights) unless
+    `--weights PATH` (or `--set checkpoint.load_path=...`) names others; stderr says which.
   - an mf checkpoint (save directory or iteration directory) written by mf-trainer: the model
     comes from its common.json (`hf_config`), the tokenizer from the files it carries
     (`iteration_N/tokenizer/`; older checkpoints: the training config's tokenizer.path), so a copied
@@ -110,8 +113,9 @@ def _tokenizer(path: str | None) -> TokenizerAdapter | None:
 
 
 def load_source(path: str, *, tokenizer: str | None = None, overrides: list[str] = (), mode: str | None = None,
-                predict_overrides: list[str] = (), command: str = "generate") -> Source:
-    """Model, tokenizer and defaults of SOURCE; bad input raises UsageError (one line)."""
+                predict_overrides: list[str] = (), command: str = "generate", weights: str | None = None) -> Source:
+    """Model, tokenizer and defaults of SOURCE; bad input raises UsageError (one line). `weights`:
+    the weights the command line names for a YAML (a training YAML's default: its run's own)."""
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or directory")
     bad = bad_input_errors()
@@ -119,6 +123,8 @@ def load_source(path: str, *, tokenizer: str | None = None, overrides: list[str]
         if os.path.isdir(path):
             if overrides:
                 raise UsageError("--set applies to a YAML config, not to a checkpoint directory")
+            if weights:
+                raise UsageError("--weights applies to a YAML config; a checkpoint directory is its own weights")
             set_mode(mode or "graph")
             from mf_models.inference import load_pretrained
 
@@ -127,22 +133,27 @@ def load_source(path: str, *, tokenizer: str | None = None, overrides: list[str]
             eos = loaded.eos_token_ids or ([tok.eos_token_id] if tok and tok.eos_token_id is not None else [])
             return Source(loaded.model, loaded.name, eos, tok, notes=loaded.notes,
                           generation_config=loaded.generation_config)
-        return _load_config_source(path, tokenizer, [*predict_overrides, *overrides], mode, command)
+        return _load_config_source(path, tokenizer, [*predict_overrides, *overrides], mode, command, weights)
     except bad as exc:
         raise UsageError(str(exc).strip().splitlines()[0]) from None
 
 
 def _load_config_source(path: str, tokenizer: str | None, overrides: list[str], mode: str | None,
-                        command: str = "generate") -> Source:
+                        command: str = "generate", weights: str | None = None) -> Source:
     import mf_config
     import mf_models
 
     if tokenizer:
         overrides = [*overrides, f"tokenizer.path={json.dumps(tokenizer)}",
                      f"tokenizer.type={'hf' if os.path.isdir(tokenizer) else 'sentencepiece'}"]
-    from mf_cli.checks import check
+    from mf_cli.checks import check, completed
+    from mf_trainer.sources import weights_for_inference
 
-    cfg = mf_config.load_config(path, overrides=overrides)
+    notes: list[str] = []
+    cfg = completed(mf_config.load_config(path, overrides=overrides), notes)
+    if command == "generate":
+        cfg, note = weights_for_inference(cfg, weights)
+        notes += [note] if note else []
     check(cfg, command, 1, cfg.context.device_target, source=path)   # one process
     load_path = cfg.checkpoint.load_path
     kind = "hf" if os.path.isdir(cfg.tokenizer.path) else "sentencepiece"
@@ -207,6 +218,8 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="check a predict CONFIG (schema, rules, the preflight of mf generate) and print what would run; "
                         "loads no model, writes nothing")
+    p.add_argument("--weights", metavar="PATH",
+                   help="with a CONFIG: generate with these weights (default: a training YAML's save_path checkpoint)")
     p.set_defaults(run=run)
 
 
@@ -383,10 +396,11 @@ def run(args) -> int:
     is_config = os.path.isfile(args.source)
     if not is_config and args.overrides:
         raise UsageError("--set applies to a YAML config, not to a checkpoint directory")
+    from mf_cli.commands.eval import explicit_weights
+
     source = load_source(args.source, tokenizer=args.tokenizer, overrides=args.overrides, mode=args.mode,
-                         predict_overrides=_config_overrides(args) if is_config else [])
-    for note in source.notes:
-        print(f"mf generate: note: {note}", file=sys.stderr)
+                         predict_overrides=_config_overrides(args) if is_config else [],
+                         weights=explicit_weights(args) if is_config else args.weights)
     items = _prompts(args, source)
     settings = _sampling_settings(args, source)
     unused = [f"--{flag.replace('_', '-')}" for flag in ("temperature", "top_k", "top_p", "seed")
@@ -407,6 +421,9 @@ def run(args) -> int:
             raise UsageError(f"{args.source}: no tokenizer found for text prompts; give --tokenizer or token ids")
         else:
             prompt_ids.append(source.tokenizer.encode(item["prompt"]))
+    # After every check of the command line: bad input stays one line on stderr.
+    for note in source.notes:
+        print(f"mf generate: note: {note}", file=sys.stderr)
     return _generate(args, source, items, prompt_ids, settings)
 
 

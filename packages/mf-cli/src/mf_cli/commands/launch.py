@@ -5,9 +5,11 @@ Before any rank starts, the YAML goes through mf-trainer's preflight for the wor
 (exit 2, one line per problem, msrun never started): a layout that does not fit the world, an
 unknown model key or an unimplemented strategy fails in a blink instead of after N MindSpore
 start-ups.
-Each rank runs `mf train CONFIG [--set ...]` (mf_cli/_rank/mf_train_rank.py) and its output goes
-to `<output_dir>/logs/worker_<rank>.log`; this node's first rank (rank 0 on node 0) is streamed
-to the console. If any rank fails (an error, a non-zero exit, a rank killed by a signal) the
+Each rank runs `mf train CONFIG [--set ...] [--overwrite]` (mf_cli/_rank/mf_train_rank.py) and its
+output goes to `<output_dir>/logs/worker_<rank>.log`; this node's first rank (rank 0 on node 0) is
+streamed to the console, without MindSpore's own INFO/DEBUG log lines (`[INFO] DISTRIBUTED(...)`:
+they stay in the rank's log). The run directory rules are `mf train`'s, checked before msrun
+starts (another run's checkpoints or metrics in output_dir: refused, unless `--overwrite`). If any rank fails (an error, a non-zero exit, a rank killed by a signal) the
 launcher stops every rank at once, prints the failing rank's error and log tail, and `mf launch`
 exits non-zero (the rank's exit code when it reported one: 2 for bad input, 1 for a training
 failure). Multi-node: run the same command on every node with its `--node-rank` and a common
@@ -17,6 +19,7 @@ failure). Multi-node: run the same command on every node with its `--node-rank` 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -35,7 +38,37 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
     p.add_argument("config", help="training YAML")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a key before validation (repeatable), e.g. parallelism.tensor_parallel=2")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over: rank 0 first removes what a run writes in output_dir and checkpoint.save_path "
+                        "(as mf train --overwrite)")
     p.set_defaults(run=run)
+
+
+# MindSpore's own C++/Python log lines (glog format): `[INFO] DISTRIBUTED(pid,thread,python):time [file] ...`.
+_MINDSPORE_CHATTER = re.compile(r"^\[(DEBUG|INFO)\] [A-Z_]+\(\d+,")
+
+
+class ConsoleFilter:
+    """The console stream of `mf launch`: what the launcher writes, minus MindSpore's INFO / DEBUG
+    lines (GLOG_v=3 does not silence all of them: a rank's communication shutdown prints some)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.rest = ""
+
+    def write(self, text: str) -> int:
+        lines = (self.rest + text).split("\n")
+        self.rest = lines.pop()
+        for line in lines:
+            if not _MINDSPORE_CHATTER.match(line):
+                self.stream.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.rest and not _MINDSPORE_CHATTER.match(self.rest):
+            self.stream.write(self.rest)
+        self.rest = ""
+        self.stream.flush()
 
 
 def run(args) -> int:
@@ -50,16 +83,21 @@ def run(args) -> int:
     config = load_config(args.config, args.overrides)
     # The whole preflight for the world about to start (the device when the YAML names it; the
     # ranks check it again with the device they resolve): no rank starts for a refused config.
-    check(config, "launch", args.nproc * args.nodes, config.context.device_target, source=args.config)
+    from mf_cli.checks import completed
+
+    check(completed(config), "launch", args.nproc * args.nodes, config.context.device_target, source=args.config,
+          overwrite=args.overwrite)
     log_dir = Path(config.output_dir) / "logs"
     argv = [str(RANK_SCRIPT), args.config]
     for override in args.overrides:
         argv += ["--set", override]
+    if args.overwrite:
+        argv.append("--overwrite")
     try:
         print(f"mf launch: {args.nproc * args.nodes} ranks ({args.nproc} on this node); "
               f"logs in {log_dir}/worker_<rank>.log; streaming rank {args.node_rank * args.nproc}", flush=True)
         return mf_parallel.launch(args.nproc, argv, log_dir, nodes=args.nodes, node_rank=args.node_rank,
                                   master_addr=args.master_addr, master_port=args.master_port,
-                                  python=sys.executable, console=sys.stdout)
+                                  python=sys.executable, console=ConsoleFilter(sys.stdout))
     except mf_parallel.ParallelConfigError as exc:
         raise UsageError(str(exc).removeprefix("launch: ")) from None

@@ -1,4 +1,10 @@
-"""`mf train CONFIG [--set key=value ...] [--dry-run [--world N] [--build-model]]`: train as the YAML says.
+"""`mf train CONFIG [--set key=value ...] [--overwrite] [--dry-run [--world N] [--build-model]]`: train as the YAML says.
+
+The run directory: rerunning the same config resumes it from its last committed checkpoint (the
+console says so); output_dir / checkpoint.save_path holding anything else (another config's
+checkpoints, a finished run, metrics without a checkpoint) is refused with one line naming
+`--set checkpoint.load_path=...` or `--overwrite`, which removes this run's own kinds of file
+there first (mf_trainer.rundir lists them; never the data, checkpoint.load_path or other files).
 
 `--dry-run` runs the preflight, resolves the layout (for `--world N` ranks, as `mf launch -n N`
 would, or this process's), the accumulation and tokens per step, and where outputs would go
@@ -37,6 +43,9 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
                         help="with --dry-run: plan for N ranks (what `mf launch -n N` would run) from this process")
     parser.add_argument("--build-model", action="store_true",
                         help="with --dry-run: also build the model (MindSpore) and count its parameters")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over: first remove what a run writes in output_dir and checkpoint.save_path "
+                             "(metrics, logs, TensorBoard events, summary, checkpoints); nothing else")
     parser.set_defaults(run=run)
 
 
@@ -57,6 +66,11 @@ class _CurrentStream(logging.StreamHandler):
         pass
 
 
+def _is_console(handler: logging.Handler) -> bool:
+    return (type(handler) is logging.StreamHandler
+            and getattr(handler, "stream", None) in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__))
+
+
 def _logging(stream_name: str = "stdout") -> None:
     """Progress lines of the mf loggers on stdout (`mf train`) or stderr (`mf eval`, whose stdout is the result)."""
     handler = _CurrentStream(stream_name)
@@ -66,7 +80,9 @@ def _logging(stream_name: str = "stdout") -> None:
         logger.setLevel(logging.INFO)
         for old in [h for h in logger.handlers if isinstance(h, _CurrentStream)]:
             logger.removeHandler(old)
-        if not logger.handlers:
+        # A console handler of the user's (a plain StreamHandler on stdout / stderr) stays the
+        # console; any other handler (a file, train.log, a test's log capture) is not a console.
+        if not any(_is_console(h) for h in logger.handlers):
             logger.addHandler(handler)
         logger.propagate = False
 
@@ -91,7 +107,8 @@ def _dry_run(args, config) -> int:
     if args.build_model:
         _logging()
     try:
-        plan = mf_trainer.dry_run(config, world=args.world, build_model=args.build_model, source=args.config)
+        plan = mf_trainer.dry_run(config, world=args.world, build_model=args.build_model, source=args.config,
+                                  overwrite=args.overwrite)
     except _bad_input_errors() as exc:
         raise UsageError(bad_input_message(exc)) from None
     for line in plan.lines():
@@ -103,7 +120,7 @@ def _dry_run(args, config) -> int:
 def run(args) -> int:
     # MindSpore's C++ logging is chatty at INFO/WARNING; the user can still ask for it.
     os.environ.setdefault("GLOG_v", "3")
-    from mf_cli.checks import check, load_config
+    from mf_cli.checks import check, completed, load_config
 
     config = load_config(args.config, args.overrides)
     if not args.dry_run and (args.world is not None or args.build_model):
@@ -113,14 +130,15 @@ def run(args) -> int:
     from mf_trainer.environment import world_size_from_env
 
     # Before MindSpore loads: a refused config answers at once (the Trainer checks again with the
-    # device it resolved).
-    check(config, "train", world_size_from_env(), config.context.device_target, source=args.config)
+    # device it resolved, and completes the config itself, saying so).
+    check(completed(config), "train", world_size_from_env(), config.context.device_target, source=args.config,
+          overwrite=args.overwrite)
     _logging()
     import mf_trainer
 
     bad_input = _bad_input_errors()
     try:
-        trainer = mf_trainer.Trainer(config)
+        trainer = mf_trainer.Trainer(config, overwrite=args.overwrite)
     except bad_input as exc:
         raise UsageError(bad_input_message(exc)) from None
     try:

@@ -9,9 +9,9 @@ Panels (each Axes is labelled with its key, so a caller or a test can find it):
     compare        with comparisons only: relative difference of loss and grad norm per step
                    against the first run, on a symmetric log scale, with the rtol line
 Skipped (non-finite) steps are red dotted verticals on every panel; checkpoints are triangles
-along the top of the loss panel, in the run's colour. Every line's gid names what it shows
-(`<run>`, `<run> eval`, `<run> checkpoints`, `<run> skipped`, `<run> loss` / `<run> grad_norm` on
-the comparison panel).
+along the top of the loss panel, in the run's colour (hollow: recorded, then rotated away). Every
+line's gid names what it shows (`<run>`, `<run> eval`, `<run> checkpoints`, `<run> rotated
+checkpoints`, `<run> skipped`, `<run> loss` / `<run> grad_norm` on the comparison panel).
 
 matplotlib's object API on an Agg canvas: no pyplot, no GUI backend, no global state.
 """
@@ -105,10 +105,12 @@ def _checkpoints(ax, runs, colors) -> None:
     # Near the top edge (x in data, y in axes coordinates), clear of the curves' scale.
     # One row per run, stepped down, so runs that saved at the same steps stay distinguishable.
     for i, (run, color) in enumerate(zip(runs, colors)):
-        steps = sorted({c.step for c in run.checkpoints})
-        if steps:
-            ax.plot(steps, [0.95 - 0.05 * i] * len(steps), transform=ax.get_xaxis_transform(), linestyle="none",
-                    marker="v", markersize=7, color=color, gid=f"{run.name} checkpoints")
+        for on_disk, gid, face in ((True, f"{run.name} checkpoints", color),
+                                   (False, f"{run.name} rotated checkpoints", "white")):
+            steps = sorted({c.step for c in run.checkpoints if c.on_disk == on_disk})
+            if steps:
+                ax.plot(steps, [0.95 - 0.05 * i] * len(steps), transform=ax.get_xaxis_transform(), linestyle="none",
+                        marker="v", markersize=7, color=color, markerfacecolor=face, gid=gid)
 
 
 def _skipped(ax, runs) -> None:

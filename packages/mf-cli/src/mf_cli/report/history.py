@@ -1,11 +1,15 @@
-"""A run directory read back: RUN_DIR -> the training and evaluation records per step, and its checkpoints.
+"""A run directory read back: RUN_DIR -> the training and evaluation records per step, its
+sessions and its checkpoints.
 
-mf-trainer's MetricsLogger appends one JSON object per line to `<output_dir>/metrics.jsonl`: a
-training step when the record has `loss`, an evaluation when it has `eval_loss` (both carry `step`;
-non-finite floats are written as the strings "nan", "inf", "-inf"). Checkpoints are not recorded
-there: they are the committed `iteration_*` directories of a save directory under RUN_DIR (the
-default `<output_dir>/checkpoint`, or any direct subdirectory holding a
-`latest_checkpointed_iteration.txt`), so the ones `save_max` rotated away are not seen.
+mf-trainer's MetricsLogger appends one JSON object per line to `<output_dir>/metrics.jsonl`, each
+with `step` (and, from mf-trainer 0.5, `time`: wall clock, Unix seconds): a training step when the
+record has `loss`, an evaluation when it has `eval_loss`, a committed checkpoint when it has
+`checkpoint` (its path), the start of a session (a new run or a resume) when it has `start` (non-
+finite floats are written as the strings "nan", "inf", "-inf"). Checkpoints come from those
+records (each marked whether it is still on disk: `save_max` rotates old ones away); a file
+without them (mf-trainer < 0.5) falls back to the committed `iteration_*` directories of a save
+directory under RUN_DIR (the default `<output_dir>/checkpoint`, or any direct subdirectory holding
+a `latest_checkpointed_iteration.txt`), where the rotated ones are not seen.
 
 What the file may look like, and what is made of it:
 - a run still going: its last line may be half-written (no newline yet); it is left out and noted.
@@ -43,7 +47,17 @@ class RunReadError(ValueError):
 class Checkpoint:
     step: int
     path: Path
-    latest: bool  # the one its save directory's latest_checkpointed_iteration.txt names
+    latest: bool  # the last one committed (the one latest_checkpointed_iteration.txt names)
+    on_disk: bool = True  # False: recorded, then rotated away (save_max) or removed
+
+
+@dataclass
+class Session:
+    """One process's part of the run: from `started` (its start record) to its last record."""
+
+    start_step: int
+    started: float
+    last_time: float
 
 
 @dataclass
@@ -56,6 +70,7 @@ class RunHistory:
     train: dict[int, dict] = field(default_factory=dict)   # step -> training record
     evals: dict[int, dict] = field(default_factory=dict)   # step -> evaluation record
     checkpoints: list[Checkpoint] = field(default_factory=list)
+    sessions: list[Session] = field(default_factory=list)
     duplicate_steps: list[int] = field(default_factory=list)   # steps whose training record was written again
     superseded_steps: list[int] = field(default_factory=list)  # steps of an earlier attempt never written again
     restarts: list[tuple[int, int]] = field(default_factory=list)  # (last step before, step the file restarted at)
@@ -75,6 +90,13 @@ class RunHistory:
     def last_checkpoint(self) -> Checkpoint | None:
         latest = [c for c in self.checkpoints if c.latest]
         return max(latest or self.checkpoints, key=lambda c: c.step, default=None)
+
+    @property
+    def wall_time(self) -> float | None:
+        """Seconds the run's sessions took, added up (the time between a kill and the rerun is not
+        in it); None when the file records no sessions (mf-trainer < 0.5)."""
+        spans = [s.last_time - s.started for s in self.sessions if math.isfinite(s.last_time - s.started)]
+        return math.fsum(spans) if spans else None
 
     def series(self, key: str, *, evals: bool = False) -> tuple[list[int], list[float]]:
         """(steps, values) of one metric; a record without a number for it gives NaN there."""
@@ -151,8 +173,19 @@ def read_run(run_dir: str | os.PathLike, name: str | None = None) -> RunHistory:
     records, torn = _parse_lines(path)
     run = RunHistory(name=name or directory.resolve().name, path=directory, metrics_path=path, torn_last_line=torn)
     written: dict[int, int] = {}   # step -> training records of it read so far
+    recorded: dict[int, Path] = {}  # step -> checkpoint path, from the checkpoint records
     for record in records:
         step = record["step"]
+        moment = number(record.get("time"))
+        if "start" in record:
+            run.sessions.append(Session(step, number(record["start"]), moment))
+            continue
+        if run.sessions and math.isfinite(moment):
+            run.sessions[-1].last_time = max(run.sessions[-1].last_time, moment)
+        if "checkpoint" in record and isinstance(record["checkpoint"], str):
+            recorded.pop(step, None)
+            recorded[step] = Path(record["checkpoint"])
+            continue
         if "loss" in record:
             if run.train and step <= max(run.train):
                 run.restarts.append((max(run.train), step))
@@ -173,7 +206,11 @@ def read_run(run_dir: str | os.PathLike, name: str | None = None) -> RunHistory:
     run.superseded_steps = sorted(s for s in written if s not in run.train)
     run.train = dict(sorted(run.train.items()))
     run.evals = dict(sorted(run.evals.items()))
-    run.checkpoints = _checkpoints(directory, run.notes)
+    if recorded:
+        last = max(recorded)
+        run.checkpoints = [Checkpoint(step, path, step == last, path.is_dir()) for step, path in sorted(recorded.items())]
+    else:
+        run.checkpoints = _checkpoints(directory, run.notes)
     return run
 
 

@@ -1,9 +1,10 @@
 """The text summary of one run: steps, time, throughput, losses, skips, checkpoints, and what the reader noted.
 
-Time is the sum of the recorded `step_time_s` (and `eval_time_s`): metrics.jsonl carries no wall
-clock, so start-up, data preparation and checkpoint writes between steps are not in it. The median
-throughput includes every step; the first step of each process (graph compilation) is one outlier
-the median ignores, which a mean would not.
+Wall time is the sessions' (start record to last record, added up over resumes; start-up, data
+preparation, evaluations and checkpoint writes included, the gap between a kill and the rerun
+not), beside the sum of the recorded `step_time_s` (and `eval_time_s`). A file of mf-trainer < 0.5
+has no wall clock: then only the sums are shown. The median throughput includes every step; the
+first step of each process is one outlier the median ignores, which a mean would not.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class RunSummary:
     skipped: list[int]
     step_time_s: float
     eval_time_s: float
+    wall_time_s: float | None
+    sessions: int
     median_tokens_per_s: float
     median_mfu: float
     best_loss: tuple[float, int] | None      # (value, step) over finite training losses
@@ -32,7 +35,8 @@ class RunSummary:
     best_eval_loss: tuple[float, int] | None
     final_eval_loss: tuple[float, int] | None
     last_checkpoint: Checkpoint | None
-    checkpoint_steps: list[int]
+    checkpoint_steps: list[int]              # on disk
+    rotated_steps: list[int]                 # recorded, then rotated away
     notes: list[str] = field(default_factory=list)
 
 
@@ -55,12 +59,14 @@ def summarize(run: RunHistory) -> RunSummary:
         skipped=run.skipped_steps,
         step_time_s=math.fsum(v for v in run.series("step_time_s")[1] if math.isfinite(v)),
         eval_time_s=math.fsum(v for v in run.series("eval_time_s", evals=True)[1] if math.isfinite(v)),
+        wall_time_s=run.wall_time, sessions=len(run.sessions),
         median_tokens_per_s=_median(run.series("tokens_per_s")[1]),
         median_mfu=_median(run.series("mfu")[1]),
         best_loss=_best(steps, losses), final_loss=(losses[-1], steps[-1]) if steps else None,
         best_eval_loss=_best(eval_steps, eval_losses),
         final_eval_loss=(eval_losses[-1], eval_steps[-1]) if eval_steps else None,
-        last_checkpoint=run.last_checkpoint, checkpoint_steps=sorted({c.step for c in run.checkpoints}),
+        last_checkpoint=run.last_checkpoint, checkpoint_steps=sorted({c.step for c in run.checkpoints if c.on_disk}),
+        rotated_steps=sorted({c.step for c in run.checkpoints if not c.on_disk}),
         notes=reader_notes(run),
     )
 
@@ -105,6 +111,9 @@ def summary_lines(s: RunSummary) -> list[str]:
         span = "no training steps recorded"
     time = f"{_duration(s.step_time_s)} in steps" + (f" + {_duration(s.eval_time_s)} in evaluations"
                                                       if s.eval_time_s else "")
+    if s.wall_time_s is not None:
+        over = f" over {s.sessions} sessions" if s.sessions > 1 else ""
+        time = f"wall time {_duration(s.wall_time_s)}{over} ({time})"
     rate = f"median {s.median_tokens_per_s:.4g} tokens/s" if math.isfinite(s.median_tokens_per_s) else "no tokens/s"
     if math.isfinite(s.median_mfu):
         rate += f", MFU {100.0 * s.median_mfu:.3g}%"
@@ -114,8 +123,11 @@ def summary_lines(s: RunSummary) -> list[str]:
         loss += f"; eval loss: best {_loss(s.best_eval_loss)}, final {_loss(s.final_eval_loss)}"
     lines.append(loss)
     if s.last_checkpoint is not None:
-        lines.append(f"  last checkpoint: step {s.last_checkpoint.step}, {s.last_checkpoint.path} "
-                     f"(on disk: step(s) {step_ranges(s.checkpoint_steps)})")
+        disk = f"on disk: step(s) {step_ranges(s.checkpoint_steps)}" if s.checkpoint_steps else "none left on disk"
+        gone = f"; rotated away: {step_ranges(s.rotated_steps)}" if s.rotated_steps else ""
+        missing = "" if s.last_checkpoint.on_disk else " (no longer on disk)"
+        lines.append(f"  last checkpoint: step {s.last_checkpoint.step}, {s.last_checkpoint.path}{missing} "
+                     f"({disk}{gone})")
     else:
         lines.append("  last checkpoint: none under the run directory")
     lines += [f"  note: {n}" for n in s.notes]

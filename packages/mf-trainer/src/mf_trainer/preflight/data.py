@@ -87,3 +87,71 @@ def global_batch(t):
     if per_micro > tr.global_batch_size:
         yield ("training.global_batch_size", f"{tr.global_batch_size} is below data_parallel ({dp}) x "
                                              f"local_batch_size ({tr.local_batch_size}) = {per_micro}")
+
+
+_BLEND_KEYS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
+
+
+def dataset_prefixes(section) -> list[tuple[str, str]]:
+    """(config key, prefix) of every Megatron dataset a loader section opens: each component of a
+    blend (`data_path: [w, prefix, ...]`) and of the per-split paths."""
+    import mf_config
+
+    config = section.dataloader.extra.get("config")
+    if section.dataloader.type != "BlendedMegatronDatasetDataLoader" or not isinstance(config, dict):
+        return []
+    out = []
+    for key in _BLEND_KEYS:
+        value = config.get(key)
+        if value is None:
+            continue
+        try:
+            prefixes, _ = mf_config.split_data_path(value if isinstance(value, list) else [value], key)
+        except mf_config.ConfigError:
+            continue   # mf-config / mf-data name a malformed list
+        out += [(key, str(p)) for p in prefixes]
+    return out
+
+
+def token_range_problems(cfg, vocab_size: int, sections, cache: bool = True):
+    """(key, reason) for each dataset (of `sections`: (YAML name, section)) holding a token id
+    outside [0, vocab_size). Missing or damaged files are the loader's to report, not this."""
+    import os
+
+    import mf_data
+
+    seen = set()
+    for where, section in sections:
+        for key, prefix in dataset_prefixes(section):
+            if prefix in seen or not (os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")):
+                continue
+            seen.add(prefix)
+            try:
+                found = mf_data.token_range(prefix, cache=cache)
+            except (mf_data.MFDataError, OSError, ValueError):
+                continue
+            if found is not None and (found.min < 0 or found.max >= vocab_size):
+                yield (f"{where}.dataloader.config.{key}",
+                       f"{prefix} holds token ids {found.min}..{found.max}, outside model.vocab_size {vocab_size} "
+                       f"(ids 0..{vocab_size - 1}): it was tokenised for another vocabulary; re-tokenise it or "
+                       f"raise model.vocab_size above {found.max}")
+
+
+@check(commands=(*TRAINING, EVAL), needs=("files",))
+def token_ids_fit_the_vocabulary(t):
+    """Every dataset's token ids are below model.vocab_size."""
+    args = t.model_args
+    vocab = getattr(args, "vocab_size", None)
+    if not isinstance(vocab, int):
+        return
+    if t.command == EVAL:
+        try:
+            section, where, _ = eval_data(t.cfg)
+        except ValueError:
+            return       # evaluation_data reports it
+        sections = [(where, section)]
+    else:
+        sections = [("train_dataset", t.cfg.train_dataset)]
+        if t.cfg.eval_dataset is not None:
+            sections.append(("eval_dataset", t.cfg.eval_dataset))
+    yield from token_range_problems(t.cfg, vocab, sections, cache=not t.plan_only)

@@ -13,6 +13,18 @@ def model_arguments(t):
     """The model section names a registered model with valid arguments."""
     import mf_models
 
+    model = t.cfg.model
+    if model.model_type is None and model.architectures is None and t.cfg.run_mode == "finetune":
+        # mf_trainer.sources fills it from the base when the base records one (unread with files=False)
+        if not t.files:
+            return
+        import os
+
+        base = t.cfg.checkpoint.load_path
+        why = ("does not exist (yet): make the base first, or" if not os.path.exists(base) else
+               "records no model (no config.json, no hf_config):")
+        yield "model", f"omitted (a fine-tune takes its base's), and checkpoint.load_path {base} {why} give the model section"
+        return
     try:
         mf_models.build_args(model_section(t.cfg))
     except mf_models.ModelConfigError as exc:

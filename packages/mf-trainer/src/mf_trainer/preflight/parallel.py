@@ -168,7 +168,9 @@ def one_process_world(t):
 
 @check(commands=ONE_PROCESS)
 def one_process_layout(t):
-    """Evaluation and generation take no parallel layout."""
+    """Evaluation and generation take no parallel layout (a training YAML's describes its training)."""
+    if t.cfg.run_mode in ("train", "finetune"):
+        return
     par = t.cfg.parallelism
     for name in DEGREES:
         if getattr(par, name) > 1:

@@ -1,10 +1,17 @@
 """The preflight's machinery: what is checked (`Target`), the check registry, and the report.
 
 A check is a function `fn(target) -> iterable of (key, message)` registered with `@check(...)`:
-it says which commands it applies to and whether it needs the world size and/or the device.
-When the caller does not know one of those (`mf config validate` without `--world` / `--device`),
-the checks needing it are not run and are listed in `PreflightReport.skipped` instead. Each check
-returns every independent problem it finds; checks never raise for bad input.
+it says which commands it applies to and whether it needs the world size, the device and/or the
+files. When the caller does not know one of those (`mf config validate` without `--world` /
+`--device`, or with `--no-files`), the checks needing it are not run and are listed in
+`PreflightReport.skipped` instead. Each check returns every independent problem it finds; checks
+never raise for bad input.
+
+`needs=("files",)` checks look at this machine's filesystem, read only: whether output_dir and
+checkpoint.save_path can be written, what they already hold (another run, this run to resume),
+the datasets' token range. A missing input is not theirs to report (the loader names it when it
+opens the data), and `plan_only` callers (`mf config validate`, `mf train --dry-run`) make them
+write no cache either.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ class Target:
     world: int | None = None
     device: str | None = None
     source: str | None = None
+    files: bool = True           # False: the checks that read this machine's files are skipped
+    overwrite: bool = False      # `--overwrite`: output_dir / save_path may hold something to remove
+    plan_only: bool = False      # validate / dry run: not even a cache is written
 
     @functools.cached_property
     def dims(self):
@@ -75,6 +85,13 @@ class Target:
     def config_name(self) -> str:
         return self.source or "CONFIG"
 
+    @functools.cached_property
+    def run_directory(self):
+        """What output_dir / checkpoint.save_path hold for this config (mf_trainer.rundir)."""
+        from mf_trainer.rundir import inspect_run
+
+        return inspect_run(self.cfg, overwrite=self.overwrite)
+
 
 def model_section(cfg) -> dict:
     section = {"model_type": cfg.model.model_type, "architectures": cfg.model.architectures, **cfg.model.extra}
@@ -85,7 +102,7 @@ def model_section(cfg) -> dict:
 class Check:
     fn: Callable[[Target], Iterable[Problem]]
     commands: frozenset[str]
-    needs: frozenset[str]        # subset of {"world", "device"}
+    needs: frozenset[str]        # subset of {"world", "device", "files"}
     gate: bool = False           # its problems make every later check moot (they are not run)
 
     @property
@@ -105,7 +122,7 @@ def check(*, commands: Iterable[str] = TRAINING, needs: Iterable[str] = (), gate
     check's problems end the preflight (e.g. a run_mode this command does not run: the command's
     other checks would only add noise)."""
     commands, needs = frozenset(commands), frozenset(needs)
-    unknown = (commands - set(COMMANDS)) | (needs - {"world", "device"})
+    unknown = (commands - set(COMMANDS)) | (needs - {"world", "device", "files"})
     if unknown:
         raise ValueError(f"check: unknown commands/needs {sorted(unknown)}")
 
@@ -148,9 +165,10 @@ class PreflightReport:
             raise PreflightError(self.problems)
 
 
-_NEEDS_TEXT = {"world": "the world size: --world N", "device": "the device: --device CPU|Ascend"}
-# Report order: what to run, the layout, the model, the data, the features, the device.
-TOPICS = ("run_mode", "parallel", "model", "data", "features", "device")
+_NEEDS_TEXT = {"world": "the world size: --world N", "device": "the device: --device CPU|Ascend",
+              "files": "this machine's files: drop --no-files"}
+# Report order: what to run, the layout, the model, the data, the features, the device, the outputs.
+TOPICS = ("run_mode", "parallel", "model", "data", "features", "device", "outputs")
 
 
 def _topic(item: Check) -> int:
@@ -164,7 +182,7 @@ def run_checks(target: Target) -> PreflightReport:
     if target.device is not None and target.device not in DEVICES:
         raise ValueError(f"preflight: unknown device {target.device!r}; one of {', '.join(DEVICES)}")
     report = PreflightReport(target.command, target.world, target.device)
-    known = {"world": target.world is not None, "device": target.device is not None}
+    known = {"world": target.world is not None, "device": target.device is not None, "files": target.files}
     seen: set[Problem] = set()
     for item in sorted(CHECKS, key=_topic):   # stable: registration order within a topic
         if target.command not in item.commands:

@@ -1,5 +1,9 @@
 """run_mode against the command, and what each mode needs: fine-tuning's base weights and LoRA,
-the weights evaluation and generation read, the end-of-training sample's prompts and tokenizer."""
+the weights evaluation and generation read, the end-of-training sample's prompts and tokenizer.
+
+`mf eval` takes an eval YAML or a training one; `mf generate` a predict YAML or a training one (the
+weights of a training YAML are its run's last checkpoint: mf_trainer.sources); `mf serve` a
+predict YAML."""
 
 from __future__ import annotations
 
@@ -20,7 +24,9 @@ def run_mode_fits_command(t):
         yield "run_mode", f"{mode!r} is not a training mode: run `{_RUNS[mode]} {t.config_name}`"
     elif t.command == EVAL and mode == "predict":
         yield "run_mode", "'predict' generates text: run it with `mf generate CONFIG`"
-    elif t.command in (GENERATE, SERVE) and mode != "predict":
+    elif t.command == GENERATE and mode == "eval":
+        yield "run_mode", "'eval' evaluates: run it with `mf eval CONFIG` (mf generate takes a predict or training YAML)"
+    elif t.command == SERVE and mode != "predict":
         yield "run_mode", (f"mf {t.command} needs a 'predict' config, got {mode!r} (set run_mode: predict, or give "
                            "the checkpoint directory itself)")
 
@@ -42,22 +48,32 @@ def finetune(t):
                                        "base, never into it (rotation could delete the base)")
 
 
+_OWN_WEIGHTS = ("empty, and checkpoint.save_path {where} holds no checkpoint yet (a training YAML is read with the "
+                "weights its run produced): train first, or give --weights PATH")
+
+
 @check(commands=(EVAL,))
 def eval_weights(t):
-    """Evaluation reads weights from checkpoint.load_path."""
+    """Evaluation reads weights from checkpoint.load_path (a training YAML: its run's checkpoint)."""
     if t.cfg.run_mode == "eval" and t.cfg.lora is not None:
         yield "lora", ("run_mode eval evaluates the weights in checkpoint.load_path; a LoRA adapter checkpoint "
                        "carries its own settings (remove the lora section)")
     if not t.cfg.checkpoint.load_path:
-        yield "checkpoint.load_path", ("evaluation needs weights (an mf checkpoint, a LoRA adapter checkpoint or a "
+        yield "checkpoint.load_path", (_OWN_WEIGHTS.format(where=t.cfg.checkpoint.save_path)
+                                       if t.cfg.run_mode in ("train", "finetune") else
+                                       "evaluation needs weights (an mf checkpoint, a LoRA adapter checkpoint or a "
                                        "Hugging Face directory)")
 
 
 @check(commands=(GENERATE, SERVE))
 def generation_weights(t):
-    """Generation reads weights from checkpoint.load_path."""
-    if t.cfg.run_mode == "predict" and not t.cfg.checkpoint.load_path:
+    """Generation reads weights from checkpoint.load_path (a training YAML: its run's checkpoint)."""
+    if t.cfg.checkpoint.load_path:
+        return
+    if t.cfg.run_mode == "predict":
         yield "checkpoint.load_path", "run_mode predict needs the weights to generate with"
+    elif t.cfg.run_mode in ("train", "finetune"):
+        yield "checkpoint.load_path", _OWN_WEIGHTS.format(where=t.cfg.checkpoint.save_path)
 
 
 @check()
