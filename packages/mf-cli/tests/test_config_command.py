@@ -24,14 +24,15 @@ def _write(tmp_path, text: str) -> str:
 
 
 def test_validate_ok_prints_ok_and_warns_on_stderr(capsys):
-    # The skeleton sets every section of the reference; the preflight refuses the one feature the
-    # Trainer does not have (as `mf train` would), so it validates once that is off.
+    # The skeleton sets every section of the reference. Its MoE monitor names layers 0-2, which its
+    # DeepSeek-V3 keeps dense (first_k_dense_replace: 3): refused as `mf train` would, one line each;
+    # it validates once the monitor names MoE layers.
     assert main(["config", "validate", str(SKELETON)]) == 2
-    assert capsys.readouterr().err == ("mf config: error: monitor.moe_monitor: tokens-per-expert recording is not "
-                                       "implemented yet (mf-models does not expose routing counts)\n")
-    no_moe = ["--set", "monitor.moe_monitor.save_tokens_per_expert_interval=null",
-              "--set", "monitor.moe_monitor.target_layers=null"]
-    assert main(["config", "validate", str(SKELETON), *no_moe, "--world", "8", "--device", "Ascend"]) == 0
+    assert capsys.readouterr().err == "".join(
+        f"mf config: error: monitor.moe_monitor.target_layers: {i} is not a MoE layer of this model; "
+        "its MoE layers are 3-11\n" for i in range(3))
+    moe_layers = ["--set", "monitor.moe_monitor.target_layers=[3,4,5]"]
+    assert main(["config", "validate", str(SKELETON), *moe_layers, "--world", "8", "--device", "Ascend"]) == 0
     out, err = capsys.readouterr()
     assert out == f"{SKELETON}: OK\n"
     # the skeleton's data prefix is a placeholder: a warning, not an error
