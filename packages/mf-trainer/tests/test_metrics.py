@@ -119,3 +119,16 @@ def test_duration_format(seconds, text):
     from mf_trainer.monitor import _fmt_duration
 
     assert _fmt_duration(seconds) == text
+
+
+def test_checkpoint_records_hold_absolute_paths(tmp_path, monkeypatch):
+    """A run saved under a relative save_path: its records still find the checkpoint from any
+    directory (mf report is often run elsewhere)."""
+    monkeypatch.chdir(tmp_path)
+    logger = MetricsLogger(tmp_path / "run", log_interval=1, tensorboard=False)
+    trainer = _trainer(0)
+    logger.on_train_begin(trainer)
+    logger.on_save(trainer, 1, "run/ck/iteration_00000001")
+    logger.on_train_end(trainer)
+    rows, kinds = _kinds(tmp_path / "run" / "metrics.jsonl")
+    assert rows[kinds.index("checkpoint")]["checkpoint"] == str(tmp_path / "run" / "ck" / "iteration_00000001")

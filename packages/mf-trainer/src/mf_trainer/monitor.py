@@ -169,7 +169,8 @@ class MetricsLogger(Callback):
 
     def on_save(self, trainer, step, path):
         if self._file is not None:     # a save outside train() (Trainer.save_checkpoint from Python) has no file
-            self._write({"step": step, "checkpoint": str(path)})
+            # Absolute: `mf report` may read the run from another directory than the one it ran in.
+            self._write({"step": step, "checkpoint": os.path.abspath(str(path))})
         if self._writer is not None:
             # tensorboardX queues events for a writer thread and flushes every 2 minutes: a run killed
             # after this checkpoint must still hold every event up to it (a resume purges only the
