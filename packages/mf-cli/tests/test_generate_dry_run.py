@@ -56,11 +56,19 @@ def test_dry_run_with_prompts_and_flags(tmp_path, capsys):
     assert "prompts: 2 in the config" in out and "decoding: sampling (temperature 1.0, top_k 5, top_p 1.0)" in out
 
 
+def test_dry_run_takes_a_training_yaml_as_mf_generate_does(tmp_path, capsys):
+    """mf generate accepts a training YAML (its run's weights, or checkpoint.load_path): so does
+    its dry run, naming the weights."""
+    data = json.loads(json.dumps(PREDICT))
+    data.update({"run_mode": "train", "train_dataset": {"dataloader": {"type": "BlendedMegatronDatasetDataLoader"}},
+                 "training": {"steps": 1}})
+    assert main(["generate", _write(tmp_path, data), "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert "weights: /models/none" in out + err, out + err
+
+
 @pytest.mark.parametrize("change, message", [
     ({"checkpoint": {}}, "mf generate: error: checkpoint.load_path: run_mode predict needs the weights to generate with"),
-    ({"run_mode": "train", "train_dataset": {"dataloader": {"type": "BlendedMegatronDatasetDataLoader"}},
-      "training": {"steps": 1}},
-     "mf generate: error: run_mode: mf generate needs a 'predict' config"),
     ({"model": {"model_type": "nosuch"}}, "mf generate: error: model"),
     ({"inference": {"max_new_tokens": 0}}, "mf generate: error: inference.max_new_tokens"),
     ({"inference": {"input_file": "/nope/prompts.jsonl"}}, "mf generate: error: inference.input_file: /nope/prompts.jsonl: "

@@ -30,7 +30,9 @@ def _trainer(raw, callbacks=()):
 
 
 def _records(out_dir):
-    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    """The training steps' records (metrics.jsonl also holds start and checkpoint records)."""
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "loss" in r]
 
 
 def _biases(trainer) -> np.ndarray:

@@ -188,9 +188,6 @@ def evaluate(cfg, *, whole_split: bool = False, weights: str | None = None) -> E
     cfg, weights_note = weights_for_inference(cfg, weights)
     device = runtime.resolve_device(cfg.context.device_target)
     preflight(cfg, "eval", runtime.world_size_from_env(), device).raise_for_problems()
-    for note in (model_note, weights_note):
-        if note:
-            log.info("%s", note)
     runtime.setup_context(device, cfg.context.mode, cfg.context.device_id, cfg.training.deterministic)
     runtime.seed_everything(cfg.training.seed)
     try:
@@ -198,6 +195,9 @@ def evaluate(cfg, *, whole_split: bool = False, weights: str | None = None) -> E
     except mf_models.ModelConfigError as exc:
         raise TrainerConfigError(str(exc)) from None
     what = load_weights(model, cfg.checkpoint)   # a bad checkpoint fails before the data is indexed
+    for note in (model_note, weights_note):     # said once the weights loaded: bad input stays one line
+        if note:
+            log.info("%s", note)
     iters = None if whole_split else (cfg.eval_dataset.eval_iters if cfg.eval_dataset is not None else _default_iters())
     evaluator = Evaluator(cfg, model, micro_batch_size=cfg.training.local_batch_size, iters=iters)
     log.info("evaluating %s on %s: %d batches of %d samples, %s mode", what, evaluator.where, evaluator.batches,
