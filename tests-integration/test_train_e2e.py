@@ -129,5 +129,5 @@ def test_bad_yaml_exits_2_with_one_line_and_writes_nothing(tmp_path, corpus):
     assert not (tmp_path / "out").exists()
     out = mf("train", write_yaml(tmp_path / "b2.yaml", corpus, tmp_path / "out", optimizer={"type": "SGD"}))
     assert out.returncode == 2 and out.stderr == (
-        "mf train: error: optimizer.type: unknown optimizer 'SGD'; available: AdamW\n")
+        "mf train: error: optimizer.type: unknown optimizer 'SGD'; available: AdamW, Muon\n")
     assert not (tmp_path / "out").exists()

@@ -7,8 +7,9 @@ peak (the same run with a minuscule model: interpreter, MindSpore runtime and ke
 Tolerance: the estimate is within 25% of the measured bytes. It counts tensors; the measured peak
 also holds what no tensor list names (allocator slack, PyNative's bookkeeping of the autograd
 tape, the optimizer's temporaries). Measured on this machine (MiB, estimate / measured):
-none 578 / 570 (1.01), full recompute 303 / 367 (0.83), select (attention everywhere, MLP in
-layers 0-1) 364 / 426 (0.86). The bytes recompute saves are over-estimated (full 274 against 203
+none 609 / 626 (0.97), full recompute 335 / 423 (0.79), select (attention everywhere, MLP in
+layers 0-1) 396 / 479 (0.83), with the loss backward's three logits-sized buffers counted (the
+closed-form loss gradient of mf_trainer.loss holds them: +55 MiB measured here against autodiff's). The bytes recompute saves are over-estimated (full 274 against 203
 measured, select 213 against 143: MindSpore's recompute keeps more than the layer input), so
 the order of the three is checked, not their differences; benchmarks/memory_bench.py prints them.
 Parameters and optimizer state are exact: compared with what the Trainer holds.

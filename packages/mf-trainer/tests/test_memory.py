@@ -32,7 +32,7 @@ def test_one_rank_by_hand(tmp_path, tiny_config):
     assert r.gradients == PARAMS * 4           # float32 accumulation buffers (2 micro-batches)
     assert r.optimizer == PARAMS * 8           # exp_avg + exp_avg_sq
     assert r.activations_per_microbatch == (2 * LAYER + HEAD) * 2 * 4 and r.in_flight == 1
-    assert r.transient == (32 * 64 + LAYER) * 2 * 4      # the logits' gradient, one layer's gradients
+    assert r.transient == (3 * 32 * 64 + LAYER) * 2 * 4  # the loss backward's 3 logits-sized buffers, one layer's gradients
     assert r.fsdp_gathered == 0
 
 

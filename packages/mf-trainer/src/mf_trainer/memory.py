@@ -21,7 +21,7 @@ For every pipeline rank (the other axes hold the same bytes on each of their ran
   Multiplied by the micro-batches a rank holds at once: 1 without a pipeline (each micro-batch's
   backward runs before the next forward), the schedule's peak in flight with one.
 - transient: what exists only around the peak (the start of the last backward): the gradient of
-  the logits, one layer's worth of activation gradients (backward makes a gradient for each saved
+  the logits (three logits-sized buffers in the one-process loss backward, one under tp), one layer's worth of activation gradients (backward makes a gradient for each saved
   tensor of the layer it is in, freeing them as it goes), one recomputed layer (or module) rebuilt
   in backward, and FSDP's gathered unit: one
   block's full TP-local parameters and its full gradient before the reduce-scatter (every
@@ -49,6 +49,10 @@ from mf_trainer.preflight.registry import model_section
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 LAYER = re.compile(r"^layers\.(\d+)\.")
 MODULES = ("attention_norm", "attention", "ffn_norm", "feed_forward")
+
+
+# Logits-sized buffers alive in the one-process loss backward (see the transient below).
+LOSS_BUFFERS = 3
 
 
 @dataclass
@@ -245,7 +249,11 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
         act = sum(kept(i) for i in ids) + (terms["head"] if last else 0)
         rank.activations_per_microbatch = act * batch * act_bytes
         rebuilt = max([layer_elems - kept(i) for i in ids] + [0])
-        logits_grad = seq // dims.cp * (args.vocab_size // tp) if last else 0
+        # The loss backward (mf_trainer.loss.TokenCrossEntropy) holds three logits-sized buffers at
+        # once: the sparse kernel's softmax workspace, its softmax - onehot, and that scaled per token
+        # (measured: +55 MiB on 8 x 256 x 2000 float32 logits, 16 MiB each). Under tp the
+        # vocabulary-parallel loss (mf-parallel) makes one gradient of its vocabulary shard.
+        logits_grad = seq // dims.cp * (args.vocab_size // tp) * (1 if tp > 1 else LOSS_BUFFERS) if last else 0
         # Backward through a layer makes the gradients of its saved tensors (same shapes), freed as it
         # goes: about one layer's worth at once, recomputed or not.
         working = layer_elems if ids else 0

@@ -170,7 +170,6 @@ def _load_config_source(path: str, tokenizer: str | None, overrides: list[str], 
     mf_models.check_weights_fit(section, load_path)   # before the model is built from the section
     model = mf_models.build_model(section, init=False)
     mf_models.load_weights(model, load_path)
-    notes: list[str] = []
     tok = _tokenizer(cfg.tokenizer.path or find_tokenizer(load_path, common, notes))
     generation = common.get("hf_generation_config") if isinstance(common.get("hf_generation_config"), dict) else {}
     eos = model.args.eos_token_ids or ([tok.eos_token_id] if tok and tok.eos_token_id is not None else [])
