@@ -208,3 +208,18 @@ def test_damaged_resume_state_is_one_keyed_line(full_run, tmp_path, tiny_corpus,
     message = str(error.value)
     assert "\n" not in message and needle in message, message
     assert message.startswith("checkpoint.load_path: ") and ("common.json: " in message)
+
+
+def test_only_rank_0_judges_the_files_a_run_writes_as_it_begins(tmp_path, monkeypatch, tiny_corpus, tiny_config):
+    """Under a launch, rank 0 writes metrics.jsonl as the run begins; a slower rank inspecting the
+    directory then must not take it for an earlier run's (it refused, and the launch failed)."""
+    from mf_trainer.rundir import inspect_run
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 0, "start": 1.0, "time": 1.0}\n')
+    cfg = mf_config.load_config(tiny_config(out, tiny_corpus, checkpoint={"save_path": str(out / "checkpoint")}))
+    monkeypatch.setenv("RANK_ID", "0")
+    assert inspect_run(cfg).verdict == "leftovers"
+    monkeypatch.setenv("RANK_ID", "1")
+    assert inspect_run(cfg).verdict != "leftovers"

@@ -217,7 +217,10 @@ def inspect_run(cfg, *, overwrite: bool = False) -> RunDirectory:
         return _refuse(state, "leftovers", "checkpoint.save_path",
                        f"{ckpt.save_path} holds {', '.join(stray[:3])} but no {MARKER} (no committed checkpoint to "
                        f"resume; saving there could rotate them away): {stop}")
-    leftovers = _leftovers(Path(cfg.output_dir))
+    # metrics.jsonl, config.yaml and train.log are what rank 0 writes as this run begins: a rank
+    # that inspects the directory a moment later would take them for an earlier run's. Only rank 0
+    # judges them (it refuses, and the launch fails, before the others could differ).
+    leftovers = _leftovers(Path(cfg.output_dir)) if _launch_rank() == 0 else []
     if leftovers:
         names = [Path(p).name for p in leftovers]
         listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
@@ -225,6 +228,15 @@ def inspect_run(cfg, *, overwrite: bool = False) -> RunDirectory:
                        f"{cfg.output_dir} holds {listed} of an earlier run but "
                        f"no checkpoint to resume from (a new run would mix its history into them): {stop}")
     return state
+
+
+def _launch_rank() -> int:
+    """This process's rank as msrun (or torchrun-style launchers) set it; 0 outside a launch."""
+    for key in ("RANK_ID", "RANK"):
+        value = os.environ.get(key, "")
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
 def _refuse(state: RunDirectory, verdict: str, key: str, problem: str) -> RunDirectory:
