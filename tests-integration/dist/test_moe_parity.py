@@ -13,25 +13,14 @@ import json
 
 import numpy as np
 import pytest
+from _case_results import case_result as _result
+from _case_results import case_weights as _weights
+from _case_results import rel_err as _rel
 from _trainer_worker import STEPS
 
 RTOL = 1e-5
 
 
-def _result(workdir, name):
-    path = workdir / name / "result.json"
-    assert path.exists(), f"{name}: no result.json (rank 0 did not finish the case)"
-    return json.loads(path.read_text())
-
-
-def _weights(workdir, name):
-    with np.load(workdir / name / "weights.npz") as f:
-        return {k: f[k] for k in f.files}
-
-
-def _rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
 
 
 @pytest.fixture(scope="module")
