@@ -168,7 +168,8 @@ class PipelinePlan:
         layouts = mp.param_layouts(model, mesh)
         self.every = {name: (layouts[name].global_shape, p.asnumpy().dtype) for name, p in model.parameters_and_names()}
         try:
-            self.stage = mf_models.pipeline_stage(model, self.layout, self.pp_rank)
+            self.stage = mf_models.pipeline_stage(model, self.layout, self.pp_rank,
+                                                  sequence_shards=parallel.dims.tp)
         except mf_models.ModelConfigError as exc:
             raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
         self.executor = mp.PipelineExecutor(self.schedule, self.stage.chunks, mesh["pp"], tied=self.stage.tied,

@@ -1,7 +1,13 @@
 """`pipeline_parallel > 1`: the schedule and its flags, the layers of every stage against the
 model, the micro-batch count against the schedule, and what does not combine with pipeline stages
 yet (pipeline_step.py runs the rest). The knobs' refusals at pipeline_parallel 1 are
-parallel.py's `feature_knobs`."""
+parallel.py's `feature_knobs`; pipeline x context parallelism is refused by context.py.
+
+Stages combine with data parallelism (FSDP `optim_grads_params` or DDP `no_shard` over each
+stage's data-parallel group) and with tensor parallelism (the stage's layers under the TP plan,
+vocabulary-split logits on the last stage): both proven against one process in the dist tests
+for the 1f1b and gpipe schedules. The schedules that defer weight gradients (dx/dw split, zbv)
+and the interleaved one are proven with pipeline ranks alone, so with dp or tp they stay refused."""
 
 from __future__ import annotations
 
@@ -11,10 +17,10 @@ from mf_trainer.preflight.registry import check, split_line
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 # Degrees that do not combine with pipeline stages yet, and why.
 NOT_WITH_PIPELINE = {
-    "tensor_parallel": "the stages' tied output head and loss are not wired for vocabulary-split logits yet",
-    "context_parallel": "context parallelism is not implemented",
     "expert_parallel": "expert parallelism is not implemented",
 }
+# Schedules proven with data or tensor parallelism inside the stages (dist tests vs one process).
+WITH_SHARDED_STAGES = ("1f1b", "gpipe")
 
 
 def _pp(t) -> int:
@@ -101,11 +107,27 @@ def pipeline_combinations(t):
 
 
 @check(needs=("world",))
-def pipeline_data_parallel(t):
-    """Pipeline stages run with a data-parallel size of 1."""
-    if _pp(t) <= 1 or t.dims is None or t.dims.dp == 1:
+def pipeline_sharded_stages(t):
+    """Data- or tensor-parallel stages run under the schedules proven with them."""
+    if _pp(t) <= 1 or t.dims is None or (t.dims.dp == 1 and t.dims.tp == 1):
         return
-    yield ("parallelism.pipeline_parallel",
-           f"{_pp(t)} x data parallelism ({t.dims.describe()}) is not implemented yet (the pipeline path neither "
-           f"shards the stages' parameters, the last stage's copy of a tied table included, nor reduces their "
-           f"gradients over the data-parallel group); start {_pp(t)} ranks so that the data-parallel size is 1")
+    import mf_parallel as mp
+
+    try:
+        spec = _spec(t)
+    except mp.ParallelConfigError:
+        return                                           # pipeline_schedule says why
+    par = t.cfg.parallelism
+    unproven = []
+    if spec.schedule not in WITH_SHARDED_STAGES or spec.chunks > 1:
+        unproven.append(f"the {spec.schedule} schedule")
+    if par.pipeline_parallel_enable_dxdw_split:
+        unproven.append("the dx/dw split")
+    if t.dims.dp_replicate > 1 and t.dims.dp_shard > 1:
+        unproven.append("HSDP (data_parallel_replicate x data_parallel_shard)")
+    if unproven:
+        key = ("parallelism.pipeline_parallel_enable_dxdw_split" if par.pipeline_parallel_enable_dxdw_split
+               else "parallelism.pipeline_parallel_schedule")
+        yield (key, f"{' and '.join(unproven)} with pipeline_parallel {_pp(t)} x {t.dims.describe()} is not "
+                    f"implemented (only {' and '.join(WITH_SHARDED_STAGES)} without the dx/dw split are proven with "
+                    f"data- or tensor-parallel stages); use one of them or start {_pp(t)} ranks")
