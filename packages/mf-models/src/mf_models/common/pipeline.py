@@ -143,7 +143,7 @@ class PipelineStage(nn.Cell):
                 self.tok_embeddings = parts["tok_embeddings"] = _TiedTable(model.tok_embeddings.weight)
                 self.tok_embeddings.weight.name = model.tok_embeddings.weight.name   # the table's global name
         if tied and len(layout.tied_ranks) > 1 and (first or last):
-            self.tied = (self.tok_embeddings.weight if first else self.output.weight,)
+            self.tied = (self.output.weight if planned_tie and not first else self.tok_embeddings.weight,)
         self.layers = _Layers(model.layers, [i for info in infos for i in info.layers])
         self.pp_rank = pp_rank
         # References, not sub-Cells: the parameters above already carry the global names.

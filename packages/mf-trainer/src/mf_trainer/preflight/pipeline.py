@@ -3,11 +3,11 @@ model, the micro-batch count against the schedule, and what does not combine wit
 yet (pipeline_step.py runs the rest). The knobs' refusals at pipeline_parallel 1 are
 parallel.py's `feature_knobs`; pipeline x context parallelism is refused by context.py.
 
-Stages combine with data parallelism (FSDP `optim_grads_params` or DDP `no_shard` over each
-stage's data-parallel group) and with tensor parallelism (the stage's layers under the TP plan,
-vocabulary-split logits on the last stage): both proven against one process in the dist tests
-for the 1f1b and gpipe schedules. The schedules that defer weight gradients (dx/dw split, zbv)
-and the interleaved one are proven with pipeline ranks alone, so with dp or tp they stay refused."""
+Stages combine with FSDP over each stage's data-parallel group (`optim_grads_params`) and with
+tensor parallelism (the stage's layers under the TP plan, vocabulary-split logits on the last
+stage): both proven against one process in the dist tests under 1f1b. What is proven with
+pipeline ranks alone (gpipe, interleaved, the dx/dw split, zbv) and DDP / HSDP stages stay
+refused with data- or tensor-parallel stages, one keyed line each."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ NOT_WITH_PIPELINE = {
     "expert_parallel": "expert parallelism is not implemented",
 }
 # Schedules proven with data or tensor parallelism inside the stages (dist tests vs one process).
-WITH_SHARDED_STAGES = ("1f1b", "gpipe")
+WITH_SHARDED_STAGES = ("1f1b",)
 
 
 def _pp(t) -> int:
@@ -108,7 +108,7 @@ def pipeline_combinations(t):
 
 @check(needs=("world",))
 def pipeline_sharded_stages(t):
-    """Data- or tensor-parallel stages run under the schedules proven with them."""
+    """Data- or tensor-parallel stages run only in the combinations proven against one process."""
     if _pp(t) <= 1 or t.dims is None or (t.dims.dp == 1 and t.dims.tp == 1):
         return
     import mf_parallel as mp
@@ -117,17 +117,25 @@ def pipeline_sharded_stages(t):
         spec = _spec(t)
     except mp.ParallelConfigError:
         return                                           # pipeline_schedule says why
-    par = t.cfg.parallelism
-    unproven = []
-    if spec.schedule not in WITH_SHARDED_STAGES or spec.chunks > 1:
-        unproven.append(f"the {spec.schedule} schedule")
+    par, dims = t.cfg.parallelism, t.dims
+    inside = ("FSDP" if dims.fsdp_enabled else "data-parallel" if dims.dp > 1 else "") + \
+             (" x " if dims.dp > 1 and dims.tp > 1 else "") + ("TP" if dims.tp > 1 else "")
+    proven = f"(only {' and '.join(WITH_SHARDED_STAGES)} with FSDP or TP stages is proven against one process)"
+    if spec.chunks > 1 and spec.schedule != "zbv":
+        yield ("parallelism.pipeline_parallel_interleave_num",
+               f"{par.pipeline_parallel_interleave_num} chunks per rank with {inside} stages are not implemented "
+               f"{proven}; set it to 1")
+    elif spec.schedule not in WITH_SHARDED_STAGES:
+        yield ("parallelism.pipeline_parallel_schedule",
+               f"{spec.schedule!r} with {inside} stages is not implemented {proven}; use '1f1b'")
     if par.pipeline_parallel_enable_dxdw_split:
-        unproven.append("the dx/dw split")
-    if t.dims.dp_replicate > 1 and t.dims.dp_shard > 1:
-        unproven.append("HSDP (data_parallel_replicate x data_parallel_shard)")
-    if unproven:
-        key = ("parallelism.pipeline_parallel_enable_dxdw_split" if par.pipeline_parallel_enable_dxdw_split
-               else "parallelism.pipeline_parallel_schedule")
-        yield (key, f"{' and '.join(unproven)} with pipeline_parallel {_pp(t)} x {t.dims.describe()} is not "
-                    f"implemented (only {' and '.join(WITH_SHARDED_STAGES)} without the dx/dw split are proven with "
-                    f"data- or tensor-parallel stages); use one of them or start {_pp(t)} ranks")
+        yield ("parallelism.pipeline_parallel_enable_dxdw_split",
+               f"true with {inside} stages is not implemented (the deferred weight gradients are proven with "
+               f"pipeline ranks alone); set it to false")
+    if dims.dp_replicate > 1 and dims.dp_shard > 1:
+        yield ("parallelism.data_parallel_shard",
+               f"HSDP ({dims.describe()}) inside pipeline stages is not implemented {proven}; shard over the whole "
+               f"data-parallel group (data_parallel_shard: -1)")
+    elif dims.dp_replicate > 1:
+        yield ("parallelism.data_parallel_shard_strategy",
+               f"'no_shard' (DDP) inside pipeline stages is not implemented {proven}; use 'optim_grads_params'")
