@@ -61,9 +61,10 @@ CASES = {
                        {"local_batch_size": 1}, 1, 2),
     "pp2_zbv": ({"pipeline_parallel": 2, "pipeline_parallel_schedule": "zbv"}, {"local_batch_size": 1}, 1, 2),
     # Pipeline stages x data / tensor parallelism on 4 ranks: each stage FSDP-sharded over its dp
-    # group (2 micro-batches of 1 sample per dp slice), or its layers under the TP plan.
+    # group (2 micro-batches of 1 sample per dp slice), or its layers under the TP plan (2
+    # micro-batches of 2: the step's cost is collective latency, per micro-batch).
     "pp2_fsdp2": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 4),
-    "pp2_tp2": ({"pipeline_parallel": 2, "tensor_parallel": 2}, {"local_batch_size": 1}, 1, 4),
+    "pp2_tp2": ({"pipeline_parallel": 2, "tensor_parallel": 2}, {"local_batch_size": 2}, 1, 4),
     "reference6": ({}, {"local_batch_size": 4}, 1, 1),
     "pp4_1f1b_uneven": ({"pipeline_parallel": 4, "pipeline_parallel_layers_per_stage": [1, 2, 2, 1]},
                         {"local_batch_size": 1}, 1, 4),

@@ -1,15 +1,16 @@
-"""Pipeline parallelism against one process, executor alone: the schedules that defer weight
-gradients (PP2 1f1b with the dx/dw split, zbv, interleaved with split + overlap_p2p + overlap_b_f)
-on mf-models' tiny llama with tied embeddings give the loss and the gradient of every parameter
-that one process computes on the same micro-batches (fp32, within 1e-5 relative), for two steps
-with an SGD update between them (so the tied table's two copies must stay equal). One 2-rank
-msrun launch runs them (`_pipeline_worker.py`); each rank compares its own parameters, by global
-name: the direct check that the deferred weight gradients are exact.
+"""Pipeline parallelism against one process, executor alone, for what no Trainer case runs: PP2
+interleaved with the dx/dw split + overlap_p2p + overlap_b_f on mf-models' tiny llama with tied
+embeddings gives the loss and the gradient of every parameter that one process computes on the
+same micro-batches (fp32, within 1e-5 relative), for two steps with an SGD update between them
+(so the tied table's two copies must stay equal), and the overlap flags say once what they cannot
+change on CPU. One 2-rank msrun launch (`_pipeline_worker.py`); each rank compares its own
+parameters, by global name.
 
-PP2 gpipe, 1f1b, interleaved and PP4 1f1b with uneven layers are proven by the real Trainer
-against one process (test_pipeline_training.py: 8 steps, losses, grad norms, final weights), so
-they are not run here again; the stages' placement (uneven layers, the tied ends on 4 ranks) is
-mf-models' unit test test_pipeline_stage.py."""
+PP2 gpipe, 1f1b, interleaved, 1f1b with the dx/dw split, zbv and PP4 1f1b with uneven layers are
+proven by the real Trainer against one process (test_pipeline_training.py: 8 steps, losses, grad
+norms, final weights), so they are not run here again; the exactness of deferred weight gradients
+per parameter is also mf-models' one-process test (test_pipeline_stage.py, split backward), and
+the stages' placement (uneven layers, the tied ends on 4 ranks) its unit tests."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 
 HERE = Path(__file__).parent
 PIPELINE_WORKER = HERE / "_pipeline_worker.py"
-PIPELINE2_CASES = ("pp2_1f1b_split", "pp2_zbv", "pp2_interleaved_split_overlap")
+PIPELINE2_CASES = ("pp2_interleaved_split_overlap",)
 
 
 def _launch(dist_run, world, cases):
@@ -49,8 +50,8 @@ def test_pp2_schedule_matches_one_process(pp2, case):
     assert not (names[0] & names[1]) - {"tok_embeddings.weight"}, "a decoder parameter on both stages"
     assert {"tok_embeddings.weight", "norm.weight", "layers.0.attention.wq.weight",
             "layers.3.feed_forward.w2.weight"} <= names[0] | names[1]
-    # tied embeddings: a copy on each end rank (loop placement), both ends on rank 0 for zbv
-    assert [r["tied"] for r in records] == ([0, 0] if case == "pp2_zbv" else [1, 1])
+    # tied embeddings: a copy on each end rank (loop placement)
+    assert [r["tied"] for r in records] == [1, 1]
 
 
 def test_overlap_flags_say_what_they_cannot_do_on_cpu(pp2):
