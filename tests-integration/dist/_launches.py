@@ -18,7 +18,8 @@ WORLD4_WORKER = HERE / "_world4_worker.py"
 # The pipeline cases train the 4- and 6-layer models of `reference4` / `reference6`;
 # `pp2_1f1b_from_reference4` continues the one-process checkpoint under PP2.
 PIPELINE2_CASES = ("pp2_1f1b", "pp2_gpipe", "pp2_interleaved", "pp2_1f1b_split", "pp2_zbv", "pp2_1f1b_from_reference4")
-PIPELINE4_CASES = ("pp4_1f1b_uneven",)
+# On 4 ranks: PP4, and PP2 stages FSDP-sharded over dp 2 / under TP2 (all against reference4 / 6).
+PIPELINE4_CASES = ("pp4_1f1b_uneven", "pp2_fsdp2", "pp2_tp2")
 REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "reference_muon")      # one process, one after another
 WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean", "cp2", "moe_fsdp2", "fsdp2_muon", "fsdp2_muon_from_reference_muon",
                 *PIPELINE2_CASES)

@@ -1,5 +1,6 @@
-"""Pipeline parallelism on CPU ranks: every schedule against one process, one case after another in
-one msrun launch (one 2-rank and one 4-rank launch in the session, see test_pipeline_parity.py).
+"""Pipeline parallelism on CPU ranks: any schedule against one process, one case after another in
+one msrun launch (the session runs the split-backward ones in one 2-rank launch, see
+test_pipeline_parity.py; the other cases stay runnable by hand and for benchmarks).
 
 Usage: _pipeline_worker.py CASE [CASE ...]   (see CASES)
 

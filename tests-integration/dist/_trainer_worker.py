@@ -60,6 +60,11 @@ CASES = {
     "pp2_1f1b_split": ({"pipeline_parallel": 2, "pipeline_parallel_enable_dxdw_split": True},
                        {"local_batch_size": 1}, 1, 2),
     "pp2_zbv": ({"pipeline_parallel": 2, "pipeline_parallel_schedule": "zbv"}, {"local_batch_size": 1}, 1, 2),
+    # Pipeline stages x data / tensor parallelism on 4 ranks: each stage FSDP-sharded over its dp
+    # group (2 micro-batches of 1 sample per dp slice), or its layers under the TP plan (2
+    # micro-batches of 2: the step's cost is collective latency, per micro-batch).
+    "pp2_fsdp2": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 4),
+    "pp2_tp2": ({"pipeline_parallel": 2, "tensor_parallel": 2}, {"local_batch_size": 2}, 1, 4),
     "reference6": ({}, {"local_batch_size": 4}, 1, 1),
     "pp4_1f1b_uneven": ({"pipeline_parallel": 4, "pipeline_parallel_layers_per_stage": [1, 2, 2, 1]},
                         {"local_batch_size": 1}, 1, 4),
@@ -82,6 +87,9 @@ MOE_MODEL = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "
 # The Muon cases' optimizer, and a model whose MLP matrices have an odd row count (33), so FSDP2
 # pads them and the gather of the orthogonalised update must drop and restore the padding row.
 MUON = {"type": "Muon", "weight_decay": 0.1, "momentum": 0.9}
+# The references whose own-checkpoint continuation a test reads (reference6's and moe_reference's
+# were computed and never read: 2 steps and a Trainer build each, dropped).
+CONTINUED = ("reference", "reference4", "reference_muon")
 MUON_MODEL = {"intermediate_size": 33}
 
 
@@ -147,7 +155,7 @@ def run(workdir: Path, name: str) -> None:
         last = trainer.runner.last
         summary["pipeline"] = {"compute": last.compute_seconds, "comm": last.comm_seconds, "span": last.span_seconds,
                                "idle": last.idle_seconds, "schedule": trainer.pipeline.spec.describe()}
-    if name.startswith("reference") and "_from_" not in name and rank0:          # ... and the one-process continuation of its own checkpoint
+    if name in CONTINUED and rank0:          # ... and the one-process continuation of its own checkpoint
         cont = Trainer(config(workdir, name, STEPS + MORE, load_path=str(out / "ckpt"), out=f"{name}_cont")).train()
         summary["continued"] = cont.losses
     if rank0:

@@ -8,8 +8,8 @@ test items share one launch (an msrun start-up costs ~20 s here). The launches o
   capability probes — one msrun start-up for both test files that read it (`world4` fixture);
 * world 2 (`_trainer_worker.py`): the 2-rank Trainer cases (`world2` fixture);
 * context parallelism (`_cp_worker.py`): one 2-rank and one 4-rank launch (`cp_world2`, `cp_world4`);
-* world 2 and world 4 (`_pipeline_worker.py`): every pipeline schedule against one process, one
-  launch each (fixtures in test_pipeline_parity.py);
+* world 2 (`_pipeline_worker.py`): interleaved + dx/dw split + overlap flags, executor alone,
+  against one process (fixture in test_pipeline_parity.py; the others are Trainer cases above);
 * plus one-process reference runs of `_trainer_worker.py` (no msrun) and the launcher tests.
 """
 

@@ -42,6 +42,36 @@ def test_stages_partition_the_model_under_global_names(schedule, layers, tied):
     assert shared == ({"tok_embeddings.weight"} if tied and schedule == "1f1b" else set())
 
 
+def test_uneven_layers_per_stage_and_the_tied_ends_on_four_ranks():
+    layout = mp.StageLayout.build(mp.resolve_pipeline(4), [[0], [1, 2], [3, 4], [5]])
+    cfg = {**CFG, "num_hidden_layers": 6, "tie_word_embeddings": True}
+    stages = [mf_models.pipeline_stage(mf_models.build_model(cfg, seed=0), layout, r) for r in range(4)]
+    layers = [sorted({n.split(".")[1] for n, _ in s.parameters_and_names() if n.startswith("layers.")})
+              for s in stages]
+    assert layers == [["0"], ["1", "2"], ["3", "4"], ["5"]]
+    assert [len(s.tied) for s in stages] == [1, 0, 0, 1]
+
+
+def test_a_plans_output_leaf_sharing_the_table_stays_tied_across_the_ends():
+    """Under TP or FSDP the plan gives a tied model an `output` leaf whose weight IS the table
+    (`untie_output`); the last stage keeps that leaf, still named tok_embeddings.weight and tied
+    to the first stage's table. With sequence parallelism the activations are sequence shards."""
+    from mf_models.common.parallel import untie_output
+
+    layout = mp.StageLayout.build(mp.resolve_pipeline(2), [[0, 1], [2, 3]])
+    stages = []
+    for rank in range(2):
+        model = mf_models.build_model({**CFG, "tie_word_embeddings": True}, seed=0)
+        untie_output(model)
+        stages.append(mf_models.pipeline_stage(model, layout, rank, sequence_shards=2))
+    first, last = stages
+    assert first.tied == (first.tok_embeddings.weight,) and last.tied == (last.output.weight,)
+    assert last.output.weight.name == "tok_embeddings.weight" and not hasattr(last, "tok_embeddings")
+    np.testing.assert_array_equal(last.output.weight.asnumpy(), first.tok_embeddings.weight.asnumpy())
+    mb = {"input_ids": Tensor(np.zeros((2, 8), np.int32))}
+    assert first.chunks[0].output_spec(mb)[0] == (2, 4, 32) and last.chunks[0].input_spec(mb)[0] == (2, 4, 32)
+
+
 def test_the_last_stages_table_copy_starts_equal():
     layout = mp.StageLayout.build(mp.resolve_pipeline(2), [[0, 1], [2, 3]])
     model = mf_models.build_model({**CFG, "tie_word_embeddings": True}, seed=0)

@@ -72,6 +72,21 @@ def test_pipeline_stages_hold_their_layers_and_ends(tmp_path, tiny_config):
     assert first.in_flight == 2 and last.in_flight == 1      # 1F1B: pp - rank micro-batches held
 
 
+@pytest.mark.parametrize("parallelism, first_params, last_params", [
+    # FSDP2 inside each stage: every dim 0 is even, so each rank holds half of its stage.
+    ({"pipeline_parallel": 2}, (2048 + 10304) // 2, (10304 + 32 + 2048) // 2),
+    # TP2 inside each stage: the norms (2 x 32 per layer, 32 final) stay whole, the embedding and
+    # the output split by vocabulary, wq/wk/wv/wo and w1/w2/w3 by halves.
+    ({"pipeline_parallel": 2, "tensor_parallel": 2}, 1024 + 64 + 2048 + 3072, 64 + 2048 + 3072 + 32 + 1024),
+])
+def test_pipeline_stages_under_fsdp_or_tp_hold_their_share(tmp_path, tiny_config, parallelism, first_params,
+                                                           last_params):
+    plan = _plan(tmp_path, tiny_config, world=4, parallelism=parallelism, training={"global_batch_size": 8})
+    first, last = plan.ranks
+    assert (first.parameters, last.parameters) == (first_params * 4, last_params * 4)
+    assert first.optimizer == 2 * first.parameters and last.optimizer == 2 * last.parameters
+
+
 def test_unsized_models_and_sizes_are_one_line(tmp_path, tiny_config):
     from mf_models import tiny_model_section
 

@@ -26,6 +26,12 @@ The Trainer keeps its one loop; this module swaps what differs:
   non-finite skip, AdamW), so nothing about clipping or the update is written twice.
 * the norm: `GlobalNormClip` sums squares over the world (pp ranks hold different parameters);
   the tied copy on the last stage is left out, so every parameter is counted once.
+* data / tensor parallelism inside the stages (1f1b; the preflight refuses the rest): the plan
+  applied before the cut is the whole story. FSDP gathers and reduce-scatters each stage's
+  parameters over the stage's own dp group in every micro-batch's forward and backward; the TP
+  plan's last stage gives vocabulary-split logits to the vocab-parallel loss; the tied head is the
+  plan's `output` leaf sharing the table, summed with the first stage's as above. Each dp slice
+  reads its own micro-batches; the Trainer sums the loss over dp.
 * checkpoints: each stage saves its parameters under their global names; the tied copy is saved
   as a replica (replica_id > 0), so a checkpoint holds one `tok_embeddings.weight` and loads into
   one process, or into another pipeline layout, unchanged (mf-ckpt reshards on load).
@@ -168,7 +174,8 @@ class PipelinePlan:
         layouts = mp.param_layouts(model, mesh)
         self.every = {name: (layouts[name].global_shape, p.asnumpy().dtype) for name, p in model.parameters_and_names()}
         try:
-            self.stage = mf_models.pipeline_stage(model, self.layout, self.pp_rank)
+            self.stage = mf_models.pipeline_stage(model, self.layout, self.pp_rank,
+                                                  sequence_shards=parallel.dims.tp)
         except mf_models.ModelConfigError as exc:
             raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
         self.executor = mp.PipelineExecutor(self.schedule, self.stage.chunks, mesh["pp"], tied=self.stage.tied,

@@ -16,6 +16,15 @@ embedding table itself. Otherwise the last stage gets its own copy of the table,
 name (`tok_embeddings.weight`) and value; the executor sums the two copies' gradients between
 the two ranks after each backward (`tied`), so they take identical optimizer steps and stay equal.
 The model definition itself is untouched.
+
+Under a parallel plan (tensor parallelism, FSDP/DDP: `mf_models.parallelize_model` before the
+cut) the chunks run the planned leaves as they are: FSDP gathers and reduce-scatters each stage's
+parameters over its own data-parallel group, TP splits the stage's layers. The plan has already
+given a tied model an `output` leaf sharing the table (`untie_output`), so the last stage keeps
+that leaf (its weight is still `tok_embeddings.weight`, resliced and sharded like the
+embedding): under TP it produces vocabulary-split logits, and the two stages' copies are still
+`tied`. With sequence parallelism (`sequence_shards` = tp) the hidden states between stages are
+the rank's sequence shard [B, S / tp, H].
 """
 
 from __future__ import annotations
@@ -56,10 +65,11 @@ class PipelineChunk(nn.Cell):
     previous stage's hidden states (None on the first stage). Returns hidden states [B, S, H], or
     float32 logits [B, S, V] on the last stage."""
 
-    def __init__(self, model, info, parts: dict) -> None:
+    def __init__(self, model, info, parts: dict, sequence_shards: int = 1) -> None:
         super().__init__(auto_prefix=False)
         self.stage, self.first, self.last = info.stage, info.first, info.last
         self.hidden_size = model.args.hidden_size
+        self.sequence_shards = sequence_shards
         self.compute_dtype = model.compute_dtype
         object.__setattr__(self, "_model", model)          # for rotary tables and the mask (no parameters)
         if self.first:
@@ -77,7 +87,7 @@ class PipelineChunk(nn.Cell):
 
     def activation_spec(self, mb) -> tuple:
         batch, seq = mb["input_ids"].shape
-        return (batch, seq, self.hidden_size), self.compute_dtype
+        return (batch, seq // self.sequence_shards, self.hidden_size), self.compute_dtype
 
     def input_spec(self, mb) -> tuple:
         return self.activation_spec(mb)
@@ -103,7 +113,7 @@ class PipelineChunk(nn.Cell):
 class PipelineStage(nn.Cell):
     """Every part of `model` that pipeline rank `pp_rank` holds under `layout` (see the module doc)."""
 
-    def __init__(self, model, layout, pp_rank: int) -> None:
+    def __init__(self, model, layout, pp_rank: int, sequence_shards: int = 1) -> None:
         super().__init__(auto_prefix=False)
         if layout.num_layers != model.args.num_hidden_layers:
             raise ModelConfigError(f"parallelism.pipeline_parallel_layers_per_stage: the layout places "
@@ -119,6 +129,10 @@ class PipelineStage(nn.Cell):
         last = any(i.last for i in infos)
         parts: dict = {}
         self.tied = ()
+        # Tied by the model, or by a parallel plan's output leaf sharing the table (untie_output).
+        planned_tie = (not model.tie_word_embeddings and hasattr(model, "output")
+                       and model.output.weight is model.tok_embeddings.weight)
+        tied = model.tie_word_embeddings or planned_tie
         if first:
             self.tok_embeddings = parts["tok_embeddings"] = model.tok_embeddings
         if last:
@@ -128,16 +142,18 @@ class PipelineStage(nn.Cell):
             elif not first:
                 self.tok_embeddings = parts["tok_embeddings"] = _TiedTable(model.tok_embeddings.weight)
                 self.tok_embeddings.weight.name = model.tok_embeddings.weight.name   # the table's global name
-        if model.tie_word_embeddings and len(layout.tied_ranks) > 1 and (first or last):
-            self.tied = (self.tok_embeddings.weight,)
+        if tied and len(layout.tied_ranks) > 1 and (first or last):
+            self.tied = (self.output.weight if planned_tie and not first else self.tok_embeddings.weight,)
         self.layers = _Layers(model.layers, [i for info in infos for i in info.layers])
         self.pp_rank = pp_rank
         # References, not sub-Cells: the parameters above already carry the global names.
-        object.__setattr__(self, "chunks", [PipelineChunk(model, info, parts) for info in infos])
+        object.__setattr__(self, "chunks", [PipelineChunk(model, info, parts, sequence_shards) for info in infos])
 
 
-def pipeline_stage(model, layout, pp_rank: int) -> PipelineStage:
+def pipeline_stage(model, layout, pp_rank: int, sequence_shards: int = 1) -> PipelineStage:
     """The part of `model` (a CausalLM) that pipeline rank `pp_rank` runs under `layout`
-    (an `mf_parallel.StageLayout`). Build the whole model with its seed first: every rank then
-    starts from the same weights, and a rank keeps only its own parts."""
-    return PipelineStage(model, layout, pp_rank)
+    (an `mf_parallel.StageLayout`). Build the whole model with its seed first (and apply its
+    parallel plan): every rank then starts from the same weights, and a rank keeps only its own
+    parts. `sequence_shards`: the tensor-parallel degree when the plan shards the hidden states
+    between blocks along the sequence (sequence parallelism), else 1."""
+    return PipelineStage(model, layout, pp_rank, sequence_shards)

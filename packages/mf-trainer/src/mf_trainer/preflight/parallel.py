@@ -49,7 +49,7 @@ def effective_dims(par, world: int) -> mp.ParallelDims:
             raise TrainerConfigError(
                 f"parallelism.data_parallel_shard: {par.data_parallel_shard} shards, but data_parallel_shard_strategy "
                 "is 'no_shard'; leave data_parallel_shard at -1 or use 'optim_grads_params'")
-        dims = mp.ParallelDims(world, dp_replicate=dims.dp, dp_shard=1, cp=dims.cp, tp=dims.tp)
+        dims = mp.ParallelDims(world, dp_replicate=dims.dp, dp_shard=1, cp=dims.cp, tp=dims.tp, pp=dims.pp)
     return dims
 
 

@@ -1,7 +1,13 @@
 """`pipeline_parallel > 1`: the schedule and its flags, the layers of every stage against the
 model, the micro-batch count against the schedule, and what does not combine with pipeline stages
 yet (pipeline_step.py runs the rest). The knobs' refusals at pipeline_parallel 1 are
-parallel.py's `feature_knobs`."""
+parallel.py's `feature_knobs`; pipeline x context parallelism is refused by context.py.
+
+Stages combine with FSDP over each stage's data-parallel group (`optim_grads_params`) and with
+tensor parallelism (the stage's layers under the TP plan, vocabulary-split logits on the last
+stage): both proven against one process in the dist tests under 1f1b. What is proven with
+pipeline ranks alone (gpipe, interleaved, the dx/dw split, zbv) and DDP / HSDP stages stay
+refused with data- or tensor-parallel stages, one keyed line each."""
 
 from __future__ import annotations
 
@@ -11,10 +17,10 @@ from mf_trainer.preflight.registry import check, split_line
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 # Degrees that do not combine with pipeline stages yet, and why.
 NOT_WITH_PIPELINE = {
-    "tensor_parallel": "the stages' tied output head and loss are not wired for vocabulary-split logits yet",
-    "context_parallel": "context parallelism is not implemented",
     "expert_parallel": "expert parallelism is not implemented",
 }
+# Schedules proven with data or tensor parallelism inside the stages (dist tests vs one process).
+WITH_SHARDED_STAGES = ("1f1b",)
 
 
 def _pp(t) -> int:
@@ -101,11 +107,35 @@ def pipeline_combinations(t):
 
 
 @check(needs=("world",))
-def pipeline_data_parallel(t):
-    """Pipeline stages run with a data-parallel size of 1."""
-    if _pp(t) <= 1 or t.dims is None or t.dims.dp == 1:
+def pipeline_sharded_stages(t):
+    """Data- or tensor-parallel stages run only in the combinations proven against one process."""
+    if _pp(t) <= 1 or t.dims is None or (t.dims.dp == 1 and t.dims.tp == 1):
         return
-    yield ("parallelism.pipeline_parallel",
-           f"{_pp(t)} x data parallelism ({t.dims.describe()}) is not implemented yet (the pipeline path neither "
-           f"shards the stages' parameters, the last stage's copy of a tied table included, nor reduces their "
-           f"gradients over the data-parallel group); start {_pp(t)} ranks so that the data-parallel size is 1")
+    import mf_parallel as mp
+
+    try:
+        spec = _spec(t)
+    except mp.ParallelConfigError:
+        return                                           # pipeline_schedule says why
+    par, dims = t.cfg.parallelism, t.dims
+    inside = ("FSDP" if dims.fsdp_enabled else "data-parallel" if dims.dp > 1 else "") + \
+             (" x " if dims.dp > 1 and dims.tp > 1 else "") + ("TP" if dims.tp > 1 else "")
+    proven = f"(only {' and '.join(WITH_SHARDED_STAGES)} with FSDP or TP stages is proven against one process)"
+    if spec.chunks > 1 and spec.schedule != "zbv":
+        yield ("parallelism.pipeline_parallel_interleave_num",
+               f"{par.pipeline_parallel_interleave_num} chunks per rank with {inside} stages are not implemented "
+               f"{proven}; set it to 1")
+    elif spec.schedule not in WITH_SHARDED_STAGES:
+        yield ("parallelism.pipeline_parallel_schedule",
+               f"{spec.schedule!r} with {inside} stages is not implemented {proven}; use '1f1b'")
+    if par.pipeline_parallel_enable_dxdw_split:
+        yield ("parallelism.pipeline_parallel_enable_dxdw_split",
+               f"true with {inside} stages is not implemented (the deferred weight gradients are proven with "
+               f"pipeline ranks alone); set it to false")
+    if dims.dp_replicate > 1 and dims.dp_shard > 1:
+        yield ("parallelism.data_parallel_shard",
+               f"HSDP ({dims.describe()}) inside pipeline stages is not implemented {proven}; shard over the whole "
+               f"data-parallel group (data_parallel_shard: -1)")
+    elif dims.dp_replicate > 1:
+        yield ("parallelism.data_parallel_shard_strategy",
+               f"'no_shard' (DDP) inside pipeline stages is not implemented {proven}; use 'optim_grads_params'")
