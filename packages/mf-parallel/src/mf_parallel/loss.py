@@ -23,7 +23,6 @@ from mf_parallel.autograd import ReduceFromGroup
 from mf_parallel.collectives import AllReduce
 from mf_parallel.mesh import Group
 
-
 _ONES_LIKE = ops.OnesLike()
 
 
