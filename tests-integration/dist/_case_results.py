@@ -25,3 +25,19 @@ def rel_err(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     assert a.shape == b.shape, (a.shape, b.shape)
     return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
+
+
+def assert_same_evaluations(got: dict, want: dict, rtol: float = 1e-5) -> None:
+    """The evaluations during training of case `got` (a layout) are those of `want` (one process):
+    same steps (every EVAL_INTERVAL), same token count, eval loss and accuracy within rtol."""
+    from _trainer_worker import EVAL_INTERVAL, STEPS
+
+    steps = [e["step"] for e in want["evaluations"]]
+    assert steps == list(range(EVAL_INTERVAL, STEPS + 1, EVAL_INTERVAL)), want["evaluations"]
+    assert [e["step"] for e in got["evaluations"]] == steps, got["evaluations"]
+    for have, ref in zip(got["evaluations"], want["evaluations"]):
+        assert have["eval_tokens"] == ref["eval_tokens"] > 0, (have, ref)
+        err = rel_err([have["eval_loss"], have["eval_accuracy"]], [ref["eval_loss"], ref["eval_accuracy"]])
+        print(f"\n{got['dims']}: eval at step {have['step']}: loss {have['eval_loss']:.7f} vs one process "
+              f"{ref['eval_loss']:.7f} (rel err {err:.1e}), accuracy {have['eval_accuracy']:.4f}")
+        assert err <= rtol, f"{got['dims']}: step {have['step']}: {have} vs one process {ref} (rel err {err:.2e})"

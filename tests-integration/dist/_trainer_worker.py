@@ -72,6 +72,13 @@ CASES = {
     "reference_muon": ({}, {"local_batch_size": 4}, 1, 1),
     "fsdp2_muon": ({}, {"local_batch_size": 2}, 0, 2),
 }
+# Evaluation during training (eval_dataset) in the cases that compare it with one process: every
+# EVAL_INTERVAL steps on the same EVAL_SAMPLES held-out samples (eval_iters batches of the case's
+# local_batch_size), so the eval losses at steps 4 and 8 compare across layouts. Kept to a few
+# batches: the launch must not grow.
+EVAL_INTERVAL = 4
+EVAL_SAMPLES = 8
+EVAL_CASES = ("reference", "tp2", "cp2", "reference4", "pp2_1f1b")
 # Decoder layers per case (2 unless named): every virtual pipeline stage needs a layer.
 LAYERS = {**{name: 4 for name in CASES if name.startswith("pp2")}, "reference4": 4, "reference6": 6,
           "pp4_1f1b_uneven": 6}
@@ -93,11 +100,20 @@ CONTINUED = ("reference", "reference4", "reference_muon")
 MUON_MODEL = {"intermediate_size": 33}
 
 
+def eval_section(workdir: Path, local_batch_size: int) -> dict:
+    """The toy corpus's first EVAL_SAMPLES samples (another sampling seed than the training data's)."""
+    dataloader = toy_train_dataset(workdir)["dataloader"]
+    dataloader = {**dataloader, "sizes": [EVAL_SAMPLES, 0, 0], "config": {**dataloader["config"], "seed": 77}}
+    return {"dataloader": dataloader, "num_parallel_workers": 1, "eval_interval": EVAL_INTERVAL,
+            "eval_iters": EVAL_SAMPLES // local_batch_size}
+
+
 def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None = None, out: str | None = None):
     base = name.split("_from_")[0]
     parallelism, training, mode, _ = CASES[base]
     muon = base.endswith("_muon")
     out_dir = workdir / (out or name)
+    evaluated = name in EVAL_CASES and out is None      # not the continuations
     raw = {
         "output_dir": str(out_dir),
         "context": {"mode": mode},
@@ -116,6 +132,8 @@ def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None =
         "monitor": {"peak_flops_per_device": 1e11, "tensorboard": False,
                     "train_state": {"local_loss": True, "device_loss": True, "device_norm": True}},
     }
+    if evaluated:
+        raw["eval_dataset"] = eval_section(workdir, training["local_batch_size"])
     return mf_config.load_config(raw)
 
 
@@ -125,8 +143,13 @@ class Recorder(Callback):
     def __init__(self) -> None:
         self.records: list[dict] = []
 
+        self.evaluations: list[dict] = []
+
     def on_step_end(self, trainer, metrics):
         self.records.append(metrics)
+
+    def on_evaluate(self, trainer, metrics):
+        self.evaluations.append(metrics)
 
 
 def run(workdir: Path, name: str) -> None:
@@ -150,7 +173,9 @@ def run(workdir: Path, name: str) -> None:
                "metrics_keys": sorted(recorder.records[0]) if recorder.records else [],
                "moe": {key: [r[key] for r in recorder.records] for key in ("moe/aux_loss", "moe/max_imbalance")
                        if recorder.records and key in recorder.records[0]},
-               "step_times": [r["step_time_s"] for r in recorder.records], "seconds": time.monotonic() - start}
+               "step_times": [r["step_time_s"] for r in recorder.records], "seconds": time.monotonic() - start,
+               "evaluations": [{k: e[k] for k in ("step", "eval_loss", "eval_accuracy", "eval_tokens", "eval_batches",
+                                                  "eval_time_s")} for e in recorder.evaluations]}
     if trainer.pipeline is not None:          # the executor's view of the last step
         last = trainer.runner.last
         summary["pipeline"] = {"compute": last.compute_seconds, "comm": last.comm_seconds, "span": last.span_seconds,

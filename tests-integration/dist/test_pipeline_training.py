@@ -20,6 +20,7 @@ import json
 import numpy as np
 import pytest
 from _case_results import case_result as _result
+from _case_results import assert_same_evaluations
 from _case_results import case_weights as _weights
 from _case_results import rel_err as _rel
 from _launches import PIPELINE2_CASES, PIPELINE4_CASES, run_one_process
@@ -68,6 +69,13 @@ def test_pipeline_parity_with_one_process(runs, case):
     print(f"\n{case} ({got['pipeline']['schedule']}): median step {np.median(got['step_times'][1:]):.2f} s on "
           f"{CASES[case][3]} ranks vs {np.median(ref['step_times'][1:]):.2f} s in one process; last step: compute "
           f"{got['pipeline']['compute']:.2f} s, p2p {got['pipeline']['comm']:.2f} s, idle {got['pipeline']['idle']:.2f} s")
+
+
+def test_evaluation_during_training_matches_one_process(runs, world2):
+    """eval_dataset under PP2 1f1b (forward only through the stages, the sums from the last stage
+    shared with both ranks; 8 batches of 1 sample): one process's eval loss and accuracy (2 batches
+    of 4, the same 8 samples) at the same steps."""
+    assert_same_evaluations(_result(runs, "pp2_1f1b"), _result(runs, "reference4"))
 
 
 def test_interleaved_asked_for_graph_mode_and_says_why_it_runs_pynative(runs, world2):

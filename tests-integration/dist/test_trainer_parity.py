@@ -19,6 +19,7 @@ import json
 import numpy as np
 import pytest
 from _case_results import case_result as _result
+from _case_results import assert_same_evaluations
 from _case_results import case_weights as _weights
 from _case_results import rel_err as _rel
 from _launches import WORLD2_CASES, WORLD4_CASES, run_one_process
@@ -122,6 +123,14 @@ def test_checkpoints_continue_across_layouts(runs, back_to_one_process, source):
     got = _result(runs, source)
     assert got["start_step"] == STEPS and len(got["losses"]) == MORE == len(want)
     assert _rel(got["losses"], want) <= RTOL, f"{source}: {got['losses']} vs {want}"
+
+
+@pytest.mark.parametrize("case", ["tp2", "cp2"])
+def test_evaluation_during_training_matches_one_process(reference, world2, case):
+    """eval_dataset under TP2 (vocab-split logits: the vocab-parallel loss and argmax) and CP2 (each
+    rank's zigzag chunks, sums added over cp): one process's eval loss and accuracy at the same
+    steps (EVAL_INTERVAL and the last), on the same held-out samples."""
+    assert_same_evaluations(_result(reference, case), _result(reference, "reference"))
 
 
 def test_muon_learns_gathers_and_continues_from_one_process(muon_runs):

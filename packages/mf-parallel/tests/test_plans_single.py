@@ -109,6 +109,16 @@ def test_vocab_parallel_loss_matches_mindspore_sparse_ce(mesh):
     np.testing.assert_allclose(ours, ref, rtol=1e-6)
 
 
+def test_vocab_parallel_argmax_is_argmax_with_first_index_on_ties(mesh):
+    logits = np.random.default_rng(4).standard_normal((2, 3, 16)).astype(np.float32)
+    logits[0, 1, [2, 9]] = 50.0                       # a tie: argmax takes the first index
+    logits[1, 2, [7, 15]] = 50.0
+    ours = mp.VocabParallelArgmax(mesh["tp"])(Tensor(logits)).asnumpy()
+    assert ours.dtype == np.int32 and ours.shape == (2, 3)
+    np.testing.assert_array_equal(ours, logits.argmax(-1))
+    assert ours[0, 1] == 2 and ours[1, 2] == 7
+
+
 def test_unregistered_leaf_is_a_clear_error(mesh):
     class Scale(nn.Cell):
         def __init__(self):

@@ -100,6 +100,22 @@ def test_context_parallel_layouts_that_run(tmp_path, tiny_config, parallelism, w
     assert report.ok, report.lines()
 
 
+@pytest.mark.parametrize("parallelism, world, training", [
+    ({"tensor_parallel": 2}, 2, {}), ({"context_parallel": 2}, 2, {}),
+    ({"context_parallel": 2, "tensor_parallel": 2}, 4, {}),
+    ({"pipeline_parallel": 2}, 2, {"local_batch_size": 1}),
+    ({"data_parallel_shard": 2, "tensor_parallel": 2}, 4, {}),
+])
+def test_evaluation_during_training_runs_under_every_layout(tmp_path, tiny_config, parallelism, world, training):
+    """eval_dataset with tp (vocab-parallel loss and argmax), cp (each rank's chunks, sums over cp)
+    and pp (forward-only through the stages): nothing refused (the dist launch proves the numbers)."""
+    raw = tiny_config(tmp_path, tmp_path / "none", parallelism=parallelism, training=training)
+    raw["eval_dataset"] = {"dataloader": dict(raw["train_dataset"]["dataloader"], sizes=[0, 50, 0]),
+                           "eval_interval": 2, "eval_iters": 2}
+    report = mf_trainer.preflight(mf_config.load_config(raw), "launch", world=world, device="CPU")
+    assert report.ok, report.lines()
+
+
 def test_run_mode_that_the_command_does_not_run_is_the_only_line(tmp_path, tiny_config):
     cfg = _cfg(tmp_path, tiny_config, run_mode="predict", inference={"prompts": ["x"]},
                tokenizer={"path": "t.model"}, checkpoint={"load_path": "w"})

@@ -41,6 +41,7 @@ __all__ = [
     # strategies
     "register_param_forward", "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "VocabParallelEmbedding",
     "SequenceParallel", "PrepareModuleInput", "parallelize_module", "local_heads", "VocabParallelCrossEntropy",
+    "VocabParallelArgmax",
     "fully_shard", "reshard_after_forward_for", "check_cpu_offload", "GlobalNormClip",
     "context_parallel_attention", "RingAttention", "UlyssesAttention", "HybridAttention", "RingExchange",
     # state
@@ -66,7 +67,7 @@ _LAZY = {
     **{name: "tensor_parallel" for name in ("ParallelStyle", "ColwiseParallel", "RowwiseParallel",
                                             "VocabParallelEmbedding", "SequenceParallel", "PrepareModuleInput",
                                             "parallelize_module", "local_heads")},
-    "VocabParallelCrossEntropy": "loss",
+    "VocabParallelCrossEntropy": "loss", "VocabParallelArgmax": "loss",
     "fully_shard": "fsdp", "reshard_after_forward_for": "fsdp", "check_cpu_offload": "fsdp",
     "GlobalNormClip": "clip",
     "context_parallel_attention": "cp.methods", "RingAttention": "cp.ring", "UlyssesAttention": "cp.ulysses",

@@ -23,6 +23,8 @@ from mf_parallel.autograd import ReduceFromGroup
 from mf_parallel.collectives import AllReduce
 from mf_parallel.mesh import Group
 
+_ONES_LIKE = ops.OnesLike()
+
 
 class VocabParallelCrossEntropy(nn.Cell):
     """Per-token loss from vocab-sharded `logits` [..., V/tp] and global `labels` [...].
@@ -52,3 +54,30 @@ class VocabParallelCrossEntropy(nn.Cell):
         picked = self.pick_reduce(picked * inside.astype(picked.dtype))
         return ops.log(sum_exp) - picked
 
+
+
+class VocabParallelArgmax(nn.Cell):
+    """Global argmax [...] (int32 ids in [0, V)) of vocab-sharded `logits` [..., V/tp].
+
+    The one-process `argmax` picks the first index of the maximum; so does this: the maximum over
+    the whole vocabulary (all-reduce max), then on each rank the first local index holding it as a
+    global id (V where the slice has none), and the smallest of those (all-reduce min). Forward
+    only (evaluation's token accuracy): ids carry no gradient. With a one-rank group it is argmax.
+    """
+
+    def __init__(self, tp_group: Group) -> None:
+        super().__init__()
+        self.rank = ms.Tensor(tp_group.rank, ms.int32)
+        self.size = tp_group.size
+        self.max_reduce = AllReduce(tp_group, "max")
+        self.min_reduce = AllReduce(tp_group, "min")
+
+    def construct(self, logits):
+        logits = ops.stop_gradient(ops.cast(logits, ms.float32))
+        vocab = logits.shape[-1]
+        top = self.max_reduce(logits.max(axis=-1, keepdims=True))
+        ids = ops.arange(0, vocab, dtype=ms.int32) + self.rank * vocab
+        # float32 ids are exact below 2^24: the min travels in float32, as every collective here does.
+        none = _ONES_LIKE(logits) * float(vocab * self.size)
+        candidates = ops.where(logits == top, ids.astype(ms.float32), none)
+        return self.min_reduce(candidates.min(axis=-1)).astype(ms.int32)

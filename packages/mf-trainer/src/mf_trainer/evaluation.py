@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
 from mf_trainer.data import build_loader
@@ -46,20 +47,35 @@ from mf_trainer.step import _model_inputs, _targets
 log = logging.getLogger("mf_trainer")
 
 class EvalForward(nn.Cell):
-    """(labels, loss_mask, *model_inputs) -> (sum of masked loss, tokens, correct tokens)."""
+    """(labels, loss_mask, *model_inputs) -> (sum of masked loss, tokens, correct tokens).
 
-    def __init__(self, model):
+    `cross_entropy` / `argmax`: the vocab-parallel loss and argmax when tensor parallelism leaves
+    the logits split along the vocabulary (ParallelContext.cross_entropy / .argmax), the same loss
+    the TP training step uses; None: the one-process ones. Forward only: nothing is differentiated."""
+
+    def __init__(self, model, cross_entropy: nn.Cell | None = None, argmax: nn.Cell | None = None):
         super().__init__(auto_prefix=False)
         self.model = model
+        self.vocab_parallel = cross_entropy is not None
+        self.cross_entropy = cross_entropy
+        self.vocab_argmax = argmax
 
     def construct(self, labels, loss_mask, *model_inputs):
-        logits = self.model(*model_inputs)
-        vocab = logits.shape[-1]
-        flat = logits.reshape(-1, vocab).astype(ms.float32)
+        return self.sums(self.model(*model_inputs), labels, loss_mask)
+
+    def sums(self, logits, labels, loss_mask):
+        """(sum of masked loss, tokens, correct tokens) of logits [B, S, V] (or vocab shards)."""
         targets = labels.reshape(-1)
         mask = loss_mask.reshape(-1)
-        per_token = token_cross_entropy(flat, targets)
-        correct = ops.equal(ops.argmax(flat, -1).astype(ms.int32), targets).astype(ms.float32)
+        if self.vocab_parallel:
+            per_token = self.cross_entropy(logits, labels).reshape(-1)
+            predicted = self.vocab_argmax(logits).reshape(-1)
+        else:
+            vocab = logits.shape[-1]
+            flat = logits.reshape(-1, vocab).astype(ms.float32)
+            per_token = token_cross_entropy(flat, targets)
+            predicted = ops.argmax(flat, -1).astype(ms.int32)
+        correct = ops.equal(predicted, targets).astype(ms.float32)
         return (per_token * mask).sum(), mask.sum(), (correct * mask).sum()
 
 
@@ -98,7 +114,8 @@ class Evaluator:
     `iters`: batches per evaluation (None = the whole split). `interval`: evaluate every that many
     training steps (None = only at the end of training)."""
 
-    def __init__(self, cfg, model, *, micro_batch_size: int, iters: int | None, interval: int | None = None):
+    def __init__(self, cfg, model, *, micro_batch_size: int, iters: int | None, interval: int | None = None,
+                 parallel=None, pipeline=None):
         section, where, phase = eval_data(cfg)
         self.where = f"{where} ({phase} split)"
         self.loader = build_loader(cfg, micro_batch_size=micro_batch_size, section=section, where=where, phase=phase)
@@ -109,7 +126,12 @@ class Evaluator:
                      self.where, available, micro_batch_size, iters)
         self.model = model
         self.interval = interval
-        self.forward = EvalForward(model)
+        # Under a layout (the Trainer's ParallelContext): vocab-split logits (tp), this rank's
+        # sequence chunks (cp, sums added over cp), the stages' forward (pp, the pipeline plan's
+        # executor; sums from the last stage, shared over pp). Every rank reads every batch.
+        self.parallel = parallel
+        self.pipeline = pipeline
+        self.forward = EvalForward(model, *((parallel.cross_entropy(), parallel.argmax()) if parallel else ()))
         self.compiled = False
         self.last_step: int | None = None
 
@@ -130,6 +152,13 @@ class Evaluator:
         try:
             for _ in range(self.batches):
                 mb = next(batches)
+                samples += len(mb["input_ids"])
+                if self.parallel is not None:
+                    mb = self.parallel.shard_sequence(mb)     # cp: this rank's chunks of every sequence
+                if self.pipeline is not None:
+                    part = self._pipeline_sums(mb)
+                    loss_sum, tokens, correct = loss_sum + part[0], tokens + part[1], correct + part[2]
+                    continue
                 if not self.compiled and ms.get_context("mode") == ms.GRAPH_MODE:
                     # Compiled ahead of its first call, so the evaluation's time is its own.
                     c0 = time.perf_counter()
@@ -140,10 +169,12 @@ class Evaluator:
                 loss_sum += float(part[0].asnumpy())
                 tokens += float(part[1].asnumpy())
                 correct += float(part[2].asnumpy())
-                samples += len(mb["input_ids"])
         finally:
             batches.close()
             self.model.set_train(was_training)
+        if self.parallel is not None:
+            loss_sum, tokens, correct = (float(v) for v in self.parallel.sequence_sum(
+                np.array([loss_sum, tokens, correct], np.float64)))
         self.last_step = step
         loss = loss_sum / tokens if tokens else float("nan")
         ppl = math.exp(loss) if loss < 700 else float("inf")
@@ -152,12 +183,26 @@ class Evaluator:
                           seconds=time.perf_counter() - t0 - compiling, data=self.where, compile_seconds=compiling)
 
 
-def build_evaluator(cfg, model, micro_batch_size: int) -> Evaluator | None:
-    """The Trainer's evaluator: with an eval_dataset section, every eval_interval steps and at the end."""
+    def _pipeline_sums(self, mb: dict) -> np.ndarray:
+        """(loss sum, tokens, correct) of one batch through the pipeline stages, on every pp rank."""
+        from mf_trainer.pipeline_step import _micro_batch
+
+        def last_stage(logits, tensors):
+            parts = self.forward.sums(logits, tensors["labels"], tensors["loss_mask"])
+            return ops.concat([p.reshape(1) for p in parts])
+
+        return self.pipeline.executor.forward([_micro_batch(mb)], last_stage, 3).asnumpy().astype(np.float64)
+
+
+def build_evaluator(cfg, model, micro_batch_size: int, parallel=None, pipeline=None) -> Evaluator | None:
+    """The Trainer's evaluator: with an eval_dataset section, every eval_interval steps and at the end.
+    `parallel` / `pipeline`: the Trainer's ParallelContext and PipelinePlan (None: one process, or
+    no pipeline); `model` is then this rank's part of the model (the stage under pp)."""
     if cfg.eval_dataset is None:
         return None
     ev = cfg.eval_dataset
-    return Evaluator(cfg, model, micro_batch_size=micro_batch_size, iters=ev.eval_iters, interval=ev.eval_interval)
+    return Evaluator(cfg, model, micro_batch_size=micro_batch_size, iters=ev.eval_iters, interval=ev.eval_interval,
+                     parallel=parallel, pipeline=pipeline)
 
 
 def load_weights(model, ckpt_cfg) -> str:

@@ -71,6 +71,7 @@ class ParallelContext:
         self.loss_ranks = dims.dp * dims.cp
         self.dp_sum = mp.AllReduce(self.mesh["dp_cp" if dims.cp_enabled else "dp"])
         self.cp_rank = dims.coordinate("cp", self.rank)
+        self._cp_sum = None                                       # evaluation's sums over cp (sequence_sum)
         self.comm = mp.Communicator() if self.world > 1 else None   # mf-ckpt's collective interface
         if self.world > 1:
             log.info("parallel layout: %s; rank %d reads data-parallel slice %d of %d", dims.describe(), self.rank,
@@ -121,6 +122,19 @@ class ParallelContext:
     def cross_entropy(self) -> nn.Cell | None:
         """The vocab-parallel loss when logits are split along the vocabulary (tp > 1), else None."""
         return mp.VocabParallelCrossEntropy(self.mesh["tp"]) if self.dims.tp_enabled else None
+
+    def argmax(self) -> nn.Cell | None:
+        """The vocab-parallel argmax (evaluation's token accuracy) when tp splits the logits, else None."""
+        return mp.VocabParallelArgmax(self.mesh["tp"]) if self.dims.tp_enabled else None
+
+    def sequence_sum(self, values: np.ndarray) -> np.ndarray:
+        """`values` (float64 sums over this rank's tokens) added over the context-parallel group:
+        a cp rank holds only its chunks of every sequence. The identity without cp."""
+        if self.dims.cp == 1:
+            return values
+        if self._cp_sum is None:
+            self._cp_sum = mp.AllReduce(self.mesh["cp"])
+        return self._cp_sum(Tensor(np.asarray(values, np.float32))).asnumpy().astype(np.float64)
 
     def shard_sequence(self, micro_batch: dict) -> dict:
         """This rank's part of a micro-batch: under context parallelism its zigzag chunks of every

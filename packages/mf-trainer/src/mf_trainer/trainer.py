@@ -158,7 +158,7 @@ class Trainer:
             self._restore(*source)
         self.loader = self._build_loader()
         self._check_data()
-        self.evaluator = build_evaluator(cfg, self.model, cfg.training.local_batch_size)
+        self.evaluator = build_evaluator(cfg, self.model, cfg.training.local_batch_size, self.parallel, self.pipeline)
         self.runner = self._make_runner()
 
         self.seq_length = self.loader.config.sequence_length

@@ -247,6 +247,52 @@ class PipelineExecutor:
         self.mbs, self.losses = [], []
         return result
 
+    # ------------------------------------------------------------------------------------- forward only
+    def forward(self, microbatches: Sequence[Any], out_fn: Callable[[Any, Any], Any], size: int):
+        """Forward only (evaluation): every micro-batch through the virtual stages in order, no tape,
+        no gradient, any number of micro-batches (the schedule's count is the training step's).
+        `out_fn(last stage output, mb)` -> float32 Tensor [size] on the rank of the last virtual
+        stage; returns the sum over the micro-batches, all-reduced over the pipeline group, so
+        every pipeline rank gets it (a float32 Tensor [size]).
+
+        Order: micro-batch by micro-batch, stage by stage, each activation exchanged between the
+        two ranks of its boundary at once. Every rank walks the same global sequence and joins only
+        the exchanges it is part of, so the blocking pairwise exchanges cannot deadlock; a stage
+        waits for the previous one (a GPipe-like fill without the overlap: evaluation is a few
+        batches, simplicity over throughput)."""
+        stages = self.placement.virtual_stages
+        total = None
+        for mb in microbatches:
+            held = None                                    # this rank's activation of the current stage
+            for stage in range(stages):
+                owner = self.placement.rank_of(stage)
+                if owner == self.rank:
+                    _, chunk = self.placement.owner(stage)
+                    out = self.chunks[chunk](held, mb)
+                    if stage == stages - 1:
+                        part = ops.cast(out_fn(out, mb), ms.float32)
+                        total = part if total is None else total + part
+                    held = out
+                if stage == stages - 1:
+                    break
+                nxt = self.placement.rank_of(stage + 1)
+                if owner == nxt or self.rank not in (owner, nxt):
+                    if self.rank not in (owner, nxt):
+                        held = None
+                    continue
+                key = ("act", stage)
+                if self.rank == owner:
+                    self.channels[nxt].exchange([(key, held)], [], [key])
+                    held = None
+                else:
+                    _, chunk = self.placement.owner(stage + 1)
+                    shape, dtype = self.chunks[chunk].input_spec(mb)
+                    held = self.channels[owner].exchange([], [(key, shape, dtype)], [key])[key]
+                self._sync()
+        if total is None:
+            total = ops.zeros((size,), ms.float32)
+        return self.loss_sum(total) if self.group.size > 1 else total
+
     # ------------------------------------------------------------------------------------- computations
     def _compute(self, c: Compute) -> None:
         if c.op == "F":

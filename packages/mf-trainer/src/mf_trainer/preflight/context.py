@@ -8,8 +8,8 @@ dp_shard x cp (its reduce-scatter adds the cp ranks' gradients of their sequence
 Refused: settings mf-parallel rejects (method, mask type, async, Ulysses degree), a method the
 model's heads or the sequence length cannot split, cp with pipeline parallelism, cp on a MoE model
 (its balance-loss statistics are per sequence; expert parallelism is not there yet), cp with
-`no_shard` (the cp ranks' gradients are added by FSDP), and evaluation during training (the
-evaluator feeds whole sequences).
+and `no_shard` (the cp ranks' gradients are added by FSDP). Evaluation during training runs: each
+rank evaluates its chunks of every sequence and the sums are added over cp (mf_trainer.evaluation).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def context_parallel_settings(t):
 
 @check()
 def context_parallel_combinations(t):
-    """Context parallelism runs without pipeline stages, routed experts, no_shard and in-training evaluation."""
+    """Context parallelism runs without pipeline stages, routed experts and no_shard."""
     par, cp = t.cfg.parallelism, _cp(t)
     if cp <= 1:
         return
@@ -72,9 +72,6 @@ def context_parallel_combinations(t):
         yield ("parallelism.data_parallel_shard_strategy", "'no_shard' with context_parallel > 1: the cp ranks' "
                                                            "gradients are added by FSDP, which shards over "
                                                            "dp_shard x cp; use 'optim_grads_params'")
-    if t.cfg.eval_dataset is not None:
-        yield ("eval_dataset", f"evaluation during training with context_parallel {cp} is not implemented (the "
-                               "evaluator feeds whole sequences); evaluate the saved checkpoint with `mf eval`")
 
 
 @check(commands=TRAINING, needs=("world",))

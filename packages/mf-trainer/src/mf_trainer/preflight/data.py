@@ -64,14 +64,6 @@ def evaluation_data(t):
         yield from column_problems(section, where, "evaluation")
 
 
-@check()
-def evaluation_layout(t):
-    """Evaluation during training runs without tensor parallelism."""
-    if t.cfg.eval_dataset is not None and t.cfg.parallelism.tensor_parallel > 1:
-        yield ("eval_dataset", "evaluation during training with tensor_parallel > 1 is not implemented (its loss and "
-                               "accuracy need the vocabulary-split logits); evaluate the saved checkpoint with `mf eval`")
-
-
 def accumulation(training, dp: int) -> int:
     """Micro-batches per optimizer step: global_batch_size // (dp x local_batch_size)."""
     return training.global_batch_size // (dp * training.local_batch_size)

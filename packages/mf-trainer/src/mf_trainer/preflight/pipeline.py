@@ -100,10 +100,6 @@ def pipeline_combinations(t):
         yield ("parallelism.pipeline_parallel",
                f"pipeline stages of a MoE model ({experts[0]}: {cfg.model.extra[experts[0]]}) are not implemented "
                "yet (its routing statistics and balance loss do not travel between stages); set it to 1")
-    if cfg.eval_dataset is not None:
-        yield ("eval_dataset", f"evaluation during training with pipeline_parallel {par.pipeline_parallel} is not "
-                               "implemented (the evaluator runs the whole model); evaluate the saved checkpoint "
-                               "with `mf eval`")
 
 
 @check(needs=("world",))
