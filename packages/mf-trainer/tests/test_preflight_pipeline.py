@@ -81,3 +81,17 @@ def test_dry_run_counts_what_each_pipeline_rank_holds(tmp_path, tiny_config):
     layer = (total - table - norm) // 4
     # rank 0: the table + layers 0-1; rank 1: layers 2-3, the final norm and its copy of the tied table
     assert plan.parameters["per rank"] == f"pp rank 0: {table + 2 * layer}, pp rank 1: {2 * layer + norm + table}"
+
+
+@pytest.mark.parametrize("parallelism", [{"pipeline_parallel": 2}, {"pipeline_parallel": 2, "tensor_parallel": 2}])
+def test_evaluation_with_sharded_pipeline_stages_is_one_keyed_line(tmp_path, tiny_config, parallelism):
+    """The stages' forward-only evaluation is proven with pipeline ranks alone, not with FSDP / TP stages."""
+    raw = tiny_config(tmp_path, tmp_path / "none", parallelism=parallelism, training={"local_batch_size": 1},
+                      model={"num_hidden_layers": 4})
+    raw["eval_dataset"] = {"dataloader": dict(raw["train_dataset"]["dataloader"], sizes=[0, 50, 0]),
+                           "eval_interval": 2, "eval_iters": 2}
+    report = mf_trainer.preflight(mf_config.load_config(raw), "launch", world=4, device="CPU")
+    assert [line for line in report.lines() if line.startswith("eval_dataset:")] == [
+        f"eval_dataset: evaluation during training with {'TP' if 'tensor_parallel' in parallelism else 'FSDP'} "
+        "pipeline stages is not proven against one process yet; drop eval_dataset (eval_dataset=null) and "
+        "evaluate the checkpoint with `mf eval`"], report.lines()

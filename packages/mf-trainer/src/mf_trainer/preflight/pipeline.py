@@ -135,3 +135,8 @@ def pipeline_sharded_stages(t):
     elif dims.dp_replicate > 1:
         yield ("parallelism.data_parallel_shard_strategy",
                f"'no_shard' (DDP) inside pipeline stages is not implemented {proven}; use 'optim_grads_params'")
+    if t.cfg.eval_dataset is not None:
+        # The stages' forward-only evaluation is proven with pipeline ranks alone (PP2 1f1b).
+        yield ("eval_dataset", f"evaluation during training with {inside} pipeline stages is not proven against one "
+                               "process yet; drop eval_dataset (eval_dataset=null) and evaluate the checkpoint with "
+                               "`mf eval`")
