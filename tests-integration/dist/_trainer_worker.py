@@ -52,6 +52,8 @@ CASES = {
     # MoE training (tiny DeepSeek-V3: balance loss, expert-bias update; see test_moe_parity.py)
     "moe_reference": ({}, {"local_batch_size": 4}, 1, 1),
     "moe_fsdp2": ({}, {"local_batch_size": 2}, 0, 2),
+    # Expert parallelism: each of the 2 ranks holds 2 of the 4 experts (and half the other weights).
+    "moe_ep2": ({"expert_parallel": 2}, {"local_batch_size": 2}, 0, 2),
     # Pipeline parallelism on the 4-layer model (reference4): 4 micro-batches of 1 sample per step.
     "reference4": ({}, {"local_batch_size": 4}, 1, 1),
     "pp2_1f1b": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 2),

@@ -13,7 +13,7 @@ MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 NOT_WITH_PIPELINE = {
     "tensor_parallel": "the stages' tied output head and loss are not wired for vocabulary-split logits yet",
     "context_parallel": "context parallelism is not implemented",
-    "expert_parallel": "expert parallelism is not implemented",
+    "expert_parallel": "the stages' MoE layers are not wired for the all-to-all dispatcher yet",
 }
 
 
