@@ -46,6 +46,7 @@ from mf_parallel.leaf import ensure_plan, plan_of
 from mf_parallel.mesh import DeviceMesh, Group
 from mf_parallel.tensor_parallel import _reslice
 
+
 class ExpertExchange(nn.Cell):
     """All-to-all of a [P, ...] buffer along dim 0 over `group` (slot j goes to rank j, slot s of
     the result came from rank s). It is its own adjoint: the backward exchanges the gradient."""
