@@ -10,8 +10,9 @@ Cases (see CASES): a parallel layout trains STEPS steps from the same seed on th
 batch as the reference and saves a checkpoint at step STEPS; `reference` is the one-process run
 (it also continues 2 steps from its own checkpoint). The checkpoint cases continue 2 steps from a
 checkpoint written under another layout: `*_from_reference` (one process -> FSDP2 x TP2),
-`reference_from_fsdp2_tp2` (FSDP2 x TP2 -> one process) and `reference_from_cp2` (CP2 -> one
-process); `reference_muon` and `fsdp2_muon` are the same with optimizer.type Muon.
+`reference_from_fsdp2_tp2` (FSDP2 x TP2 -> one process), `reference_from_cp2` (CP2 -> one
+process), `moe_reference_from_moe_ep2` (EP2 -> one process, against
+`moe_reference_from_moe_reference`); `reference_muon` and `fsdp2_muon` are the same with optimizer.type Muon.
 """
 
 from __future__ import annotations
