@@ -21,7 +21,7 @@ PIPELINE2_CASES = ("pp2_1f1b", "pp2_gpipe", "pp2_interleaved", "pp2_1f1b_split",
 # On 4 ranks: PP4, and PP2 stages FSDP-sharded over dp 2 / under TP2 (all against reference4 / 6).
 PIPELINE4_CASES = ("pp4_1f1b_uneven", "pp2_fsdp2", "pp2_tp2")
 REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "reference_muon")      # one process, one after another
-WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean", "cp2", "moe_fsdp2", "fsdp2_muon", "fsdp2_muon_from_reference_muon",
+WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean", "cp2", "moe_fsdp2", "moe_ep2", "fsdp2_muon", "fsdp2_muon_from_reference_muon",
                 *PIPELINE2_CASES)
 WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", "fsdp2_tp2_from_fsdp2_tp2", *PIPELINE4_CASES)
 # Context parallelism (_cp_worker.py): attention Cells first, then these model cases, one launch each.

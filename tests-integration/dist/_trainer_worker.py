@@ -10,8 +10,9 @@ Cases (see CASES): a parallel layout trains STEPS steps from the same seed on th
 batch as the reference and saves a checkpoint at step STEPS; `reference` is the one-process run
 (it also continues 2 steps from its own checkpoint). The checkpoint cases continue 2 steps from a
 checkpoint written under another layout: `*_from_reference` (one process -> FSDP2 x TP2),
-`reference_from_fsdp2_tp2` (FSDP2 x TP2 -> one process) and `reference_from_cp2` (CP2 -> one
-process); `reference_muon` and `fsdp2_muon` are the same with optimizer.type Muon.
+`reference_from_fsdp2_tp2` (FSDP2 x TP2 -> one process), `reference_from_cp2` (CP2 -> one
+process), `moe_reference_from_moe_ep2` (EP2 -> one process, against
+`moe_reference_from_moe_reference`); `reference_muon` and `fsdp2_muon` are the same with optimizer.type Muon.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ CASES = {
     # MoE training (tiny DeepSeek-V3: balance loss, expert-bias update; see test_moe_parity.py)
     "moe_reference": ({}, {"local_batch_size": 4}, 1, 1),
     "moe_fsdp2": ({}, {"local_batch_size": 2}, 0, 2),
+    # Expert parallelism: each of the 2 ranks holds 2 of the 4 experts (and half the other weights).
+    # PyNative: a compiled step costs a second MoE graph compile (~300 s on a loaded machine, the
+    # same as moe_fsdp2's) for a path moe_fsdp2 already compiles; EP2 compiled was checked ad hoc.
+    "moe_ep2": ({"expert_parallel": 2}, {"local_batch_size": 2}, 1, 2),
     # Pipeline parallelism on the 4-layer model (reference4): 4 micro-batches of 1 sample per step.
     "reference4": ({}, {"local_batch_size": 4}, 1, 1),
     "pp2_1f1b": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 2),

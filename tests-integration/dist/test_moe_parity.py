@@ -1,10 +1,12 @@
 """MoE training parity: a tiny DeepSeek-V3 (MLA, first layer dense, a shared expert, the
 sequence-wise balance loss and the aux-loss-free expert-bias update on) trained 8 steps under FSDP2
-gives the per-step losses (balance loss included), gradient norms, balance losses, expert-load
+and under expert parallelism EP2 (each rank holds 2 of the 4 experts; tokens travel by the
+all-to-all dispatcher) gives the per-step losses (balance loss included), gradient norms, balance losses, expert-load
 imbalance and final weights of one process on the same global batch, within 1e-5 relative, and the
 same `expert_bias` (the loads are summed over the ranks before the sign update, so the two runs
-take the same bias steps). Cases `moe_reference` (one process, with the llama reference) and
-`moe_fsdp2` (in the shared 2-rank launch) of _trainer_worker.py.
+take the same bias steps). Cases `moe_reference` (one process, with the llama reference),
+`moe_fsdp2` and `moe_ep2` (in the shared 2-rank launch) of _trainer_worker.py; the EP2 checkpoint
+(global names and shapes) then continues in one process as one process's own checkpoint does.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import pytest
 from _case_results import case_result as _result
 from _case_results import case_weights as _weights
 from _case_results import rel_err as _rel
-from _trainer_worker import STEPS
+from _launches import run_one_process
+from _trainer_worker import MOE_MODEL, MORE, STEPS
 
 RTOL = 1e-5
 
@@ -28,17 +31,49 @@ def runs(reference, world2):
     return reference
 
 
-def test_fsdp2_moe_training_matches_one_process(runs):
-    ref, got = _result(runs, "moe_reference"), _result(runs, "moe_fsdp2")
+@pytest.mark.parametrize("case", ["moe_fsdp2", "moe_ep2"])
+def test_moe_training_matches_one_process(runs, case):
+    ref, got = _result(runs, "moe_reference"), _result(runs, case)
     assert len(ref["losses"]) == len(got["losses"]) == STEPS and ref["losses"][-1] < ref["losses"][0]
     for key, a, b in (("loss", got["losses"], ref["losses"]), ("grad_norm", got["grad_norms"], ref["grad_norms"]),
                       *((k, got["moe"][k], ref["moe"][k]) for k in ("moe/aux_loss", "moe/max_imbalance"))):
         assert _rel(a, b) <= RTOL, f"{key}: {a} vs {b} (rel err {_rel(a, b):.2e})"
     assert min(ref["moe"]["moe/aux_loss"]) > 0
-    want, have = _weights(runs, "moe_reference"), _weights(runs, "moe_fsdp2")
+    want, have = _weights(runs, "moe_reference"), _weights(runs, case)
     assert set(have) == set(want)
     bias = "layers.1.moe.router.expert_bias"
     assert np.abs(want[bias]).max() > 0          # the bias moved ...
     np.testing.assert_array_equal(have[bias], want[bias])     # ... by the same sign steps
     for name in want:
         np.testing.assert_allclose(have[name], want[name], rtol=RTOL, atol=1e-6, err_msg=name)
+
+
+def test_expert_parallel_dispatcher_moves_the_analytic_bytes(runs):
+    """Per MoE layer and step, the dispatcher exchanges a [ep, T k, H] float32 buffer four times
+    (tokens out and back, and both gradients), T = 2 samples x 16 tokens on each rank; on CPU the
+    all-to-all is emulated (an all-reduce of the [ep, ep, ...] slot matrix: twice the bytes)."""
+    got = _result(runs, "moe_ep2")
+    assert "EP" in got["dims"], got["dims"]
+    ep, tokens, k, hidden = 2, 2 * 16, MOE_MODEL["num_experts_per_tok"], MOE_MODEL["hidden_size"]
+    moe_layers = MOE_MODEL["num_hidden_layers"] - MOE_MODEL["first_k_dense_replace"]
+    a2a = got["comm"]["all_to_all/emulated"]
+    assert a2a["calls"] == 4 * moe_layers
+    assert a2a["payload_bytes"] == 4 * moe_layers * ep * tokens * k * hidden * 4, a2a
+    assert a2a["issued_bytes"] == ep * a2a["payload_bytes"], a2a
+
+
+@pytest.fixture(scope="module")
+def ep_back_to_one_process(runs):
+    """One process continues 2 steps from its own checkpoint and from the EP2 one (one start-up)."""
+    proc = run_one_process(runs, "moe_reference_from_moe_reference", "moe_reference_from_moe_ep2")
+    if proc.returncode != 0:
+        pytest.fail(f"one-process continuation failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return _result(runs, "moe_reference_from_moe_reference"), _result(runs, "moe_reference_from_moe_ep2")
+
+
+def test_expert_parallel_checkpoint_continues_in_one_process(ep_back_to_one_process):
+    """The EP2 checkpoint holds the global layout (unchanged names, every expert), so one process
+    loads it and continues with the losses of one process resumed from its own checkpoint."""
+    want, got = ep_back_to_one_process
+    assert got["start_step"] == want["start_step"] == STEPS and len(got["losses"]) == MORE
+    assert _rel(got["losses"], want["losses"]) <= RTOL, f"{got['losses']} vs {want['losses']}"

@@ -5,7 +5,7 @@
 slicing and settings import without MindSpore; everything else needs it.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 from mf_parallel.cp.layout import (
     masked_from_segments,
@@ -15,7 +15,7 @@ from mf_parallel.cp.layout import (
     zigzag_indices,
 )
 from mf_parallel.cp.methods import ContextParallelSettings, check_context_parallel, context_parallel_problems
-from mf_parallel.dims import AXES, GROUP_NAMES, ParallelDims
+from mf_parallel.dims import AXES, EP_DISPATCHERS, GROUP_NAMES, ParallelDims
 from mf_parallel.errors import ParallelConfigError
 
 _PIPELINE = ("PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "pipeline_from_config", "build_schedule",
@@ -24,7 +24,7 @@ _PIPELINE = ("PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "pi
              "WeightGradStash")
 
 __all__ = [
-    "__version__", "AXES", "GROUP_NAMES", "ParallelDims", "ParallelConfigError",
+    "__version__", "AXES", "EP_DISPATCHERS", "GROUP_NAMES", "ParallelDims", "ParallelConfigError",
     # context parallelism: the sequence layout and batch slicing (numpy), the settings and checks
     "zigzag_indices", "slice_for_context_parallel", "masked_from_segments", "segment_ids_from_attention_mask",
     "segment_ids_from_actual_seq_len", "ContextParallelSettings", "check_context_parallel",
@@ -44,6 +44,7 @@ __all__ = [
     "VocabParallelArgmax",
     "fully_shard", "reshard_after_forward_for", "check_cpu_offload", "GlobalNormClip",
     "context_parallel_attention", "RingAttention", "UlyssesAttention", "HybridAttention", "RingExchange",
+    "shard_experts", "AllToAllTokenDispatcher", "ExpertExchange",
     # state
     "ParamLayout", "param_layouts", "shard_metadata", "local_blocks", "gather_full_state", "load_full_state",
     "load_sharded_state",
@@ -72,6 +73,7 @@ _LAZY = {
     "GlobalNormClip": "clip",
     "context_parallel_attention": "cp.methods", "RingAttention": "cp.ring", "UlyssesAttention": "cp.ulysses",
     "HybridAttention": "cp.ulysses", "RingExchange": "cp.exchange",
+    **{name: "expert_parallel" for name in ("shard_experts", "AllToAllTokenDispatcher", "ExpertExchange")},
     **{name: "state" for name in ("ParamLayout", "param_layouts", "shard_metadata", "local_blocks",
                                   "gather_full_state", "load_full_state", "load_sharded_state")},
     "launch": "launcher", "Communicator": "communicator",

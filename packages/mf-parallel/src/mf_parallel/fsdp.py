@@ -186,12 +186,19 @@ def _shard_parameter(param: Parameter, group: Group) -> tuple[Parameter, FSDPSha
     return new, spec
 
 
+SHARD_GROUPS = ("dp_shard_cp", "dp_shard_mod_ep")
+
+
 def fully_shard(cell: nn.Cell, mesh: DeviceMesh, *, reshard_after_forward: bool = True,
-                disable_gradient_division: bool = True, reduce_dtype=ms.float32, cpu_offload: bool = False) -> nn.Cell:
+                disable_gradient_division: bool = True, reduce_dtype=ms.float32, cpu_offload: bool = False,
+                group: str = "dp_shard_cp") -> nn.Cell:
     """Shard every parameter under `cell` not yet sharded (apply to inner units first, root last).
 
     disable_gradient_division=True sums gradients over the data-parallel ranks (the loss is
     normalised by the global token count); False divides them by dp_replicate x dp_shard x cp.
+    `group` is the shard group: "dp_shard_cp" (every data-parallel rank of the layout), or for
+    expert weights split over ep, "dp_shard_mod_ep" (the ranks holding the same experts;
+    `shard_experts` uses it). The division, when on, is by the whole data-parallel size either way.
     Returns `cell` (changed in place). Apply before the first call in GRAPH_MODE.
     """
     if not isinstance(reshard_after_forward, bool):
@@ -201,8 +208,10 @@ def fully_shard(cell: nn.Cell, mesh: DeviceMesh, *, reshard_after_forward: bool 
         raise ParallelConfigError(
             f"parallelism.disable_gradient_division: must be true or false, got {disable_gradient_division!r}")
     check_cpu_offload(cpu_offload)
-    shard_group, replicate_group = mesh["dp_shard_cp"], mesh["dp_replicate"]
-    divide_by = 1 if disable_gradient_division else shard_group.size * replicate_group.size
+    if group not in SHARD_GROUPS:
+        raise ParallelConfigError(f"fully_shard: group must be one of {', '.join(SHARD_GROUPS)}, got {group!r}")
+    shard_group, replicate_group = mesh[group], mesh["dp_replicate"]
+    divide_by = 1 if disable_gradient_division else mesh["dp_shard_cp"].size * replicate_group.size
     count = 0
     leaves = [leaf for _, leaf in cell.cells_and_names() if any(p is not None for p in leaf._params.values())]
     for leaf in leaves:

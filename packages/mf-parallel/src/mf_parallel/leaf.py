@@ -109,6 +109,7 @@ class LeafPlan:
     deferred: tuple[str, ...] = ()                  # added to the output after output_transform (row-parallel bias)
     grad_sync: dict[str, nn.Cell] = field(default_factory=dict)    # name -> Cell factory result (CopyToGroup)
     tp_shards: dict[str, TPShard] = field(default_factory=dict)
+    ep_shards: dict[str, TPShard] = field(default_factory=dict)   # dim 0 split over the ep group (experts)
     fsdp: Any = None                                # fsdp.FSDPParams
 
 

@@ -57,15 +57,21 @@ class ParamLayout:
 
 
 def _layout(name: str, stored_shape: tuple[int, ...], tp: TPShard | None, fsdp: FSDPShard | None,
-            mesh: DeviceMesh) -> ParamLayout:
+            mesh: DeviceMesh, ep: TPShard | None = None) -> ParamLayout:
     local_shape = tuple(fsdp.shape) if fsdp is not None else stored_shape
-    global_shape = tp.full_shape if tp is not None else local_shape
+    global_shape = tp.full_shape if tp is not None else ep.full_shape if ep is not None else local_shape
     offset = [0] * len(global_shape)
     shape = list(local_shape)
     sharded = {"pp"}   # pipeline stages hold different parameters
     if tp is not None and tp.size > 1:
         offset[tp.axis] = tp.index * local_shape[tp.axis]
         sharded.add("tp")
+    if ep is not None and ep.size > 1:
+        # Expert blocks: ep rank i holds experts [i E/ep, (i+1) E/ep); any FSDP split over the ranks
+        # holding the same experts (dp_shard_mod_ep) comes on top. Together they differ on every
+        # rank of dp_shard x cp, which is what ep and dp_shard_mod_ep partition.
+        offset[0] = ep.index * local_shape[0]
+        sharded.update(a for a in ("dp_shard", "cp") if mesh.dims.size(a) > 1)
     if fsdp is not None and not fsdp.replicated and fsdp.size > 1:
         start, count = fsdp.valid_rows
         offset[0] += start
@@ -83,7 +89,7 @@ def _layout(name: str, stored_shape: tuple[int, ...], tp: TPShard | None, fsdp: 
 
 def param_layouts(model: nn.Cell, mesh: DeviceMesh) -> dict[str, ParamLayout]:
     """Layout of every parameter of `model` on this rank, by parameter name."""
-    owners: dict[int, tuple[TPShard | None, FSDPShard | None]] = {}
+    owners: dict[int, tuple[TPShard | None, FSDPShard | None, TPShard | None]] = {}
     for _, cell in model.cells_and_names():
         plan = plan_of(cell)
         if plan is None:
@@ -91,11 +97,11 @@ def param_layouts(model: nn.Cell, mesh: DeviceMesh) -> dict[str, ParamLayout]:
         for pname in plan.names:
             param = getattr(cell, pname)
             fsdp = plan.fsdp.shards.get(pname) if plan.fsdp is not None else None
-            owners[id(param)] = (plan.tp_shards.get(pname), fsdp)
+            owners[id(param)] = (plan.tp_shards.get(pname), fsdp, plan.ep_shards.get(pname))
     layouts = {}
     for name, param in model.parameters_and_names():
-        tp, fsdp = owners.get(id(param), (None, None))
-        layouts[name] = _layout(name, tuple(param.shape), tp, fsdp, mesh)
+        tp, fsdp, ep = owners.get(id(param), (None, None, None))
+        layouts[name] = _layout(name, tuple(param.shape), tp, fsdp, mesh, ep)
     return layouts
 
 

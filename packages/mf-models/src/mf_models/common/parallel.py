@@ -12,8 +12,12 @@ A plan (`llama/parallelize.py`, ...) applies, in this fixed order (TorchTitan's)
   1. tensor parallelism with sequence parallelism (`mf_parallel.parallelize_module`),
   2. context parallelism: every attention core replaced by the cp method, on the heads tensor
      parallelism left this rank (`apply_context_parallel`),
-  3. activation recomputation (a callback: the YAML's `recompute` section belongs to the trainer),
-  4. FSDP/HSDP per block, then the root (`fully_shard`, over dp_shard x cp).
+  3. expert parallelism: each MoE layer's stacked experts split over the ep group and its
+     dispatcher replaced by the all-to-all one (`apply_expert_parallel`; the model's plan names
+     the expert parameters: `expert_plan`),
+  4. activation recomputation (a callback: the YAML's `recompute` section belongs to the trainer),
+  5. FSDP/HSDP per block, then the root (`fully_shard`, over dp_shard x cp; the experts already
+     sit on their own mesh view, dp_shard_mod_ep, and are left alone).
 
 Context parallelism and the model's inputs. A context-parallel model is called as
 `model(input_ids, position_ids, segment_ids)` with this cp rank's tokens (`mf_parallel.
@@ -38,6 +42,7 @@ import mf_parallel as mp
 
 from ..errors import ModelConfigError
 from .attention import CoreAttention
+from .dispatch import LocalDispatcher
 from .layers import (
     Embedding,
     Linear,
@@ -80,6 +85,7 @@ class ParallelOptions:
     context_parallel_async: bool = False
     ulysses_degree_in_cp: int | None = None
     context_parallel_mask_type: str = "causal"
+    moe_token_dispatcher_type: str = "alltoall"
 
     def context_parallel_settings(self) -> mp.ContextParallelSettings:
         return mp.ContextParallelSettings(method=self.context_parallel_method, ulysses_degree=self.ulysses_degree_in_cp,
@@ -137,14 +143,54 @@ def apply_fsdp(model: nn.Cell, mesh, options: ParallelOptions,
         policy, pp_enabled=dims.pp_enabled, last=True), **common)
 
 
-def refuse_unimplemented(dims, model_type: str) -> None:
-    """Expert parallelism has no strategy yet: say so, naming the key. (Pipeline stages are not a
-    plan: the trainer cuts the planned model with `pipeline_stage`; context parallelism is
-    `apply_context_parallel`.)"""
-    for axis, key in (("ep", "expert_parallel"),):
+def refuse_unimplemented(dims, model_type: str, expert_plan=None) -> None:
+    """Expert parallelism needs a model with experts (its plan names them: `expert_plan`), and is
+    not proven beside tensor, context or pipeline parallelism: say so, naming the key. (Pipeline
+    stages are not a plan: the trainer cuts the planned model with `pipeline_stage`; context
+    parallelism is `apply_context_parallel`.)"""
+    if not dims.ep_enabled:
+        return
+    if expert_plan is None:
+        raise ModelConfigError(f"parallelism.expert_parallel: {dims.ep} > 1, but {model_type} has no routed experts; "
+                               "set it to 1")
+    for axis, key in (("tp", "tensor_parallel"), ("cp", "context_parallel"), ("pp", "pipeline_parallel")):
         if getattr(dims, axis) > 1:
-            raise ModelConfigError(f"parallelism.{key}: {getattr(dims, axis)} > 1 is not implemented for "
-                                   f"{model_type} (mf-parallel has no {key.replace('_', ' ')} strategy yet); set it to 1")
+            raise ModelConfigError(f"parallelism.expert_parallel: {dims.ep} with {key} {getattr(dims, axis)} is not "
+                                   f"implemented (expert parallelism is proven with data parallelism only); set one "
+                                   "of them to 1")
+
+
+# The stacked expert weights of the one MoE layer (common/moe.py): dim 0 is the expert axis.
+EXPERT_PARAMS = ("w1", "w2", "w3")
+
+
+def expert_plan(model) -> dict[str, tuple[str, ...]]:
+    """Which parameters are experts, by leaf path: every MoE layer's stacked experts (the shared
+    experts are dense and stay with the other weights)."""
+    return {f"layers.{i}.moe.experts": EXPERT_PARAMS
+            for i, block in enumerate(model.layers) if getattr(block, "moe_enabled", False)}
+
+
+def apply_expert_parallel(model, mesh, options: ParallelOptions, plan: dict[str, tuple[str, ...]]) -> None:
+    """Split the experts `plan` names over the ep group (`mf_parallel.shard_experts`) and give each
+    of their MoE layers the all-to-all dispatcher, over a one-rank dispatcher of the local experts
+    plus the null expert of empty slots."""
+    if options.moe_token_dispatcher_type not in mp.EP_DISPATCHERS:
+        raise ModelConfigError(f"parallelism.moe_token_dispatcher_type: {options.moe_token_dispatcher_type!r} is not "
+                               f"implemented; use one of {', '.join(mp.EP_DISPATCHERS)}")
+    cells = dict(model.cells_and_names())
+    group = mesh["ep"]
+    for path, names in plan.items():
+        experts = cells.get(path)
+        moe = cells.get(path.rpartition(".")[0])
+        if experts is None or moe is None or not hasattr(moe, "dispatcher"):
+            raise ModelConfigError(f"expert plan: {path} is not the experts of a MoE layer of {type(model).__name__}")
+        if moe.num_experts % group.size:
+            raise ModelConfigError(f"parallelism.expert_parallel: {group.size} does not divide the model's "
+                                   f"{moe.num_experts} routed experts; use a divisor of {moe.num_experts}")
+        mp.shard_experts(experts, mesh, names, disable_gradient_division=options.disable_gradient_division)
+        local = LocalDispatcher(moe.num_experts // group.size + 1, 1)
+        moe.dispatcher = mp.AllToAllTokenDispatcher(group, moe.num_experts, moe.top_k, local)
 
 
 def moe_plan(prefix: str, moe) -> dict:

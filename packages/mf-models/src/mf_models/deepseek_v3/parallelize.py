@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import mf_parallel as mp
 
-from ..common.parallel import ParallelOptions, moe_units
+from ..common.parallel import ParallelOptions, expert_plan, moe_units
 from ..llama.parallelize import decoder_block_plan, parallelize_dense
 
 
@@ -52,4 +52,4 @@ def deepseek_block_plan(prefix: str, layer) -> dict:
 def parallelize_deepseek_v3(model, mesh, options: ParallelOptions | None = None):
     """Shard `model` (a DeepseekV3ForCausalLM) in place for `mesh`; returns it. Before the first call."""
     return parallelize_dense(model, mesh, options or ParallelOptions(), "deepseek_v3", deepseek_block_plan,
-                             None, moe_units)
+                             None, moe_units, expert_plan)

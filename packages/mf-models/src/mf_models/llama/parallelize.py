@@ -36,6 +36,7 @@ from ..common.layout import tensor_parallel_problems
 from ..common.parallel import (
     ParallelOptions,
     apply_context_parallel,
+    apply_expert_parallel,
     apply_fsdp,
     check_context_parallel,
     moe_plan,
@@ -103,10 +104,11 @@ def check_tp(model, dims) -> None:
 
 
 def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, block_plan=None, check=None,
-                      inner_units=None):
-    """The fixed order for a dense decoder: TP (+SP), CP, recompute, FSDP per block then the root."""
+                      inner_units=None, experts=None):
+    """The fixed order for a decoder: TP (+SP), CP, EP (`experts(model)`: the model's expert plan,
+    MoE models only), recompute, FSDP per block then the root."""
     dims = mesh.dims
-    refuse_unimplemented(dims, model_type)
+    refuse_unimplemented(dims, model_type, experts)
     # Every check before the first change to the model.
     mp.check_cpu_offload(options.cpu_offload)          # rejected with mf-parallel's reason
     mp.reshard_after_forward_for(options.reshard_after_forward_policy)
@@ -119,6 +121,8 @@ def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, bl
         mp.parallelize_module(model, mesh["tp"], tp_plan(model, block_plan))
     if dims.cp_enabled:                                 # on the heads tensor parallelism left here
         apply_context_parallel(model, mesh, cp_settings)
+    if dims.ep_enabled:
+        apply_expert_parallel(model, mesh, options, experts(model))
     if options.recompute is not None:
         options.recompute(model)
     if dims.fsdp_enabled or dims.dp_replicate > 1:

@@ -13,7 +13,7 @@ A balance loss (`output_router_logits: true`) under tensor parallelism is refuse
 
 from __future__ import annotations
 
-from ..common.parallel import ParallelOptions, moe_units
+from ..common.parallel import ParallelOptions, expert_plan, moe_units
 from ..llama.parallelize import decoder_block_plan, parallelize_dense
 
 
@@ -22,4 +22,4 @@ def parallelize_mixtral(model, mesh, options: ParallelOptions | None = None):
     What tensor parallelism can split (heads, vocabulary, dense layers' MLP; experts are replicated)
     is MixtralArgs.tensor_parallel_split, checked by the shared check_tp."""
     return parallelize_dense(model, mesh, options or ParallelOptions(), "mixtral", decoder_block_plan, None,
-                             moe_units)
+                             moe_units, expert_plan)

@@ -22,7 +22,7 @@ Adding a check is one function in the topic module it belongs to:
 Topics: parallel (layouts, strategies), pipeline (pipeline_parallel > 1), context (context parallelism),
 model (keys, tensor-parallel splits), data (columns, evaluation split, batch arithmetic, token ids
 against the vocabulary), features (memory, monitors, profiler, LR schedule), moe (the MoE monitor),
-optimizer (type, pass-through keys, Muon's layouts), run_mode (commands, fine-tuning, inference
+optimizer (type, pass-through keys, Muon's layouts), expert (expert parallelism), run_mode (commands, fine-tuning, inference
 sample), device (context), outputs (output_dir and save_path writable; what they already hold:
 resume, refuse, overwrite).
 """
@@ -30,7 +30,7 @@ resume, refuse, overwrite).
 from __future__ import annotations
 
 # Importing a topic module registers its checks.
-from mf_trainer.preflight import context, data, features, model, outputs, parallel, pipeline, run_mode  # noqa: F401
+from mf_trainer.preflight import context, data, expert, features, model, outputs, parallel, pipeline, run_mode  # noqa: F401
 from mf_trainer.preflight import device as _device  # noqa: F401
 from mf_trainer.preflight import moe as _moe  # noqa: F401
 from mf_trainer.preflight import optimizer as _optimizer  # noqa: F401

@@ -7,8 +7,8 @@ segment ids), the model's plan replaces its attention cores by the cp method, an
 dp_shard x cp (its reduce-scatter adds the cp ranks' gradients of their sequence chunks).
 Refused: settings mf-parallel rejects (method, mask type, async, Ulysses degree), a method the
 model's heads or the sequence length cannot split, cp with pipeline parallelism, cp on a MoE model
-(its balance-loss statistics are per sequence; expert parallelism is not there yet), cp with
-and `no_shard` (the cp ranks' gradients are added by FSDP). Evaluation during training runs: each
+(its balance-loss statistics are per sequence), cp with
+`no_shard` (the cp ranks' gradients are added by FSDP). Evaluation during training runs: each
 rank evaluates its chunks of every sequence and the sums are added over cp (mf_trainer.evaluation).
 """
 
@@ -66,8 +66,8 @@ def context_parallel_combinations(t):
                                                "use one of them")
     if has_routed_experts(t.model_args):
         yield ("parallelism.context_parallel", f"{cp} on the MoE model {t.cfg.model.model_type!r} is not implemented "
-                                               "(its balance-loss statistics count whole sequences, and expert "
-                                               "parallelism is not there yet); train it with context_parallel 1")
+                                               "(its balance-loss statistics count whole sequences); train it with "
+                                               "context_parallel 1")
     if par.data_parallel_shard_strategy == "no_shard":
         yield ("parallelism.data_parallel_shard_strategy", "'no_shard' with context_parallel > 1: the cp ranks' "
                                                            "gradients are added by FSDP, which shards over "

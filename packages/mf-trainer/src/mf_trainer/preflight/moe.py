@@ -1,6 +1,6 @@
 """MoE training fields: `monitor.moe_monitor` acts on a model's routed MoE layers only.
 
-(Expert parallelism and its dispatcher knobs are refused in preflight/parallel.py: not implemented.)
+(Expert parallelism and its dispatcher knobs: preflight/expert.py.)
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ layout arithmetic against the world size (mf_parallel.ParallelDims, no MindSpore
 
 Training commands honour FSDP/HSDP/DDP (`data_parallel_shard_strategy` optim_grads_params or
 no_shard), tensor + sequence parallelism, context parallelism (preflight/context.py) and pipeline
-parallelism (its own checks: preflight/pipeline.py); expert parallelism and ZeRO-1/2 are refused
-with their reason. One-process commands (`mf eval`, `mf generate`, `mf serve`) take no layout at all.
+parallelism (its own checks: preflight/pipeline.py) and expert parallelism (preflight/expert.py);
+ZeRO-1/2 are refused with their reason. One-process commands (`mf eval`, `mf generate`, `mf serve`) take no layout at all.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ STRATEGIES = {
     "optim_grads_params": "parameters, gradients and optimizer states sharded (ZeRO-3)",
     "no_shard": "every data-parallel rank holds everything (DDP)",
 }
-UNIMPLEMENTED = {"expert_parallel": "expert"}  # pipeline: preflight/pipeline.py, context: preflight/context.py
+UNIMPLEMENTED: dict[str, str] = {}  # pipeline: preflight/pipeline.py, context: context.py, expert: expert.py
 DEGREES = ("tensor_parallel", "context_parallel", "pipeline_parallel", "expert_parallel")
 FSDP_KNOBS = ("data_parallel_shard_strategy", "reshard_after_forward_policy", "disable_gradient_division")
 # Fields that only act with a feature: field -> (its degree, what turns it on).
@@ -29,7 +29,8 @@ FEATURE_KNOBS = {
         "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule", "pipeline_parallel_interleave_num",
         "pipeline_parallel_overlap_p2p", "pipeline_parallel_overlap_b_f", "pipeline_parallel_enable_dxdw_split")},
     "moe_token_dispatcher_type": ("expert_parallel", "expert_parallel > 1"),
-    "npu_nums_per_device": ("expert_parallel", "expert_parallel > 1 on Ascend"),
+    "npu_nums_per_device": ("expert_parallel", "expert_parallel > 1 and moe_token_dispatcher_type "
+                                               "'alltoall_deredundancy'"),
 }
 _ONE_PROCESS = "this command runs in one process"
 
@@ -49,7 +50,9 @@ def effective_dims(par, world: int) -> mp.ParallelDims:
             raise TrainerConfigError(
                 f"parallelism.data_parallel_shard: {par.data_parallel_shard} shards, but data_parallel_shard_strategy "
                 "is 'no_shard'; leave data_parallel_shard at -1 or use 'optim_grads_params'")
-        dims = mp.ParallelDims(world, dp_replicate=dims.dp, dp_shard=1, cp=dims.cp, tp=dims.tp, pp=dims.pp)
+        # (ep stays: with dp_shard 1 it no longer divides dp_shard x cp, and ParallelDims says so;
+        # the expert check names no_shard itself.)
+        dims = mp.ParallelDims(world, dp_replicate=dims.dp, dp_shard=1, cp=dims.cp, tp=dims.tp, pp=dims.pp, ep=dims.ep)
     return dims
 
 

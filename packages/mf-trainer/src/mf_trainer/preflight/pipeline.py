@@ -17,7 +17,7 @@ from mf_trainer.preflight.registry import check, split_line
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 # Degrees that do not combine with pipeline stages yet, and why.
 NOT_WITH_PIPELINE = {
-    "expert_parallel": "expert parallelism is not implemented",
+    "expert_parallel": "the stages' MoE layers are not wired for the all-to-all dispatcher yet",
 }
 # Schedules proven with data or tensor parallelism inside the stages (dist tests vs one process).
 WITH_SHARDED_STAGES = ("1f1b",)

@@ -1,0 +1,94 @@
+"""Expert parallelism (`parallelism.expert_parallel` > 1): what the Trainer runs, and what it
+refuses with its reason.
+
+Runs: the experts of every MoE layer split over ep ranks carved out of the data-parallel ranks
+(Megatron's layout; mf_parallel.shard_experts), tokens exchanged by the `alltoall` dispatcher
+(mf_parallel.AllToAllTokenDispatcher), non-expert weights FSDP-sharded as without EP. Proven
+(loss parity in the dist session) for ep = the data-parallel size, so that no two ranks hold the
+same experts. Refused, one keyed line each: a model without routed experts, an expert count ep
+does not divide, `alltoall_deredundancy` and `npu_nums_per_device` (not implemented), ep beside
+tensor / context / pipeline parallelism, HSDP or `no_shard`, and ep smaller than the
+data-parallel size (expert data parallelism: built, not proven yet). That ep divides
+dp_shard x cp is ParallelDims' own check (the `layout` check reports it).
+"""
+
+from __future__ import annotations
+
+from mf_trainer.preflight.context import has_routed_experts
+from mf_trainer.preflight.registry import TRAINING, check
+
+_EXPERT_COUNT_FIELDS = ("n_routed_experts", "num_local_experts", "num_experts")
+KEY = "parallelism.expert_parallel"
+
+
+def _ep(t) -> int:
+    return t.cfg.parallelism.expert_parallel
+
+
+@check(commands=TRAINING)
+def expert_parallel_model(t):
+    """Expert parallelism needs routed experts that ep divides."""
+    ep, args = _ep(t), t.model_args
+    if ep <= 1 or args is None:
+        return
+    if not has_routed_experts(args):
+        yield KEY, f"{ep} > 1, but model {t.cfg.model.model_type!r} has no routed MoE layers to split; set it to 1"
+        return
+    field = next(f for f in _EXPERT_COUNT_FIELDS if getattr(args, f, None))
+    experts = getattr(args, field)
+    if experts % ep:
+        options = [d for d in range(1, experts + 1) if experts % d == 0]
+        yield KEY, f"{ep} does not divide model.{field} = {experts} (each rank holds experts / ep); use one of {options}"
+
+
+@check(commands=TRAINING)
+def expert_parallel_dispatcher(t):
+    """The alltoall dispatcher is implemented; deredundancy and its npu_nums_per_device are not."""
+    par = t.cfg.parallelism
+    if _ep(t) <= 1:
+        return      # feature_knobs (parallel.py) refuses the knobs without ep
+    if par.moe_token_dispatcher_type != "alltoall":
+        yield ("parallelism.moe_token_dispatcher_type",
+               f"{par.moe_token_dispatcher_type!r} (two-level dispatch within and across groups of "
+               "npu_nums_per_device ranks) is not implemented; use 'alltoall'")
+    elif par.npu_nums_per_device != type(par)().npu_nums_per_device:
+        yield ("parallelism.npu_nums_per_device", f"{par.npu_nums_per_device} only acts with moe_token_dispatcher_type "
+                                                  "'alltoall_deredundancy', which is not implemented (leave it at its "
+                                                  "default)")
+
+
+@check(commands=TRAINING)
+def expert_parallel_combinations(t):
+    """Expert parallelism runs beside data parallelism only (no tp, cp, pp, no_shard)."""
+    par, ep = t.cfg.parallelism, _ep(t)
+    if ep <= 1:
+        return
+    for key in ("tensor_parallel", "context_parallel"):    # pipeline stages: preflight/pipeline.py
+        if getattr(par, key) > 1:
+            yield KEY, (f"{ep} with {key} {getattr(par, key)} is not implemented (expert parallelism is proven beside "
+                        "data parallelism only); set one of them to 1")
+    if par.data_parallel_shard_strategy == "no_shard":
+        yield ("parallelism.data_parallel_shard_strategy", f"'no_shard' with expert_parallel {ep}: the ep ranks are "
+                                                           "carved out of the FSDP shard ranks; use "
+                                                           "'optim_grads_params'")
+    if t.cfg.eval_dataset is not None:
+        # Every rank would evaluate the same batches through the exchange: plausible, not proven.
+        yield ("eval_dataset", f"evaluation during training with expert_parallel {ep} is not proven against one "
+                               "process yet; drop eval_dataset (eval_dataset=null) and evaluate the checkpoint with "
+                               "`mf eval`")
+
+
+@check(commands=TRAINING, needs=("world",))
+def expert_parallel_layout(t):
+    """ep equals the data-parallel size (expert data parallelism and HSDP beside EP are not proven)."""
+    dims, ep = t.dims, _ep(t)
+    if ep <= 1 or dims is None or dims.tp > 1 or dims.cp > 1 or dims.pp > 1:
+        return
+    if dims.dp_replicate > 1:
+        yield KEY, (f"{ep} with data-parallel replicas (HSDP: data_parallel_shard {dims.dp_shard} of {dims.dp}) is not "
+                    "proven yet (the experts' gradients would be all-reduced over the replicas); use "
+                    "data_parallel_shard -1")
+    elif dims.dp_shard != ep:
+        yield KEY, (f"{ep} < the {dims.dp_shard} data-parallel ranks: ranks holding the same experts (expert data "
+                    f"parallelism, FSDP over {dims.dp_shard // ep} ranks) are not proven yet; use expert_parallel "
+                    f"{dims.dp_shard} (the data-parallel size) or launch {ep} ranks")

@@ -1,0 +1,80 @@
+"""The preflight under expert parallelism: the layout that runs (ep = the data-parallel size on a
+MoE model, alltoall), and one keyed line for each combination that is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+import mf_config
+import mf_trainer
+
+# A tiny Mixtral: 4 routed experts, top-2 (mf-config accepts it; the preflight decides the layout).
+MIXTRAL = {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "max_position_embeddings": 64, "num_local_experts": 4, "num_experts_per_tok": 2}
+
+
+def _lines(tmp_path, tiny_config, parallelism, world, model=None):
+    raw = tiny_config(tmp_path, tmp_path / "none", parallelism=parallelism, model=model or MIXTRAL,
+                      training={"local_batch_size": 1, "global_batch_size": 8})
+    return mf_trainer.preflight(mf_config.load_config(raw), "launch", world=world, device="CPU").lines()
+
+
+@pytest.mark.parametrize("parallelism, world", [({"expert_parallel": 2}, 2), ({"expert_parallel": 4}, 4),
+                                                ({"expert_parallel": 2, "moe_token_dispatcher_type": "alltoall"}, 2)])
+def test_expert_parallel_over_every_data_parallel_rank_runs(tmp_path, tiny_config, parallelism, world):
+    assert _lines(tmp_path, tiny_config, parallelism, world) == []
+
+
+LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 2, "max_position_embeddings": 64}
+
+REFUSED = [
+    ({"expert_parallel": 2}, 2, LLAMA,
+     "parallelism.expert_parallel: 2 > 1, but model 'llama' has no routed MoE layers to split; set it to 1"),
+    ({"expert_parallel": 3}, 3, None,
+     "parallelism.expert_parallel: 3 does not divide model.num_local_experts = 4"),
+    ({"expert_parallel": 4}, 2, None,
+     "parallelism.expert_parallel: 4 does not divide data_parallel_shard x context_parallel = 2 x 1 = 2"),
+    ({"expert_parallel": 2, "tensor_parallel": 2}, 4, None,
+     "parallelism.expert_parallel: 2 with tensor_parallel 2 is not implemented (expert parallelism is proven beside "
+     "data parallelism only); set one of them to 1"),
+    ({"expert_parallel": 2, "context_parallel": 2}, 4, None,
+     "parallelism.expert_parallel: 2 with context_parallel 2 is not implemented"),
+    ({"expert_parallel": 2, "pipeline_parallel": 2}, 4, None, "parallelism.expert_parallel: 2 with pipeline_parallel 2 is not implemented"),
+    ({"expert_parallel": 2}, 4, None,
+     "parallelism.expert_parallel: 2 < the 4 data-parallel ranks: ranks holding the same experts (expert data "
+     "parallelism, FSDP over 2 ranks) are not proven yet"),
+    ({"expert_parallel": 2, "data_parallel_shard": 2}, 4, None,
+     "parallelism.expert_parallel: 2 with data-parallel replicas (HSDP: data_parallel_shard 2 of 4) is not proven"),
+    ({"expert_parallel": 2, "data_parallel_shard_strategy": "no_shard"}, 2, None,
+     "parallelism.data_parallel_shard_strategy: 'no_shard' with expert_parallel 2: the ep ranks are carved out of "
+     "the FSDP shard ranks; use 'optim_grads_params'"),
+    ({"expert_parallel": 8, "moe_token_dispatcher_type": "alltoall_deredundancy"}, 8,
+     {**MIXTRAL, "num_local_experts": 8},
+     "parallelism.moe_token_dispatcher_type: 'alltoall_deredundancy' (two-level dispatch within and across groups "
+     "of npu_nums_per_device ranks) is not implemented; use 'alltoall'"),
+    ({"expert_parallel": 2, "npu_nums_per_device": 2}, 2, None,
+     "parallelism.npu_nums_per_device: 2 only acts with moe_token_dispatcher_type 'alltoall_deredundancy', which "
+     "is not implemented (leave it at its default)"),
+    ({"npu_nums_per_device": 2}, 2, None,
+     "parallelism.npu_nums_per_device: 2 only acts with expert_parallel > 1 and moe_token_dispatcher_type "
+     "'alltoall_deredundancy' (leave it at its default)"),
+]
+
+
+@pytest.mark.parametrize("parallelism, world, model, line", REFUSED)
+def test_expert_parallel_refusals_are_one_keyed_line(tmp_path, tiny_config, parallelism, world, model, line):
+    lines = _lines(tmp_path, tiny_config, parallelism, world, model)
+    assert any(got.startswith(line) for got in lines), lines
+    assert len([got for got in lines if got.startswith(line.split(":")[0])]) == 1, lines
+
+
+def test_evaluation_during_training_under_expert_parallelism_is_one_keyed_line(tmp_path, tiny_config):
+    raw = tiny_config(tmp_path, tmp_path / "none", parallelism={"expert_parallel": 2}, model=MIXTRAL,
+                      training={"local_batch_size": 1, "global_batch_size": 8})
+    raw["eval_dataset"] = {"dataloader": dict(raw["train_dataset"]["dataloader"], sizes=[0, 50, 0]),
+                           "eval_interval": 2, "eval_iters": 2}
+    lines = mf_trainer.preflight(mf_config.load_config(raw), "launch", world=2, device="CPU").lines()
+    assert lines == ["eval_dataset: evaluation during training with expert_parallel 2 is not proven against one "
+                     "process yet; drop eval_dataset (eval_dataset=null) and evaluate the checkpoint with `mf eval`"]
