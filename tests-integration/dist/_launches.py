@@ -19,10 +19,15 @@ WORLD4_WORKER = HERE / "_world4_worker.py"
 # `pp2_1f1b_from_reference4` continues the one-process checkpoint under PP2.
 PIPELINE2_CASES = ("pp2_1f1b", "pp2_gpipe", "pp2_interleaved", "pp2_1f1b_split", "pp2_zbv", "pp2_1f1b_from_reference4")
 PIPELINE4_CASES = ("pp4_1f1b_uneven",)
-REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "reference_muon")      # one process, one after another
-WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean", "cp2", "moe_fsdp2", "fsdp2_muon", "fsdp2_muon_from_reference_muon",
-                *PIPELINE2_CASES)
-WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", "fsdp2_tp2_from_fsdp2_tp2", *PIPELINE4_CASES)
+# one process, one after another (`reference_packed`: the packed-document data of `cp2_packed`)
+REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "reference_muon", "reference_packed")
+# Context parallelism through the Trainer: every method, CP x FSDP, CP x TP and packed documents.
+CP_TRAINER2_CASES = ("cp2", "cp2_ulysses", "cp2_packed")
+CP_TRAINER4_CASES = ("cp2_fsdp2", "cp2_tp2", "cp4_hybrid")
+WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean", *CP_TRAINER2_CASES, "moe_fsdp2", "fsdp2_muon",
+                "fsdp2_muon_from_reference_muon", *PIPELINE2_CASES)
+WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", "fsdp2_tp2_from_fsdp2_tp2", *CP_TRAINER4_CASES,
+                *PIPELINE4_CASES)
 # Context parallelism (_cp_worker.py): attention Cells first, then these model cases, one launch each.
 CP_WORKER = HERE / "_cp_worker.py"
 CP_WORLD2_CASES = ("llama_cp2_colossal", "qwen3_cp2_colossal", "llama_cp2_ulysses", "qwen3_cp2_ulysses",
