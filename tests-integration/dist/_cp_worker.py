@@ -7,7 +7,7 @@ Usage: _cp_worker.py CASE [CASE ...]   (model cases, see MODEL_CASES)
 Attention checks (every launch): ring / Ulysses (/ hybrid on 4 ranks) forward and backward on
 random fp32 inputs with GQA, fully masked rows and packed documents, against full attention in
 float64 numpy; in PyNative, and Ulysses compiled (GRAPH_MODE) on 2 ranks (the ring compiles in
-the model case llama_cp2_packed_graph: forward, backward and FSDP in one graph).
+the Trainer's cp2 step, and ad hoc in the model case llama_cp2_packed_graph).
 
 Model cases: the same seed builds the plain model (the reference, every rank computes it alone on
 the whole batch and full sequence, in fp32) and the parallelized one; each rank feeds its data-
@@ -146,7 +146,7 @@ def attention_checks(mesh):
         run_check(f"cp_attention[{method},u={u},heads={heads}/{kv},packed]", check_attention, mesh, method, u, heads,
                   kv, True)
     run_check("cp_attention[colossal,async,packed]", check_attention, mesh, "colossal", None, 4, 2, True, True)
-    if WORLD == 2:     # the ring compiles inside the model case llama_cp2_packed_graph
+    if WORLD == 2:     # the ring compiles inside the Trainer's cp2 step (test_trainer_parity.py)
         run_check("cp_attention[ulysses,graph,packed]", check_attention, mesh, "ulysses", None, 4, 2, True, False,
                   True)
     run_check("cp_async_logged_once", lambda: (sum("context_parallel_async" in r for r in records) == 1,
@@ -165,7 +165,8 @@ def dense_mask_refused(mesh):
 
 
 # ----------------------------------------------------------------------------- model cases
-# name -> (model_type, parallel degrees, options, packed documents as "mask" | "eod" | None, mode)
+# name -> (model_type, parallel degrees, options, packed documents as "mask" | "eod" | None, mode).
+# The launches run the subset in _launches.CP_WORLD*_CASES; the llama cases stay for ad-hoc runs.
 MODEL_CASES = {
     "llama_cp2_colossal": ("llama", dict(cp=2), {}, None, 1),
     "qwen3_cp2_colossal": ("qwen3", dict(cp=2), {}, None, 1),
@@ -298,7 +299,10 @@ def model_case(name: str):
 
 
 def main(cases):
+    """The attention checks, then the model `cases`; alone or after the Trainer cases of a shared
+    launch (_world2_worker / _world4_worker), which may have left GRAPH_MODE set."""
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s", stream=sys.stdout)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
     mesh = mp.init_mesh(mp.ParallelDims(WORLD, cp=WORLD))
     start = time.monotonic()
     attention_checks(mesh)

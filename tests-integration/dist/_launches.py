@@ -12,7 +12,8 @@ import numpy as np
 
 HERE = Path(__file__).parent
 TRAINER_WORKER = HERE / "_trainer_worker.py"
-WORLD4_WORKER = HERE / "_world4_worker.py"
+WORLD2_WORKER = HERE / "_world2_worker.py"     # the 2-rank Trainer cases, then the CP checks
+WORLD4_WORKER = HERE / "_world4_worker.py"     # collectives, 4-rank Trainer cases, CP checks, probes
 # Trainer cases per launch (see _trainer_worker.CASES). The 4-rank ones after the reference run:
 # `fsdp2_tp2_from_reference` continues from the one-process checkpoint.
 # The pipeline cases train the 4- and 6-layer models of `reference4` / `reference6`;
@@ -20,16 +21,26 @@ WORLD4_WORKER = HERE / "_world4_worker.py"
 PIPELINE2_CASES = ("pp2_1f1b", "pp2_gpipe", "pp2_interleaved", "pp2_1f1b_split", "pp2_zbv", "pp2_1f1b_from_reference4")
 # On 4 ranks: PP4, and PP2 stages FSDP-sharded over dp 2 / under TP2 (all against reference4 / 6).
 PIPELINE4_CASES = ("pp4_1f1b_uneven", "pp2_fsdp2", "pp2_tp2")
-REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "reference_muon")      # one process, one after another
-WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean", "cp2", "moe_fsdp2", "moe_ep2", "fsdp2_muon", "fsdp2_muon_from_reference_muon",
-                *PIPELINE2_CASES)
-WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", "fsdp2_tp2_from_fsdp2_tp2", *PIPELINE4_CASES)
-# Context parallelism (_cp_worker.py): attention Cells first, then these model cases, one launch each.
+# one process, one after another (`reference_packed`: the packed-document data of `cp2_packed`)
+REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "reference_muon", "reference_packed")
+# Context parallelism through the Trainer: every method, CP x FSDP, CP x TP and packed documents.
+CP_TRAINER2_CASES = ("cp2", "cp2_ulysses", "cp2_packed")
+CP_TRAINER4_CASES = ("cp2_fsdp2", "cp2_tp2", "cp4_hybrid")
+WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean", *CP_TRAINER2_CASES, "moe_fsdp2", "moe_ep2", "fsdp2_muon",
+                "fsdp2_muon_from_reference_muon", *PIPELINE2_CASES)
+WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", "fsdp2_tp2_from_fsdp2_tp2", *CP_TRAINER4_CASES,
+                *PIPELINE4_CASES)
+# Context parallelism (_cp_worker.py): attention Cells first, then these model cases, at the end of
+# the 2- and 4-rank launches (after their Trainer cases: no msrun start-up of their own).
+# The tiny llama's CP layouts (colossal, ulysses, hybrid, x TP, x FSDP, packed) are proven through
+# the Trainer (CP_TRAINER*_CASES: 8 steps of losses, norms and weights), so the model-level launches
+# keep what the Trainer cases do not cover: qwen3's q/k norms under each method (the ring on packed
+# documents with async, Ulysses x TP, hybrid on packed documents), deepseek_v3's MLA with the
+# dense reset_attention_mask. All PyNative: the compiled ring is the Trainer's cp2 step (a compiled
+# model case here cost ~300 s of graph compilation and proved nothing more).
 CP_WORKER = HERE / "_cp_worker.py"
-CP_WORLD2_CASES = ("llama_cp2_colossal", "qwen3_cp2_colossal", "llama_cp2_ulysses", "qwen3_cp2_ulysses",
-                   "llama_cp2_packed_graph", "qwen3_cp2_packed", "deepseek_v3_cp2_packed")
-CP_WORLD4_CASES = ("llama_cp4_hybrid", "qwen3_cp4_hybrid", "llama_cp2_tp2", "qwen3_cp2_tp2", "llama_cp2_fsdp2",
-                   "qwen3_cp2_fsdp2")
+CP_WORLD2_CASES = ("qwen3_cp2_packed", "deepseek_v3_cp2_packed")
+CP_WORLD4_CASES = ("qwen3_cp4_hybrid", "qwen3_cp2_tp2")
 
 
 def write_corpus(prefix: Path) -> None:

@@ -50,6 +50,18 @@ CASES = {
     "fsdp2_tp2": ({"tensor_parallel": 2}, {"local_batch_size": 2}, 0, 4),
     # Context parallelism: both ranks read the same 4 samples and keep their zigzag chunks of each.
     "cp2": ({"context_parallel": 2}, {"local_batch_size": 4}, 0, 2),
+    # The other methods and CP with a second axis, in PyNative (cp2 proves the compiled ring step;
+    # graph mode here would add minutes of compilation and prove nothing new).
+    "cp2_ulysses": ({"context_parallel": 2, "context_parallel_method": "ulysses"}, {"local_batch_size": 4}, 1, 2),
+    "cp4_hybrid": ({"context_parallel": 4, "context_parallel_method": "hybrid", "ulysses_degree_in_cp": 2},
+                   {"local_batch_size": 4}, 1, 4),
+    # FSDP over dp_shard x cp = 4 ranks, 2 samples per data-parallel rank; loss summed over dp x cp.
+    "cp2_fsdp2": ({"context_parallel": 2, "data_parallel_shard": 2}, {"local_batch_size": 2}, 1, 4),
+    "cp2_tp2": ({"context_parallel": 2, "tensor_parallel": 2}, {"local_batch_size": 4}, 1, 4),
+    # Packed documents (PACKED below): one process reads the dense block-diagonal mask, CP2 the
+    # compressed EOD column (actual_seq_len) of the same samples, turned into global document ids.
+    "reference_packed": ({}, {"local_batch_size": 4}, 1, 1),
+    "cp2_packed": ({"context_parallel": 2}, {"local_batch_size": 4}, 1, 2),
     # MoE training (tiny DeepSeek-V3: balance loss, expert-bias update; see test_moe_parity.py)
     "moe_reference": ({}, {"local_batch_size": 4}, 1, 1),
     "moe_fsdp2": ({}, {"local_batch_size": 2}, 0, 2),
@@ -103,6 +115,20 @@ MUON = {"type": "Muon", "weight_decay": 0.1, "momentum": 0.9}
 # were computed and never read: 2 steps and a Trainer build each, dropped).
 CONTINUED = ("reference", "reference4", "reference_muon")
 MUON_MODEL = {"intermediate_size": 33}
+# The packed-document cases' data switches: positions restart and attention stays within each
+# document of the toy corpus (20..80-token documents in 16-token samples: most samples hold two).
+PACKED_DATA = {"reset_position_ids": True, "reset_attention_mask": True}
+PACKED = {"reference_packed": ({**PACKED_DATA, "create_attention_mask": True}, "attention_mask"),
+          "cp2_packed": ({**PACKED_DATA, "create_compressed_eod_mask": True, "eod_pad_length": 8}, "actual_seq_len")}
+
+
+def train_dataset(workdir: Path, name: str) -> dict:
+    section = toy_train_dataset(workdir)
+    if name in PACKED:
+        switches, column = PACKED[name]
+        section["dataloader"]["config"].update(switches)
+        section["dataloader"]["column_names"] = [*section["dataloader"]["column_names"], column]
+    return section
 
 
 def eval_section(workdir: Path, local_batch_size: int) -> dict:
@@ -128,7 +154,7 @@ def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None =
         "optimizer": MUON if muon else {"type": "AdamW", "weight_decay": 0.1},
         "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": LR, "warmup_steps": 2},
         "parallelism": parallelism,
-        "train_dataset": toy_train_dataset(workdir),
+        "train_dataset": train_dataset(workdir, base),
         "model": MOE_MODEL if base.startswith("moe_") else {
             "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
             "num_hidden_layers": LAYERS.get(base, 2), "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -4,10 +4,11 @@
 `mf_parallel.launch` once per distinct call and keeps every rank's log and RESULT lines, so many
 test items share one launch (an msrun start-up costs ~20 s here). The launches of the session:
 
-* world 4 (`_world4_worker.py`): the collectives checks, then the 4-rank Trainer cases, then the
-  capability probes — one msrun start-up for both test files that read it (`world4` fixture);
-* world 2 (`_trainer_worker.py`): the 2-rank Trainer cases (`world2` fixture);
-* context parallelism (`_cp_worker.py`): one 2-rank and one 4-rank launch (`cp_world2`, `cp_world4`);
+* world 4 (`_world4_worker.py`): the collectives checks, the 4-rank Trainer cases, the 4-rank
+  context-parallel checks (`_cp_worker.py`), then the capability probes — one msrun start-up for
+  every test file that reads it (`world4`, and `cp_world4` for the CP checks);
+* world 2 (`_world2_worker.py`): the 2-rank Trainer cases, then the 2-rank context-parallel
+  checks (`world2`; `cp_world2`);
 * world 2 (`_pipeline_worker.py`): interleaved + dx/dw split + overlap flags, executor alone,
   against one process (fixture in test_pipeline_parity.py; the others are Trainer cases above);
 * plus one-process reference runs of `_trainer_worker.py` (no msrun) and the launcher tests.
@@ -29,12 +30,11 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 from _launches import (  # noqa: E402
-    CP_WORKER,
     CP_WORLD2_CASES,
     CP_WORLD4_CASES,
     REFERENCES,
-    TRAINER_WORKER,
     WORLD2_CASES,
+    WORLD2_WORKER,
     WORLD4_CASES,
     WORLD4_WORKER,
     run_one_process,
@@ -109,7 +109,7 @@ def reference(trainer_workdir):
 
 @pytest.fixture(scope="session")
 def world4(dist_run, reference):
-    result = dist_run(WORLD4_WORKER, 4, str(reference), *WORLD4_CASES)
+    result = dist_run(WORLD4_WORKER, 4, str(reference), *WORLD4_CASES, "--cp", *CP_WORLD4_CASES)
     if result.rc != 0 or len(result.by_name("done")) != 4:
         pytest.fail(result.failure_report())
     return result
@@ -117,24 +117,24 @@ def world4(dist_run, reference):
 
 @pytest.fixture(scope="session")
 def world2(dist_run, reference):
-    result = dist_run(TRAINER_WORKER, 2, str(reference), *WORLD2_CASES)
+    result = dist_run(WORLD2_WORKER, 2, str(reference), *WORLD2_CASES, "--cp", *CP_WORLD2_CASES)
     if result.rc != 0:
         pytest.fail(result.failure_report())
     return result
 
 
-def _cp_launch(dist_run, world: int, cases) -> DistRun:
-    result = dist_run(CP_WORKER, world, *cases)
-    if result.rc != 0 or len(result.by_name("cp_done")) != world:
-        pytest.fail(result.failure_report())
+def _cp_checks(result: DistRun, world: int) -> DistRun:
+    """The launch's context-parallel part ran on every rank."""
+    if len(result.by_name("cp_done")) != world:
+        pytest.fail("the context-parallel checks did not finish on every rank\n" + result.failure_report())
     return result
 
 
 @pytest.fixture(scope="session")
-def cp_world2(dist_run):
-    return _cp_launch(dist_run, 2, CP_WORLD2_CASES)
+def cp_world2(world2):
+    return _cp_checks(world2, 2)
 
 
 @pytest.fixture(scope="session")
-def cp_world4(dist_run):
-    return _cp_launch(dist_run, 4, CP_WORLD4_CASES)
+def cp_world4(world4):
+    return _cp_checks(world4, 4)

@@ -1,8 +1,11 @@
 """Loss parity of the real Trainer (TorchTitan loss-compare style): the tiny llama (tied embeddings,
 attention biases, fp32, fixed data) trained 8 steps under FSDP2, TP2, HSDP 2x2 and FSDP2 x TP2
 gives the per-step losses, gradient norms and final gathered weights of one process on the same
-global batch, within 1e-5 relative; likewise CP2 (ring attention, each rank keeping its zigzag
-chunks of every sequence), whose checkpoint continues in one process. Plus: FSDP2 with gradient accumulation and averaged
+global batch, within 1e-5 relative; likewise context parallelism: CP2 ring (each rank keeping its
+zigzag chunks of every sequence; its checkpoint continues in one process), CP2 Ulysses, CP4 hybrid
+(2 x 2), CP2 x FSDP2 (FSDP over dp_shard x cp), CP2 x TP2, and CP2 on packed documents read as the
+compressed EOD column (actual_seq_len) against one process on the same samples with the dense
+block-diagonal mask (reset_attention_mask, reset_position_ids). Plus: FSDP2 with gradient accumulation and averaged
 gradients; the compiled step where a layout allows it (one parallel axis on CPU) and PyNative
 where mf-parallel's graph_mode_blocker says so; checkpoints saved under FSDP2 x TP2 continue in
 one process, and one-process checkpoints continue under FSDP2 x TP2, with the same losses. Muon
@@ -23,7 +26,7 @@ from _case_results import assert_same_evaluations
 from _case_results import case_weights as _weights
 from _case_results import rel_err as _rel
 from _launches import WORLD2_CASES, WORLD4_CASES, run_one_process
-from _trainer_worker import LR, MAX_NORM, MORE, STEPS
+from _trainer_worker import LR, MAX_NORM, MORE, PACKED, STEPS
 
 RTOL = 1e-5
 # The key bias's exact gradient is only the RoPE position dependence of q . rope(b) (without RoPE
@@ -79,8 +82,9 @@ def muon_runs(reference, world2):
 
 @pytest.mark.parametrize("case", ADAMW_CASES)
 def test_parity_with_one_process(request, reference, case):
+    """Packed-document cases against one process on the same packed samples (dense mask)."""
     request.getfixturevalue("world2" if case in WORLD2_CASES else "world4")   # only the launch that runs it
-    _check_parity(reference, case, "reference")
+    _check_parity(reference, case, "reference_packed" if case in PACKED else "reference")
 
 
 def test_muon_parity_with_one_process(muon_runs):
@@ -177,6 +181,21 @@ def test_context_parallel_checkpoint_continues_in_one_process(reference, cp_back
     got = cp_back_to_one_process
     assert got["start_step"] == STEPS and len(got["losses"]) == MORE == len(want)
     assert _rel(got["losses"], want) <= RTOL, f"reference_from_cp2: {got['losses']} vs {want}"
+
+
+def test_packed_documents_change_the_run(reference, world2):
+    """The packed-document reference (positions restart, attention stays within documents) differs
+    from the plain one: cp2_packed's parity with it is a test of the document mask under CP."""
+    packed, plain = _result(reference, "reference_packed"), _result(reference, "reference")
+    assert _rel(packed["grad_norms"], plain["grad_norms"]) > 1e-2
+
+
+@pytest.mark.parametrize("case", ["cp2_fsdp2", "cp2_tp2", "cp4_hybrid"])
+def test_context_parallel_layouts_on_four_ranks(reference, world4, case):
+    """CP with a second axis (FSDP over dp_shard x cp, TP) and hybrid CP4 train the layout asked for."""
+    dims = _result(reference, case)["dims"]
+    want = {"cp2_fsdp2": "dp_shard=2 cp=2 tp=1", "cp2_tp2": "dp_shard=1 cp=2 tp=2", "cp4_hybrid": "cp=4 tp=1"}[case]
+    assert want in dims, dims
 
 
 def test_context_parallel_step_compiles(reference, world2):

@@ -116,6 +116,24 @@ def test_evaluation_during_training_runs_under_every_layout(tmp_path, tiny_confi
     assert report.ok, report.lines()
 
 
+def test_compressed_eod_mask_acts_under_context_parallelism_only(tmp_path, tiny_config):
+    """Packed documents as actual_seq_len: under cp the ring / Ulysses attention takes them as
+    document ids; one cp rank has no variable-length kernel (one keyed line)."""
+    def cfg(cp):
+        raw = tiny_config(tmp_path, tmp_path / "none", parallelism={"context_parallel": cp})
+        dl = raw["train_dataset"]["dataloader"]
+        dl["config"].update(create_compressed_eod_mask=True, reset_attention_mask=True)
+        dl["column_names"] = [*dl["column_names"], "actual_seq_len"]
+        return mf_config.load_config(raw)
+
+    assert mf_trainer.preflight(cfg(2), "launch", world=2, device="CPU").ok
+    lines = mf_trainer.preflight(cfg(1), "train", world=1, device="CPU").lines()
+    assert lines == ["train_dataset.dataloader.config.create_compressed_eod_mask: the compressed EOD mask needs a "
+                     "variable-length attention kernel that mf-models does not have; it acts under "
+                     "parallelism.context_parallel > 1 (document ids in the cp attention), else use "
+                     "create_attention_mask with reset_attention_mask"]
+
+
 def test_run_mode_that_the_command_does_not_run_is_the_only_line(tmp_path, tiny_config):
     cfg = _cfg(tmp_path, tiny_config, run_mode="predict", inference={"prompts": ["x"]},
                tokenizer={"path": "t.model"}, checkpoint={"load_path": "w"})

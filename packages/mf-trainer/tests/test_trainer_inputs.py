@@ -63,8 +63,12 @@ def test_compressed_eod_mask_is_refused(tmp_path, tiny_corpus, tiny_config):
     dl = raw["train_dataset"]["dataloader"]
     dl["config"]["create_compressed_eod_mask"] = True
     dl["column_names"] = [*dl["column_names"], "actual_seq_len"]
-    with pytest.raises(TrainerConfigError, match="compressed EOD mask needs a variable-length attention kernel"):
+    with pytest.raises(TrainerConfigError) as err:
         _trainer(raw)
+    assert str(err.value) == (
+        "train_dataset.dataloader.config.create_compressed_eod_mask: the compressed EOD mask needs a variable-length "
+        "attention kernel that mf-models does not have; it acts under parallelism.context_parallel > 1 (document ids "
+        "in the cp attention), else use create_attention_mask with reset_attention_mask")
 
 
 def test_hugging_face_directory_is_a_weights_only_start(tmp_path, tiny_corpus, tiny_config, hf_fixtures):

@@ -2,8 +2,9 @@
 refuses with its reason.
 
 The Trainer slices every micro-batch along the sequence for its cp rank (mf_parallel.
-slice_for_context_parallel: zigzag chunks, global RoPE positions, packed documents as global
-segment ids), the model's plan replaces its attention cores by the cp method, and FSDP shards over
+slice_for_context_parallel: zigzag chunks, global RoPE positions, packed documents - the dense
+reset_attention_mask or the compressed actual_seq_len, which preflight/data.py lets through only
+under cp - as global segment ids), the model's plan replaces its attention cores by the cp method, and FSDP shards over
 dp_shard x cp (its reduce-scatter adds the cp ranks' gradients of their sequence chunks).
 Refused: settings mf-parallel rejects (method, mask type, async, Ulysses degree), a method the
 model's heads or the sequence length cannot split, cp with pipeline parallelism, cp on a MoE model

@@ -11,13 +11,18 @@ SPLITS = ("train", "valid", "test")
 _EOD_REASON = "the compressed EOD mask needs a variable-length attention kernel that mf-models does not have"
 
 
-def column_problems(section, where: str, consumer: str):
-    """(key, reason) lines for a dataset section whose samples `consumer` cannot use."""
+def column_problems(section, where: str, consumer: str, context_parallel: int = 1):
+    """(key, reason) lines for a dataset section whose samples `consumer` cannot use. Training
+    under context_parallel > 1 takes the compressed EOD mask: the cp attention reads the packed
+    documents as global document ids (mf_parallel.slice_for_context_parallel), no kernel needed."""
     dl = section.dataloader
     config = dl.extra.get("config") if isinstance(dl.extra.get("config"), dict) else {}
-    if config.get("create_compressed_eod_mask") or "actual_seq_len" in dl.column_names:
+    compressed = config.get("create_compressed_eod_mask") or "actual_seq_len" in dl.column_names
+    if compressed and context_parallel <= 1:
         yield (f"{where}.dataloader.config.create_compressed_eod_mask",
-               _EOD_REASON + ("; use create_attention_mask" if where == "train_dataset" else ""))
+               _EOD_REASON + ("; it acts under parallelism.context_parallel > 1 (document ids in the cp attention), "
+                              "else use create_attention_mask with reset_attention_mask"
+                              if where == "train_dataset" else ""))
     missing = [c for c in NEEDED_COLUMNS if c not in dl.column_names]
     if missing:
         yield f"{where}.dataloader.column_names", f"{consumer} needs {', '.join(repr(c) for c in missing)}"
@@ -45,7 +50,7 @@ def eval_data(cfg) -> tuple[object, str, str]:
 @check()
 def training_columns(t):
     """train_dataset yields the columns the Trainer needs."""
-    yield from column_problems(t.cfg.train_dataset, "train_dataset", "the Trainer")
+    yield from column_problems(t.cfg.train_dataset, "train_dataset", "the Trainer", t.cfg.parallelism.context_parallel)
 
 
 @check(commands=(*TRAINING, EVAL))

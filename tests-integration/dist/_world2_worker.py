@@ -1,0 +1,33 @@
+"""The 2-rank launch: the 2-rank Trainer cases, then the context-parallel checks (attention Cells
+against float64 numpy, then the model cases). One msrun start-up instead of two.
+
+Usage: _world2_worker.py WORKDIR CASE [CASE ...] [--cp CP_CASE ...]
+  CASE: Trainer cases (see _trainer_worker.CASES); CP_CASE: model cases (_cp_worker.MODEL_CASES).
+A case that raises ends the launch (its peers would wait in a collective forever).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import _cp_worker as cp
+import _trainer_worker as trainer
+
+
+def split_cases(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(Trainer cases, CP model cases) of `CASE ... [--cp CP_CASE ...]`."""
+    if "--cp" not in argv:
+        return argv, []
+    at = argv.index("--cp")
+    return argv[:at], argv[at + 1:]
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s", stream=sys.stdout)
+    cases, cp_cases = split_cases(sys.argv[2:])
+    for case in cases:
+        trainer.run(Path(sys.argv[1]), case)
+    if "--cp" in sys.argv:
+        cp.main(cp_cases)
