@@ -37,10 +37,16 @@ def swap(t):
 @check()
 def monitors(t):
     """Monitors the Trainer records."""
+    from mf_trainer.errors import TrainerConfigError
+    from mf_trainer.param_norms import compile_pattern
+    from mf_trainer.preflight.registry import split_line
+
     mon = t.cfg.monitor      # monitor.moe_monitor: preflight/moe.py
-    if mon.train_state.local_norm:
-        yield ("monitor.train_state.local_norm", "per-parameter gradient norms are not implemented yet (the compiled "
-                                                 "step returns the global norm only; device_norm logs this rank's)")
+    if mon.train_state.local_norm:   # the names it must match are checked when the model is built
+        try:
+            compile_pattern(mon.train_state.local_norm)
+        except TrainerConfigError as exc:
+            yield split_line(str(exc), "monitor.train_state.local_norm")
 
 
 @check()
