@@ -48,7 +48,10 @@ from mf_trainer.preflight.registry import model_section
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 LAYER = re.compile(r"^layers\.(\d+)\.")
-MODULES = ("attention_norm", "attention", "ffn_norm", "feed_forward")
+MODULES = ("attention_norm", "attention", "ffn_norm", "feed_forward", "moe")
+# FSDP units that keep their gathered parameters from forward to backward (the models'
+# `moe_units`: the router and the stacked experts have no reshard-after-forward).
+KEPT_GATHERED = re.compile(r"\.moe\.(router|experts)\.")
 
 
 # Logits-sized buffers alive in the one-process loss backward (see the transient below).
@@ -189,14 +192,18 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
 
     # The fused kernel exists on Ascend only (CPU runs the plain-math attention whatever the YAML says).
     fused = bool(args.use_flash_attention) and device != "CPU"
-    terms = mf_models.saved_activations(args, local_seq, tp, fused_attention=fused)
+    per_layer = [mf_models.saved_activations(args, local_seq, tp, fused_attention=fused, layer=i)
+                 for i in range(n_layers)]
+    terms = per_layer[0] if per_layer else {"head": 0}
     full, select, notes = _recomputed(cfg, n_layers)
-    layer_elems = sum(terms[m] for m in MODULES)
+
+    def layer_elems(i: int) -> int:
+        return sum(per_layer[i].get(m, 0) for m in MODULES)
 
     def kept(i: int) -> int:
         if i in full:
             return -(-local_seq // tp) * args.hidden_size      # the layer's input shard
-        return layer_elems - sum(terms[m] for m in select.get(i, ()))
+        return layer_elems(i) - sum(per_layer[i].get(m, 0) for m in select.get(i, ()))
 
     # Pipeline: which layers and ends each rank holds, and how many micro-batches it keeps at once.
     spec = mp.pipeline_from_config(par)
@@ -222,7 +229,7 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
     ranks = []
     for pp_rank, (ids, first, last, in_flight) in enumerate(stages):
         mine = set(ids)
-        stored = local_total = 0
+        stored = local_total = trained = kept_gathered = 0
         unit_local: dict[str, int] = {}
         for e in inventory:
             m = LAYER.match(e.name)
@@ -240,15 +247,19 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
                 unit = "root"
             s, loc = _stored_numel(e, tp, shards)
             stored += s
+            trained += s if e.trainable else 0
             local_total += loc
+            if KEPT_GATHERED.search(e.name):
+                kept_gathered += loc
+                unit += ".moe"            # the router and the experts: their own units
             unit_local[unit] = unit_local.get(unit, 0) + loc
         rank = RankMemory(pp_rank, ids, in_flight=in_flight)
         rank.parameters = stored * p_bytes
-        rank.gradients = stored * (4 if accum > 1 else p_bytes)
-        rank.optimizer = stored * 4 * 2
+        rank.gradients = trained * (4 if accum > 1 else p_bytes)
+        rank.optimizer = trained * 4 * 2
         act = sum(kept(i) for i in ids) + (terms["head"] if last else 0)
         rank.activations_per_microbatch = act * batch * act_bytes
-        rebuilt = max([layer_elems - kept(i) for i in ids] + [0])
+        rebuilt = max([layer_elems(i) - kept(i) for i in ids] + [0])
         # The loss backward (mf_trainer.loss.TokenCrossEntropy) holds three logits-sized buffers at
         # once: the sparse kernel's softmax workspace, its softmax - onehot, and that scaled per token
         # (measured: +55 MiB on 8 x 256 x 2000 float32 logits, 16 MiB each). Under tp the
@@ -256,11 +267,12 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
         logits_grad = seq // dims.cp * (args.vocab_size // tp) * (1 if tp > 1 else LOSS_BUFFERS) if last else 0
         # Backward through a layer makes the gradients of its saved tensors (same shapes), freed as it
         # goes: about one layer's worth at once, recomputed or not.
-        working = layer_elems if ids else 0
+        working = max(layer_elems(i) for i in ids) if ids else 0
         rank.transient = (rebuilt + logits_grad + working) * batch * act_bytes
         if shards > 1:
             biggest = max(unit_local.values(), default=0)
-            gathered = local_total if never else biggest
+            resharded = max((v for k, v in unit_local.items() if not k.endswith(".moe")), default=0)
+            gathered = local_total if never else resharded + kept_gathered
             # gathered parameters (param dtype) and the full gradient before its reduce-scatter (float32)
             rank.fsdp_gathered = gathered * p_bytes + biggest * 4
         ranks.append(rank)
