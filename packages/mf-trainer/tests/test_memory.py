@@ -72,11 +72,27 @@ def test_pipeline_stages_hold_their_layers_and_ends(tmp_path, tiny_config):
     assert first.in_flight == 2 and last.in_flight == 1      # 1F1B: pp - rank micro-batches held
 
 
-def test_unsized_models_and_sizes_are_one_line(tmp_path, tiny_config):
-    from mf_models import tiny_model_section
+def test_deepseek_v3_parameters_are_the_built_models_and_experts_stay_gathered(tmp_path, tiny_config):
+    """The tiny DeepSeek-V3 (MLA, layer 0 dense, 4 routed + 1 shared expert in layer 1): parameters
+    are every element build_model makes; gradients and moments leave out the untrained expert_bias;
+    under FSDP the router and the experts (units without reshard-after-forward) stay gathered."""
+    import mf_models
 
-    with pytest.raises(mf_trainer.TrainerConfigError, match="deepseek_v3.*not tabulated"):
-        _plan(tmp_path, tiny_config, model=tiny_model_section("deepseek_v3"))
+    section = mf_models.tiny_model_section("deepseek_v3")
+    model = mf_models.build_model(section, init=False)
+    total = sum(p.size for p in model.get_parameters())
+    trained = sum(p.size for p in model.trainable_params())
+    assert total - trained == 4                                   # layers.1.moe.router.expert_bias
+    (r,) = _plan(tmp_path, tiny_config, model=section).ranks
+    assert (r.parameters, r.gradients, r.optimizer) == (total * 4, trained * 4, trained * 8)
+    assert r.activations_per_microbatch > 0
+    (f,) = _plan(tmp_path, tiny_config, world=2, model=section).ranks
+    experts = 4 + 4 * 32 + 3 * 4 * 16 * 32                       # expert_bias, gate, w1/w2/w3
+    dense_layer = 32 + 24 * 32 + 24 + 48 * 24 + 20 * 32 + 16 + 64 * 16 + 32 * 32 + 32 + 3 * 48 * 32   # layer 0
+    assert f.fsdp_gathered == (dense_layer + experts) * 4 + dense_layer * 4
+
+
+def test_unsized_sizes_are_one_line(tmp_path, tiny_config):
     assert parse_bytes("64GB") == 64 << 30 and parse_bytes("512MiB") == 512 << 20 and parse_bytes("1000") == 1000
     for bad in ("lots", "-3GB", "0"):
         with pytest.raises(mf_trainer.TrainerConfigError, match="--device-memory"):
