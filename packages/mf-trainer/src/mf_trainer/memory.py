@@ -15,7 +15,8 @@ For every pipeline rank (the other axes hold the same bytes on each of their ran
 - gradients: one float32 buffer per stored parameter when the step accumulates micro-batches
   (`make_buffers`); a single micro-batch's gradients, parameter-sized, otherwise.
 - optimizer: AdamW's exp_avg and exp_avg_sq, float32, shaped like the stored parameter.
-- activations: `mf_models.saved_activations` per layer and for the head, times local_batch_size,
+- activations: `mf_models.saved_activations` per layer and for the head, times local_batch_size
+  (a MoE layer's `mf_models.moe_activations` for the micro-batch's tokens at once),
   in the compute dtype (float32 on CPU, which has no bfloat16 kernels); recompute (full or a
   layer's top-level module) keeps only the recomputed cell's input, which its norm already holds.
   Multiplied by the micro-batches a rank holds at once: 1 without a pipeline (each micro-batch's
@@ -192,8 +193,16 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
 
     # The fused kernel exists on Ascend only (CPU runs the plain-math attention whatever the YAML says).
     fused = bool(args.use_flash_attention) and device != "CPU"
-    per_layer = [mf_models.saved_activations(args, local_seq, tp, fused_attention=fused, layer=i)
-                 for i in range(n_layers)]
+    # Elements of one micro-batch: the per-sample terms times local_batch_size, except a MoE
+    # layer's, which the dispatcher lays out over all the micro-batch's tokens at once (its weight
+    # blocks grow with the experts, not with the tokens): sized for batch x shard tokens.
+    per_layer = []
+    for i in range(n_layers):
+        one = mf_models.saved_activations(args, local_seq, tp, fused_attention=fused, layer=i)
+        terms = {k: v * batch for k, v in one.items()}
+        if "moe" in one:
+            terms["moe"] = mf_models.moe_activations(args, batch * -(-local_seq // tp))["total"]
+        per_layer.append(terms)
     terms = per_layer[0] if per_layer else {"head": 0}
     full, select, notes = _recomputed(cfg, n_layers)
 
@@ -202,7 +211,7 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
 
     def kept(i: int) -> int:
         if i in full:
-            return -(-local_seq // tp) * args.hidden_size      # the layer's input shard
+            return -(-local_seq // tp) * args.hidden_size * batch     # the layer's input shard
         return layer_elems(i) - sum(per_layer[i].get(m, 0) for m in select.get(i, ()))
 
     # Pipeline: which layers and ends each rank holds, and how many micro-batches it keeps at once.
@@ -258,7 +267,7 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
         rank.gradients = trained * (4 if accum > 1 else p_bytes)
         rank.optimizer = trained * 4 * 2
         act = sum(kept(i) for i in ids) + (terms["head"] if last else 0)
-        rank.activations_per_microbatch = act * batch * act_bytes
+        rank.activations_per_microbatch = act * act_bytes
         rebuilt = max([layer_elems(i) - kept(i) for i in ids] + [0])
         # The loss backward (mf_trainer.loss.TokenCrossEntropy) holds three logits-sized buffers at
         # once: the sparse kernel's softmax workspace, its softmax - onehot, and that scaled per token
@@ -268,7 +277,7 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
         # Backward through a layer makes the gradients of its saved tensors (same shapes), freed as it
         # goes: about one layer's worth at once, recomputed or not.
         working = max(layer_elems(i) for i in ids) if ids else 0
-        rank.transient = (rebuilt + logits_grad + working) * batch * act_bytes
+        rank.transient = (rebuilt + logits_grad * batch + working) * act_bytes
         if shards > 1:
             biggest = max(unit_local.values(), default=0)
             resharded = max((v for k, v in unit_local.items() if not k.endswith(".moe")), default=0)
