@@ -123,6 +123,11 @@ def test_recompute_comm_is_refused_with_its_reason_and_local_norm_accepted(tmp_p
         tmp_path, tmp_path / "none", recompute_comm={"enable": True, "select_module": {"attention": ["0-1"]}},
         monitor={"train_state": {"local_norm": "wq"}}))
     lines = dict(mf_trainer.preflight(cfg, "launch", 2, "CPU").problems)
-    assert "all-gathers of select_module are not redone in backward" in lines["recompute_comm.enable"]
+    assert "tensor_parallel is 1: there are none" in lines["recompute_comm.enable"]
+    tp2 = mf_config.load_config(tiny_config(
+        tmp_path, tmp_path / "none", parallelism={"tensor_parallel": 2},
+        recompute_comm={"enable": True, "select_module": {"attention": ["0-1"]}}))
+    why = dict(mf_trainer.preflight(tp2, "launch", 2, "CPU").problems)["recompute_comm.enable"]
+    assert why.startswith("not implemented for tensor_parallel 2: the sequence-parallel all-gathers")
     assert "monitor.train_state.local_norm" not in lines
     assert "has none" in dict(mf_trainer.preflight(cfg, "train", 1, "CPU").problems)["recompute_comm.enable"]
