@@ -225,8 +225,10 @@ class Trainer:
 
     def _norm_positions(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """monitor.train_state.local_norm: (positions in optimizer.params, names) (param_norms.py)."""
+        if not self.config.monitor.train_state.local_norm:
+            return (), ()
         by_id = {id(p): name for name, p in self.model.parameters_and_names()}
-        trained = [by_id[id(p)] for p in self.optimizer.params]
+        trained = [by_id.get(id(p), p.name) for p in self.optimizer.params]
         every = None
         if self.pipeline is not None:        # the stages' vectors cover the whole model's parameters
             every = [name for name, p in self.pipeline.model.parameters_and_names() if p.requires_grad]
