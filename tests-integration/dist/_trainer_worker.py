@@ -161,7 +161,8 @@ def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None =
             "max_position_embeddings": 32, "tie_word_embeddings": True, "attention_bias": True,
             **(MUON_MODEL if muon else {})},
         "monitor": {"peak_flops_per_device": 1e11, "tensorboard": False,
-                    "train_state": {"local_loss": True, "device_loss": True, "device_norm": True}},
+                    "train_state": {"local_loss": True, "device_loss": True, "device_norm": True,
+                                    "local_norm": "."}},     # every parameter's own norm: one vector all-reduce
     }
     if evaluated:
         raw["eval_dataset"] = eval_section(workdir, training["local_batch_size"])
@@ -202,6 +203,8 @@ def run(workdir: Path, name: str) -> None:
                "mode": trainer.mode, "start_step": trainer.state.start_step, "dims": trainer.parallel.dims.describe(),
                "comm": recorder.records[1].get("comm") if len(recorder.records) > 1 else None,
                "metrics_keys": sorted(recorder.records[0]) if recorder.records else [],
+               "param_norms": {key[len("grad_norm/"):]: [r[key] for r in recorder.records]
+                               for key in (recorder.records[0] if recorder.records else ()) if key.startswith("grad_norm/")},
                "moe": {key: [r[key] for r in recorder.records] for key in ("moe/aux_loss", "moe/max_imbalance")
                        if recorder.records and key in recorder.records[0]},
                "step_times": [r["step_time_s"] for r in recorder.records], "seconds": time.monotonic() - start,

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from _case_results import case_result as _result
 from _case_results import case_weights as _weights
+from _case_results import check_param_norms
 from _case_results import rel_err as _rel
 from _launches import run_one_process
 from _trainer_worker import MOE_MODEL, MORE, STEPS
@@ -38,6 +39,7 @@ def test_moe_training_matches_one_process(runs, case):
     for key, a, b in (("loss", got["losses"], ref["losses"]), ("grad_norm", got["grad_norms"], ref["grad_norms"]),
                       *((k, got["moe"][k], ref["moe"][k]) for k in ("moe/aux_loss", "moe/max_imbalance"))):
         assert _rel(a, b) <= RTOL, f"{key}: {a} vs {b} (rel err {_rel(a, b):.2e})"
+    check_param_norms(ref, got, RTOL)
     assert min(ref["moe"]["moe/aux_loss"]) > 0
     want, have = _weights(runs, "moe_reference"), _weights(runs, case)
     assert set(have) == set(want)

@@ -22,6 +22,7 @@ import pytest
 from _case_results import case_result as _result
 from _case_results import assert_same_evaluations
 from _case_results import case_weights as _weights
+from _case_results import check_param_norms
 from _case_results import rel_err as _rel
 from _launches import PIPELINE2_CASES, PIPELINE4_CASES, run_one_process
 from _trainer_worker import CASES, LR, MAX_NORM, MORE, STEPS
@@ -60,6 +61,7 @@ def test_pipeline_parity_with_one_process(runs, case):
     loss_err, norm_err = _rel(got["losses"], ref["losses"]), _rel(got["grad_norms"], ref["grad_norms"])
     assert loss_err <= RTOL, f"{case}: losses {got['losses']} vs {ref['losses']} (rel err {loss_err:.2e})"
     assert norm_err <= RTOL, f"{case}: grad norms {got['grad_norms']} vs {ref['grad_norms']} ({norm_err:.2e})"
+    check_param_norms(ref, got, RTOL)
     want, have = _weights(runs, _reference_of(case)), _weights(runs, case)
     # The global layout: every name once, the tied table once, no stage-local names.
     assert set(have) == set(want) and "tok_embeddings.weight" in have and "output.weight" not in have

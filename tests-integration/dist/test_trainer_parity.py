@@ -24,6 +24,7 @@ import pytest
 from _case_results import case_result as _result
 from _case_results import assert_same_evaluations
 from _case_results import case_weights as _weights
+from _case_results import check_param_norms
 from _case_results import rel_err as _rel
 from _launches import WORLD2_CASES, WORLD4_CASES, run_one_process
 from _trainer_worker import LR, MAX_NORM, MORE, PACKED, STEPS
@@ -99,6 +100,7 @@ def _check_parity(runs, case, reference):
     loss_err, norm_err = _rel(got["losses"], ref["losses"]), _rel(got["grad_norms"], ref["grad_norms"])
     assert loss_err <= RTOL, f"{got['dims']}: losses {got['losses']} vs {ref['losses']} (rel err {loss_err:.2e})"
     assert norm_err <= RTOL, f"{got['dims']}: grad norms {got['grad_norms']} vs {ref['grad_norms']}"
+    check_param_norms(ref, got, RTOL)
     want, have = _weights(runs, reference), _weights(runs, case)
     assert set(have) == set(want) and "tok_embeddings.weight" in have and "output.weight" not in have  # tied
     worst = max(want, key=lambda k: float(np.max(np.abs(have[k] - want[k]))))
@@ -202,3 +204,4 @@ def test_context_parallel_step_compiles(reference, world2):
     """CP2 alone is one parallel axis: its training step (ring forward and backward, FSDP over cp)
     runs compiled in GRAPH_MODE on CPU."""
     assert _result(reference, "cp2")["mode"] == 0
+

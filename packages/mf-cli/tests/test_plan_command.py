@@ -156,3 +156,19 @@ def test_memory_not_estimated_is_a_line_and_bad_size_exit_2(tmp_path, capsys):
     assert rc == 0 and "memory: not estimated: train_dataset.dataloader.config.seq_length" in out
     rc, out, err = _plan(capsys, _yaml(tmp_path, pp=1), "--device-memory", "plenty")
     assert rc == 2 and out == "" and "--device-memory: expected a size like 64GB" in err and err.count("\n") == 1
+
+
+def test_full_size_deepseek_v3_preset_is_sized(capsys):
+    """examples/presets/deepseek_v3.yaml (671B: MLA, 58 MoE layers of 256 routed + 1 shared expert)
+    gets a memory table and a verdict instead of 'not estimated'; the experts are replicated over
+    tp and, as FSDP units without reshard-after-forward, all stay gathered through the step, so
+    the fsdp column dwarfs the rest (expert parallelism is what would split them)."""
+    from pathlib import Path
+
+    preset = Path(__file__).resolve().parents[3] / "examples" / "presets" / "deepseek_v3.yaml"
+    rc, out, _ = _plan(capsys, str(preset), "--world", "256", "--device-memory", "64GB")
+    assert rc == 0, out
+    assert "memory: not estimated" not in out
+    row = next(x for x in out.splitlines() if x.strip().startswith("0 ") and "GiB" in x).split()
+    assert len(row) == 9 and row[-1].endswith("GiB")
+    assert re.search(r"peak [0-9.]+GiB does not fit in 64.0GiB per device", out)

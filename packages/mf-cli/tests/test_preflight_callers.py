@@ -55,7 +55,7 @@ REFUSED_BY_TRAIN = [
     {"run_mode": "finetune"},
     {"lora": {"target_modules": "wq"}},
     {"profiler": {"start_step": 2}},
-    {"monitor": {"train_state": {"local_norm": "wq"}}},
+    {"monitor": {"train_state": {"local_norm": "wq("}}},
     {"lr_scheduler": {"type": "Cosine"}},
 ]
 

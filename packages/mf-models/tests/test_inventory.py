@@ -6,6 +6,7 @@ import pytest
 
 import mf_models
 import mf_parallel as mp
+from mf_models.deepseek_v3.parallelize import deepseek_block_plan
 from mf_models.llama.parallelize import tp_plan
 from mf_models.qwen3.parallelize import qwen3_block_plan
 
@@ -14,11 +15,16 @@ CASES = [
     ("llama", {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True}),
     ("qwen2", {}),
     ("qwen3", {"tie_word_embeddings": True}),
+    ("mixtral", {}),
+    ("qwen3_moe", {}),
+    ("deepseek_v3", {}),                                   # q through the low-rank bottleneck
+    ("deepseek_v3", {"q_lora_rank": None, "first_k_dense_replace": 0, "n_shared_experts": 2}),
 ]
+BLOCK_PLANS = {"qwen3": qwen3_block_plan, "qwen3_moe": qwen3_block_plan, "deepseek_v3": deepseek_block_plan}
 
 
 def _plan(model, model_type):
-    return tp_plan(model, qwen3_block_plan if model_type == "qwen3" else None)
+    return tp_plan(model, BLOCK_PLANS.get(model_type))
 
 
 @pytest.mark.parametrize(("model_type", "changes"), CASES)
@@ -26,8 +32,10 @@ def test_inventory_is_what_build_model_makes(model_type, changes):
     section = mf_models.tiny_model_section(model_type, **changes)
     model = mf_models.build_model(section, init=False)
     _, args = mf_models.build_args(section)
-    built = [(name, tuple(p.shape)) for name, p in model.parameters_and_names()]
-    assert [(e.name, e.shape) for e in mf_models.parameter_inventory(args)] == built
+    built = [(name, tuple(p.shape), p.requires_grad) for name, p in model.parameters_and_names()]
+    inventory = mf_models.parameter_inventory(args)
+    assert [(e.name, e.shape, e.trainable) for e in inventory] == built
+    assert sum(e.numel for e in inventory) == sum(p.size for p in model.get_parameters())
 
 
 @pytest.mark.parametrize(("model_type", "changes"), CASES)
@@ -51,12 +59,35 @@ def test_tp_axes_are_the_plans(model_type, changes):
             assert e.tp_axis is None, (e.name, style)
 
 
-def test_moe_and_latent_models_are_refused_with_the_type():
+def test_full_size_deepseek_v3_has_its_published_parameter_count():
+    """The examples/ preset's shape (DeepSeek-V3: 61 layers, 3 dense, 256 routed + 1 shared expert,
+    MLA): 671B parameters without the multi-token-prediction module (DeepSeek's report: 671B total,
+    37B activated; HF's checkpoint adds the 14B MTP layer), computed without building anything."""
+    section = {"model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+               "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+               "num_key_value_heads": 128, "n_routed_experts": 256, "num_experts_per_tok": 8, "n_group": 8,
+               "topk_group": 4, "n_shared_experts": 1, "first_k_dense_replace": 3, "kv_lora_rank": 512,
+               "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+               "max_position_embeddings": 4096}
+    _, args = mf_models.build_args(section)
+    total = sum(e.numel for e in mf_models.parameter_inventory(args))
+    assert 671.0e9 <= total < 671.1e9, total
+
+
+def test_moe_activations_follow_the_dispatcher_blocks():
+    """The rows and weight blocks are the dispatcher's static bounds (common/blocks.py, what
+    LocalDispatcher allocates): for the tiny DeepSeek-V3 on 32 tokens, N = 64 assignments over 4
+    experts, blocks of 4 rows, at most 19 blocks (76 rows)."""
     _, args = mf_models.build_args(mf_models.tiny_model_section("deepseek_v3"))
-    with pytest.raises(mf_models.ModelConfigError, match="deepseek_v3.*not tabulated"):
-        mf_models.parameter_inventory(args)
-    with pytest.raises(mf_models.ModelConfigError, match="deepseek_v3"):
-        mf_models.saved_activations(args, 16)
+    terms = mf_models.moe_activations(args, 32)
+    assert (terms["rows_per_block"], terms["blocks"]) == (4, 19)
+    h, f = args.hidden_size, args.moe_intermediate_size
+    assert terms["gathered_weights"] == 19 * 3 * f * h and terms["swiglu"] == 4 * 76 * f
+    assert terms["shared_experts"] == 4 * 32 * f * args.n_shared_experts
+    layers = [mf_models.saved_activations(args, 32, layer=i) for i in range(2)]
+    assert "feed_forward" in layers[0] and layers[1]["moe"] == terms["total"]     # first_k_dense_replace 1
+    # under tp the MoE runs on the rank's sequence shard
+    assert mf_models.saved_activations(args, 32, 2, layer=1)["moe"] == mf_models.moe_activations(args, 16)["total"]
 
 
 def test_saved_activations_split_under_tensor_parallelism():

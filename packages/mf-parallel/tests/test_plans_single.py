@@ -191,6 +191,12 @@ def test_global_norm_clip_on_one_rank(mesh):
     _, norm = mp.GlobalNormClip(net, params, mesh, 1.0, counted_elsewhere=[params[0]])(grads)
     rest = np.sqrt(sum(float((g.asnumpy() ** 2).sum()) for g in grads[1:]))
     assert float(norm.asnumpy()) == pytest.approx(rest, rel=1e-6) and rest < norm_want
+    # Per-parameter norms: each at its position, -1 (a parameter only another stage holds) as 0,
+    # and a parameter counted elsewhere as 0 on this rank.
+    clip = mp.GlobalNormClip(net, params, mesh, 1.0, counted_elsewhere=[params[0]])
+    got = clip.parameter_norms(grads, (1, -1, 0, len(params) - 1)).asnumpy()
+    want = [np.linalg.norm(grads[i].asnumpy().astype(np.float64)) for i in (1, len(params) - 1)]
+    np.testing.assert_allclose(got, [want[0], 0.0, 0.0, want[1]], rtol=1e-6)
 
 
 def test_state_roundtrip_on_one_rank(mesh):

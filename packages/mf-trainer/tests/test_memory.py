@@ -87,11 +87,27 @@ def test_pipeline_stages_under_fsdp_or_tp_hold_their_share(tmp_path, tiny_config
     assert first.optimizer == 2 * first.parameters and last.optimizer == 2 * last.parameters
 
 
-def test_unsized_models_and_sizes_are_one_line(tmp_path, tiny_config):
-    from mf_models import tiny_model_section
+def test_deepseek_v3_parameters_are_the_built_models_and_experts_stay_gathered(tmp_path, tiny_config):
+    """The tiny DeepSeek-V3 (MLA, layer 0 dense, 4 routed + 1 shared expert in layer 1): parameters
+    are every element build_model makes; gradients and moments leave out the untrained expert_bias;
+    under FSDP the router and the experts (units without reshard-after-forward) stay gathered."""
+    import mf_models
 
-    with pytest.raises(mf_trainer.TrainerConfigError, match="deepseek_v3.*not tabulated"):
-        _plan(tmp_path, tiny_config, model=tiny_model_section("deepseek_v3"))
+    section = mf_models.tiny_model_section("deepseek_v3")
+    model = mf_models.build_model(section, init=False)
+    total = sum(p.size for p in model.get_parameters())
+    trained = sum(p.size for p in model.trainable_params())
+    assert total - trained == 4                                   # layers.1.moe.router.expert_bias
+    (r,) = _plan(tmp_path, tiny_config, model=section).ranks
+    assert (r.parameters, r.gradients, r.optimizer) == (total * 4, trained * 4, trained * 8)
+    assert r.activations_per_microbatch > 0
+    (f,) = _plan(tmp_path, tiny_config, world=2, model=section).ranks
+    experts = 4 + 4 * 32 + 3 * 4 * 16 * 32                       # expert_bias, gate, w1/w2/w3
+    dense_layer = 32 + 24 * 32 + 24 + 48 * 24 + 20 * 32 + 16 + 64 * 16 + 32 * 32 + 32 + 3 * 48 * 32   # layer 0
+    assert f.fsdp_gathered == (dense_layer + experts) * 4 + dense_layer * 4
+
+
+def test_unsized_sizes_are_one_line(tmp_path, tiny_config):
     assert parse_bytes("64GB") == 64 << 30 and parse_bytes("512MiB") == 512 << 20 and parse_bytes("1000") == 1000
     for bad in ("lots", "-3GB", "0"):
         with pytest.raises(mf_trainer.TrainerConfigError, match="--device-memory"):
@@ -117,11 +133,16 @@ def test_the_memory_plan_imports_no_mindspore(tmp_path, tiny_config):
     assert run.returncode == 0, run.stderr
 
 
-def test_recompute_comm_and_local_norm_are_refused_with_their_reason(tmp_path, tiny_config):
+def test_recompute_comm_is_refused_with_its_reason_and_local_norm_accepted(tmp_path, tiny_config):
     cfg = mf_config.load_config(tiny_config(
         tmp_path, tmp_path / "none", recompute_comm={"enable": True, "select_module": {"attention": ["0-1"]}},
         monitor={"train_state": {"local_norm": "wq"}}))
     lines = dict(mf_trainer.preflight(cfg, "launch", 2, "CPU").problems)
-    assert "all-gathers of select_module are not redone in backward" in lines["recompute_comm.enable"]
-    assert "global norm only" in lines["monitor.train_state.local_norm"]
+    assert "tensor_parallel is 1: there are none" in lines["recompute_comm.enable"]
+    tp2 = mf_config.load_config(tiny_config(
+        tmp_path, tmp_path / "none", parallelism={"tensor_parallel": 2},
+        recompute_comm={"enable": True, "select_module": {"attention": ["0-1"]}}))
+    why = dict(mf_trainer.preflight(tp2, "launch", 2, "CPU").problems)["recompute_comm.enable"]
+    assert why.startswith("not implemented for tensor_parallel 2: the sequence-parallel all-gathers")
+    assert "monitor.train_state.local_norm" not in lines
     assert "has none" in dict(mf_trainer.preflight(cfg, "train", 1, "CPU").problems)["recompute_comm.enable"]

@@ -19,7 +19,7 @@ def _cfg(tmp_path, tiny_config, **sections):
 
 def test_every_independent_problem_is_one_keyed_line(tmp_path, tiny_config):
     cfg = _cfg(tmp_path, tiny_config, parallelism={"pipeline_parallel": 2, "data_parallel_shard_strategy": "optim"},
-               model={"hidden_sizee": 8}, inference={"top_k": 3}, monitor={"train_state": {"local_norm": "wq"}})
+               model={"hidden_sizee": 8}, inference={"top_k": 3}, monitor={"train_state": {"local_norm": "wq("}})
     report = mf_trainer.preflight(cfg, "train", world=1, device="CPU")
     assert report.keys == ["inference.top_k", "parallelism.data_parallel_shard_strategy", "parallelism.pipeline_parallel",
                            "model.hidden_sizee", "monitor.train_state.local_norm"]

@@ -101,3 +101,25 @@ def test_non_finite_step_changes_nothing(toy_lm, accumulation):
     # and the next good step proceeds (the accumulation buffers were cleared)
     done = runner(_split(_batch(3), accumulation), 1e-2)
     assert done.applied and np.isfinite(done.grad_norm) and opt.step == 2
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_per_parameter_norms_are_the_numpy_norms_of_the_gradients(toy_lm, accumulation):
+    """monitor.train_state.local_norm's vector: each selected parameter's gradient norm before
+    clipping (float64 numpy of the reference gradients), -1 (another stage's) as 0."""
+    batch = _batch(3)
+    model = toy_lm(0)
+    params = model.trainable_params()
+    inv = ms.Tensor(np.float32(1.0 / batch["loss_mask"].sum()))
+    args = [ms.Tensor(batch["labels"].astype(np.int32)), ms.Tensor(batch["loss_mask"]), inv,
+            ms.Tensor(batch["input_ids"].astype(np.int32))]
+    _, grads = ms.value_and_grad(MaskedLMLoss(model), None, params)(*args)
+    want = [float(np.linalg.norm(g.asnumpy().astype(np.float64))) for g in grads]
+    positions = (len(params) - 1, -1, 0)
+    runner = StepRunner(MaskedLMLoss(model), AdamW(params, weight_decay=0.1), 1e-3, accumulation,
+                        positions=positions)
+    done = runner(_split(batch, accumulation), 1e-2)
+    assert done.applied and len(done.param_norms) == 3
+    np.testing.assert_allclose(done.param_norms, [want[-1], 0.0, want[0]], rtol=2e-6)
+    # Together they are the global norm (the one clipping uses), which here is far above max_norm.
+    assert done.grad_norm == pytest.approx(float(np.sqrt(sum(w * w for w in want))), rel=2e-6)

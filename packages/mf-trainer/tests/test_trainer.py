@@ -74,6 +74,7 @@ def full_run(tmp_path_factory, tiny_corpus, tokenizer_model, tiny_config):
                       profiler={"enable_profiling": True, "start_step": 2, "end_step": 2},
                       callbacks=[{"type": "RecordHooks", "tag": "full"}],
                       tokenizer={"path": tokenizer_model},
+                      monitor={"train_state": {"local_norm": "."}},    # every parameter's own norm
                       inference={"prompts": ["The for statement", "x"], "max_new_tokens": 5,
                                  "batch_size": 2, "output_file": str(out / "samples.jsonl")})
     trainer = _trainer(raw)
@@ -96,6 +97,38 @@ def test_loss_falls_and_metrics_are_written(full_run):
     assert [r["lr"] for r in rows[:3]] == [0.0, 1.5e-3, 3e-3]
     assert rows[3]["lr"] == pytest.approx(1e-4 + (3e-3 - 1e-4) * 0.5 * (1 + np.cos(np.pi / 4)), rel=1e-12)
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def _tensorboard_tags(directory) -> set[str]:
+    """The scalar tags of the run's events, as TensorBoard's own reader sees them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    acc.Reload()
+    return set(acc.Tags()["scalars"])
+
+
+def test_local_norm_records_each_parameter_norm(full_run):
+    """monitor.train_state.local_norm '.': every trained parameter's grad_norm/<name> in each step
+    record and in TensorBoard; their squares add up to the global grad_norm (what clipping uses)."""
+    trainer, _, out, _ = full_run
+    names = [name for name, _ in trainer.model.parameters_and_names()]
+    rows = [r for r in (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    for r in rows:
+        norms = [r[f"grad_norm/{n}"] for n in names]
+        assert all(v > 0 for v in norms)
+        assert float(np.sqrt(np.sum(np.square(norms, dtype=np.float64)))) == pytest.approx(r["grad_norm"], rel=1e-5)
+    tags = _tensorboard_tags(out / "tensorboard")
+    assert {f"train/grad_norm/{n}" for n in names} <= tags and "train/grad_norm" in tags
+
+
+def test_local_norm_matching_no_parameter_is_one_keyed_line(tmp_path, tiny_corpus, tiny_config):
+    from mf_trainer import TrainerConfigError
+
+    raw = tiny_config(tmp_path, tiny_corpus, monitor={"train_state": {"local_norm": "^wq$"}})
+    with pytest.raises(TrainerConfigError) as err:
+        _trainer(raw)
+    assert str(err.value).startswith("monitor.train_state.local_norm: '^wq$' matches no trained parameter")
 
 
 def test_checkpoints_rotate_and_hooks_fire_in_order(full_run):

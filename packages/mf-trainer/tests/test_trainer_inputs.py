@@ -27,7 +27,7 @@ REFUSED = [
     ({"recompute_comm": {"enable": True, "select_module": {"attention": ["0"]}}}, "recompute_comm.enable"),
     ({"swap": {"enable": True, "layer_swap": [{"layers": ["0"]}]}}, "swap.enable: not supported on device_target CPU"),
     ({"monitor": {"moe_monitor": {"save_tokens_per_expert_interval": 10}}}, "monitor.moe_monitor"),
-    ({"monitor": {"train_state": {"local_norm": "wq"}}}, "monitor.train_state.local_norm"),
+    ({"monitor": {"train_state": {"local_norm": "wq("}}}, "monitor.train_state.local_norm: 'wq(' is not a regular"),
     ({"profiler": {"enable_profiling": True, "profiler_level": 1}}, "profiler.profiler_level: is an Ascend-only"),
     ({"profiler": {"start_step": 2, "end_step": 3}}, "profiler.start_step: set while profiler.enable_profiling is false"),
     ({"lora": {"target_modules": "wq"}}, "lora: LoRA adapts pretrained weights; it needs run_mode: finetune"),

@@ -22,7 +22,7 @@ The OpenAI-compatible HTTP server is `mf_models.serving` (extra `serve`: starlet
 __version__ = "0.7.0"
 
 from .common.args import BaseArgs
-from .common.inventory import ParamEntry, parameter_inventory, saved_activations
+from .common.inventory import ParamEntry, moe_activations, parameter_inventory, saved_activations
 from .common.layout import tensor_parallel_problems
 from .deepseek_v3.args import DeepseekV3Args
 from .errors import ModelConfigError, ModelStateError
@@ -53,7 +53,7 @@ __all__ = [
     "tiny_model_section", "LoraLinear", "adapter_state", "apply_lora", "describe_lora_modules", "linear_modules",
     "load_adapter_state", "lora_modules",
     "ParallelOptions", "parallelize_model", "tensor_parallel_problems",
-    "ParamEntry", "parameter_inventory", "saved_activations",
+    "ParamEntry", "parameter_inventory", "saved_activations", "moe_activations",
     "PipelineChunk", "PipelineStage", "pipeline_stage",
 ]
 

@@ -61,6 +61,22 @@ class GlobalNormClip(nn.Cell):
             total = self.world_sum(total.reshape((1,))).reshape(())
         return ops.sqrt(total)
 
+    def parameter_norms(self, grads, positions):
+        """The norm of each whole parameter (every shard counted once over all ranks), one entry per
+        item of `positions`: the index into `grads` of a parameter this rank holds, or -1 for one
+        only other ranks hold (a pipeline stage's). A float32 vector of len(positions), the same on
+        every rank; one all-reduce of it. Graph-compatible; `positions` must be a constant tuple."""
+        parts = ()
+        for i in positions:
+            if i >= 0 and self.flags[i]:
+                parts = parts + (ops.square(ops.cast(grads[i], ms.float32)).sum().reshape((1,)),)
+            else:
+                parts = parts + (ops.zeros((1,), ms.float32),)
+        squares = ops.concat(parts)
+        if self.world_size > 1:
+            squares = self.world_sum(squares)
+        return ops.sqrt(squares)
+
     def construct(self, grads):
         norm = self.global_norm(grads)
         scale = ops.minimum(self.max_norm / (norm + 1e-6), ops.ones((), ms.float32))

@@ -15,7 +15,8 @@ For every pipeline rank (the other axes hold the same bytes on each of their ran
 - gradients: one float32 buffer per stored parameter when the step accumulates micro-batches
   (`make_buffers`); a single micro-batch's gradients, parameter-sized, otherwise.
 - optimizer: AdamW's exp_avg and exp_avg_sq, float32, shaped like the stored parameter.
-- activations: `mf_models.saved_activations` per layer and for the head, times local_batch_size,
+- activations: `mf_models.saved_activations` per layer and for the head, times local_batch_size
+  (a MoE layer's `mf_models.moe_activations` for the micro-batch's tokens at once),
   in the compute dtype (float32 on CPU, which has no bfloat16 kernels); recompute (full or a
   layer's top-level module) keeps only the recomputed cell's input, which its norm already holds.
   Multiplied by the micro-batches a rank holds at once: 1 without a pipeline (each micro-batch's
@@ -48,7 +49,10 @@ from mf_trainer.preflight.registry import model_section
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 LAYER = re.compile(r"^layers\.(\d+)\.")
-MODULES = ("attention_norm", "attention", "ffn_norm", "feed_forward")
+MODULES = ("attention_norm", "attention", "ffn_norm", "feed_forward", "moe")
+# FSDP units that keep their gathered parameters from forward to backward (the models'
+# `moe_units`: the router and the stacked experts have no reshard-after-forward).
+KEPT_GATHERED = re.compile(r"\.moe\.(router|experts)\.")
 
 
 # Logits-sized buffers alive in the one-process loss backward (see the transient below).
@@ -189,14 +193,26 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
 
     # The fused kernel exists on Ascend only (CPU runs the plain-math attention whatever the YAML says).
     fused = bool(args.use_flash_attention) and device != "CPU"
-    terms = mf_models.saved_activations(args, local_seq, tp, fused_attention=fused)
+    # Elements of one micro-batch: the per-sample terms times local_batch_size, except a MoE
+    # layer's, which the dispatcher lays out over all the micro-batch's tokens at once (its weight
+    # blocks grow with the experts, not with the tokens): sized for batch x shard tokens.
+    per_layer = []
+    for i in range(n_layers):
+        one = mf_models.saved_activations(args, local_seq, tp, fused_attention=fused, layer=i)
+        terms = {k: v * batch for k, v in one.items()}
+        if "moe" in one:
+            terms["moe"] = mf_models.moe_activations(args, batch * -(-local_seq // tp))["total"]
+        per_layer.append(terms)
+    terms = per_layer[0] if per_layer else {"head": 0}
     full, select, notes = _recomputed(cfg, n_layers)
-    layer_elems = sum(terms[m] for m in MODULES)
+
+    def layer_elems(i: int) -> int:
+        return sum(per_layer[i].get(m, 0) for m in MODULES)
 
     def kept(i: int) -> int:
         if i in full:
-            return -(-local_seq // tp) * args.hidden_size      # the layer's input shard
-        return layer_elems - sum(terms[m] for m in select.get(i, ()))
+            return -(-local_seq // tp) * args.hidden_size * batch     # the layer's input shard
+        return layer_elems(i) - sum(per_layer[i].get(m, 0) for m in select.get(i, ()))
 
     # Pipeline: which layers and ends each rank holds, and how many micro-batches it keeps at once.
     spec = mp.pipeline_from_config(par)
@@ -222,7 +238,7 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
     ranks = []
     for pp_rank, (ids, first, last, in_flight) in enumerate(stages):
         mine = set(ids)
-        stored = local_total = 0
+        stored = local_total = trained = kept_gathered = 0
         unit_local: dict[str, int] = {}
         for e in inventory:
             m = LAYER.match(e.name)
@@ -240,15 +256,19 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
                 unit = "root"
             s, loc = _stored_numel(e, tp, shards)
             stored += s
+            trained += s if e.trainable else 0
             local_total += loc
+            if KEPT_GATHERED.search(e.name):
+                kept_gathered += loc
+                unit += ".moe"            # the router and the experts: their own units
             unit_local[unit] = unit_local.get(unit, 0) + loc
         rank = RankMemory(pp_rank, ids, in_flight=in_flight)
         rank.parameters = stored * p_bytes
-        rank.gradients = stored * (4 if accum > 1 else p_bytes)
-        rank.optimizer = stored * 4 * 2
+        rank.gradients = trained * (4 if accum > 1 else p_bytes)
+        rank.optimizer = trained * 4 * 2
         act = sum(kept(i) for i in ids) + (terms["head"] if last else 0)
-        rank.activations_per_microbatch = act * batch * act_bytes
-        rebuilt = max([layer_elems - kept(i) for i in ids] + [0])
+        rank.activations_per_microbatch = act * act_bytes
+        rebuilt = max([layer_elems(i) - kept(i) for i in ids] + [0])
         # The loss backward (mf_trainer.loss.TokenCrossEntropy) holds three logits-sized buffers at
         # once: the sparse kernel's softmax workspace, its softmax - onehot, and that scaled per token
         # (measured: +55 MiB on 8 x 256 x 2000 float32 logits, 16 MiB each). Under tp the
@@ -256,11 +276,12 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
         logits_grad = seq // dims.cp * (args.vocab_size // tp) * (1 if tp > 1 else LOSS_BUFFERS) if last else 0
         # Backward through a layer makes the gradients of its saved tensors (same shapes), freed as it
         # goes: about one layer's worth at once, recomputed or not.
-        working = layer_elems if ids else 0
-        rank.transient = (rebuilt + logits_grad + working) * batch * act_bytes
+        working = max(layer_elems(i) for i in ids) if ids else 0
+        rank.transient = (rebuilt + logits_grad * batch + working) * act_bytes
         if shards > 1:
             biggest = max(unit_local.values(), default=0)
-            gathered = local_total if never else biggest
+            resharded = max((v for k, v in unit_local.items() if not k.endswith(".moe")), default=0)
+            gathered = local_total if never else resharded + kept_gathered
             # gathered parameters (param dtype) and the full gradient before its reduce-scatter (float32)
             rank.fsdp_gathered = gathered * p_bytes + biggest * 4
         ranks.append(rank)

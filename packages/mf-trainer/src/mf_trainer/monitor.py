@@ -13,6 +13,8 @@
               `eval_time_s` (`step` = the training step just finished)
   checkpoint  `{"step": N, "checkpoint": path, "time": t}` once checkpoint N is committed
 
+`monitor.train_state.local_norm` adds `grad_norm/<parameter>` (each matching parameter's whole
+gradient norm, mf_trainer/param_norms.py); TensorBoard gets `train/grad_norm/<parameter>`.
 MoE models add `moe/...` routing metrics to the training records (mf_trainer/moe.py); TensorBoard
 gets them under the same names (tokens per expert as a histogram).
 
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from mf_trainer.callbacks import BUILT_IN_ALWAYS_ON, Callback
 from mf_trainer.moe import write_tensorboard as write_moe_tensorboard
+from mf_trainer.param_norms import PREFIX as PARAM_NORM_PREFIX
 from mf_trainer.summary import RunHistory
 
 log = logging.getLogger("mf_trainer")
@@ -145,6 +148,9 @@ class MetricsLogger(Callback):
             for key in SCALARS:
                 value = metrics.get(key)
                 if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._writer.add_scalar(f"train/{key}", value, step)
+            for key, value in metrics.items():      # monitor.train_state.local_norm: grad_norm/<param>
+                if key.startswith(PARAM_NORM_PREFIX) and isinstance(value, float) and math.isfinite(value):
                     self._writer.add_scalar(f"train/{key}", value, step)
             write_moe_tensorboard(self._writer, metrics, step)
         # The first step of a session runs a freshly compiled graph (allocations, first kernel

@@ -52,7 +52,7 @@ import mf_parallel as mp
 from mf_trainer.errors import TrainerConfigError
 from mf_trainer.loss import token_cross_entropy
 from mf_trainer.parallel import ShardedState
-from mf_trainer.step import ApplyStep, GradNorm, StepResult, _model_inputs, _targets, make_buffers
+from mf_trainer.step import ApplyStep, GradNorm, StepResult, _model_inputs, _targets, make_buffers, param_norms_of
 
 log = logging.getLogger("mf_trainer")
 
@@ -104,7 +104,7 @@ class PipelineStepRunner:
     """The StepRunner of a pipeline rank: (micro_batches, lr) -> StepResult (see the module doc)."""
 
     def __init__(self, plan: PipelinePlan, optimizer, max_norm: float, *, local_norm: bool = False,
-                 global_tokens=None, loss_scale: int = 1) -> None:
+                 global_tokens=None, loss_scale: int = 1, positions: tuple = ()) -> None:
         self.plan = plan
         self.optimizer = optimizer
         self.global_tokens = global_tokens or (lambda tokens: tokens)
@@ -119,7 +119,7 @@ class PipelineStepRunner:
         self.order = [index[id(p)] for p in optimizer.params]   # executor grads -> optimizer order
         self.buffers = make_buffers(optimizer)
         clip = plan.clip(optimizer.params, max_norm)
-        self.apply = ApplyStep(optimizer, self.buffers, max_norm, GradNorm(clip), local_norm)
+        self.apply = ApplyStep(optimizer, self.buffers, max_norm, GradNorm(clip), local_norm, positions)
         self.last = None                                         # the executor's StepResult (timings)
 
     def cells(self) -> list:
@@ -134,13 +134,14 @@ class PipelineStepRunner:
             grad = result.grads[i]
             buf.set_data(grad if grad is not None else ms.ops.zeros(buf.shape, ms.float32))
         scalars = self.optimizer.scalars(lr)
-        norm, finite, local = self.apply(Tensor(result.loss, ms.float32), *scalars)
+        norm, finite, local, *per_param = self.apply(Tensor(result.loss, ms.float32), *scalars)
         applied = bool(finite.asnumpy())
         if applied:
             self.optimizer.step += 1
         # The executor's loss is the whole step's (summed over the pipeline ranks); the Trainer adds
         # the data-parallel shares, so each pipeline rank reports it as its data-parallel slice's.
-        return StepResult(result.loss, float(norm.asnumpy()), applied, tokens, float(local.asnumpy()))
+        return StepResult(result.loss, float(norm.asnumpy()), applied, tokens, float(local.asnumpy()),
+                          param_norms=param_norms_of(per_param[0] if per_param else None))
 
 
 class PipelineShardedState(ShardedState):
@@ -190,10 +191,11 @@ class PipelinePlan:
         return mp.GlobalNormClip(self.stage, params, self.parallel.mesh, max_norm,
                                  counted_elsewhere=[p for p in params if id(p) in self.copies])
 
-    def runner(self, optimizer, max_norm: float, *, local_norm: bool = False) -> PipelineStepRunner:
+    def runner(self, optimizer, max_norm: float, *, local_norm: bool = False,
+               positions: tuple = ()) -> PipelineStepRunner:
         par = self.parallel
         return PipelineStepRunner(self, optimizer, max_norm, local_norm=local_norm, global_tokens=par.global_tokens,
-                                  loss_scale=par.loss_scale)
+                                  loss_scale=par.loss_scale, positions=positions)
 
     def sharded_state(self, optimizer, held=None) -> PipelineShardedState:
         return PipelineShardedState(self.parallel, self.stage, optimizer, held, copies=self.copies,

@@ -58,12 +58,26 @@ class GradNorm(nn.Cell):
             return self.norm_cell.global_norm(grads)
         return _global_norm(grads)
 
+    def parameter_norms(self, grads, positions):
+        """The whole norm of each parameter at `positions` (indices into grads; -1: held by another
+        rank only), as a float32 vector: `monitor.train_state.local_norm`."""
+        if self.sharded:
+            return self.norm_cell.parameter_norms(grads, positions)
+        parts = ()
+        for i in positions:
+            if i >= 0:
+                parts = parts + (ops.square(grads[i]).sum().reshape((1,)),)
+            else:
+                parts = parts + (ops.zeros((1,), ms.float32),)
+        return ops.sqrt(ops.concat(parts))
+
 
 class FusedStep(nn.Cell):
-    """(batch, scalars) -> (loss, grad norm before clipping, applied?[, this rank's own grad norm])."""
+    """(batch, scalars) -> (loss, grad norm before clipping, applied?, this rank's own grad norm
+    [, the norms of the parameters at `positions`], *the loss cell's extras)."""
 
     def __init__(self, loss_cell: nn.Cell, optimizer, max_norm: float, norm: GradNorm | None = None,
-                 local_norm: bool = False):
+                 local_norm: bool = False, positions: tuple = ()):
         super().__init__(auto_prefix=False)
         self.loss_cell = loss_cell
         self.optimizer = optimizer
@@ -73,6 +87,7 @@ class FusedStep(nn.Cell):
         self.grad_fn = ms.value_and_grad(loss_cell, None, self.weights, has_aux=self.has_aux)
         self.norm = norm or GradNorm()
         self.local_norm = local_norm
+        self.positions = tuple(positions)
 
     def construct(self, labels, loss_mask, inv_tokens, lr, eps, decay, *model_inputs):
         out, grads = self.grad_fn(labels, loss_mask, inv_tokens, *model_inputs)
@@ -80,9 +95,11 @@ class FusedStep(nn.Cell):
         norm = self.norm(grads)
         finite = ops.logical_and(ops.isfinite(norm), ops.isfinite(loss))
         local = _global_norm(grads) if self.local_norm else norm
+        # Before clipping, like grad_norm: what backward produced.
+        per_param = (self.norm.parameter_norms(grads, self.positions),) if self.positions else ()
         grads = _clip_or_zero(grads, norm, self.max_norm, finite)
         self.optimizer(grads, finite, lr, eps, decay)
-        return (loss, norm, finite, local) + extras
+        return (loss, norm, finite, local) + per_param + extras
 
 
 class AccumulateStep(nn.Cell):
@@ -104,27 +121,29 @@ class AccumulateStep(nn.Cell):
 
 
 class ApplyStep(nn.Cell):
-    """(total loss, scalars) -> (grad norm, applied?, this rank's own grad norm); clips, updates and
-    zeroes the buffers."""
+    """(total loss, scalars) -> (grad norm, applied?, this rank's own grad norm[, the norms of the
+    parameters at `positions`]); clips, updates and zeroes the buffers."""
 
     def __init__(self, optimizer, buffers: ParameterTuple, max_norm: float, norm: GradNorm | None = None,
-                 local_norm: bool = False):
+                 local_norm: bool = False, positions: tuple = ()):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.buffers = buffers
         self.max_norm = float(max_norm)
         self.norm = norm or GradNorm()
         self.local_norm = local_norm
+        self.positions = tuple(positions)
 
     def construct(self, loss, lr, eps, decay):
         grads = tuple(self.buffers[i] * 1.0 for i in range(len(self.buffers)))
         norm = self.norm(grads)
         finite = ops.logical_and(ops.isfinite(norm), ops.isfinite(loss))
         local = _global_norm(grads) if self.local_norm else norm
+        per_param = (self.norm.parameter_norms(grads, self.positions),) if self.positions else ()
         self.optimizer(_clip_or_zero(grads, norm, self.max_norm, finite), finite, lr, eps, decay)
         for i in range(len(self.buffers)):
             ops.assign(self.buffers[i], ops.zeros_like(self.buffers[i]))
-        return norm, finite, local
+        return (norm, finite, local) + per_param
 
 
 def make_buffers(optimizer) -> ParameterTuple:
@@ -166,6 +185,7 @@ class StepResult:
     tokens: float        # loss-mask tokens of the global batch
     local_norm: float    # the norm of this rank's own gradients (the global one unless asked for)
     extras: tuple = ()   # a has_aux loss cell's extra outputs, summed over micro-batches (numpy)
+    param_norms: tuple = ()   # the whole norm of each parameter at the runner's `positions` (floats)
 
 
 class StepRunner:
@@ -176,21 +196,24 @@ class StepRunner:
     `loss_scale` multiplies 1 / tokens (the data-parallel size when FSDP averages gradients instead
     of summing them), `norm` is the global norm (mf-parallel's `GlobalNormClip`: every shard counted
     once; on one rank the one-process norm). `local_norm` also computes the norm of this rank's own
-    gradients.
+    gradients. `positions` (indices into optimizer.params) are the parameters whose own gradient
+    norms each step returns too (`StepResult.param_norms`).
     """
 
     def __init__(self, loss_cell: nn.Cell, optimizer, max_norm: float, accumulation: int, *,
-                 norm: GradNorm | None = None, local_norm: bool = False, global_tokens=None, loss_scale: int = 1):
+                 norm: GradNorm | None = None, local_norm: bool = False, global_tokens=None, loss_scale: int = 1,
+                 positions: tuple = ()):
         self.optimizer = optimizer
         self.accumulation = int(accumulation)
         self.global_tokens = global_tokens or (lambda tokens: tokens)
         self.loss_scale = int(loss_scale)
         if self.accumulation == 1:
-            self.fused = FusedStep(loss_cell, optimizer, max_norm, norm, local_norm)
+            self.fused = FusedStep(loss_cell, optimizer, max_norm, norm, local_norm, positions)
         else:
             self.buffers = make_buffers(optimizer)
             self.accumulate = AccumulateStep(loss_cell, optimizer, self.buffers)
-            self.apply = ApplyStep(optimizer, self.buffers, max_norm, norm, local_norm)
+            self.apply = ApplyStep(optimizer, self.buffers, max_norm, norm, local_norm, positions)
+        self.positions = tuple(positions)
 
     def cells(self) -> list[nn.Cell]:
         return [self.fused] if self.accumulation == 1 else [self.accumulate, self.apply]
@@ -215,6 +238,7 @@ class StepRunner:
         if self.accumulation == 1:
             mb = micro_batches[0]
             loss, norm, finite, local, *aux = self.fused(*_targets(mb), inv, *scalars, *_model_inputs(mb))
+            per_param = aux.pop(0) if self.positions else None
             loss_value = float(loss.asnumpy())
             extras = tuple(a.asnumpy() for a in aux)
         else:
@@ -226,8 +250,15 @@ class StepRunner:
                     aux = [a.asnumpy() for a in aux]
                     extras = tuple(aux) if not extras else tuple(e + a for e, a in zip(extras, aux))
                 loss_value += float(part.asnumpy())
-            norm, finite, local = self.apply(Tensor(loss_value, ms.float32), *scalars)
+            norm, finite, local, *per_param = self.apply(Tensor(loss_value, ms.float32), *scalars)
+            per_param = per_param[0] if per_param else None
         applied = bool(finite.asnumpy())
         if applied:
             self.optimizer.step += 1
-        return StepResult(loss_value, float(norm.asnumpy()), applied, tokens, float(local.asnumpy()), extras)
+        return StepResult(loss_value, float(norm.asnumpy()), applied, tokens, float(local.asnumpy()), extras,
+                          param_norms_of(per_param))
+
+
+def param_norms_of(vector) -> tuple:
+    """A step's per-parameter norm vector as host floats (() when none was asked for)."""
+    return () if vector is None else tuple(float(v) for v in vector.asnumpy())

@@ -49,6 +49,7 @@ from mf_trainer.moe import MoETraining
 from mf_trainer.monitor import MetricsLogger
 from mf_trainer.optimizer import build_optimizer
 from mf_trainer.parallel import ParallelContext, ShardedState, build_dims, comm_metrics
+from mf_trainer.param_norms import norm_metrics, select_parameters
 from mf_trainer.pipeline_step import pipeline_plan
 from mf_trainer.preflight import preflight
 from mf_trainer.preflight.data import accumulation
@@ -222,17 +223,29 @@ class Trainer:
         return build_loader(cfg, micro_batch_size=cfg.training.local_batch_size, dp_rank=par.dp_rank, dp_size=par.dp,
                             consumed_samples=self.state.consumed_samples, is_built_on_rank=lambda: par.is_rank0)
 
+    def _norm_positions(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """monitor.train_state.local_norm: (positions in optimizer.params, names) (param_norms.py)."""
+        if not self.config.monitor.train_state.local_norm:
+            return (), ()
+        by_id = {id(p): name for name, p in self.model.parameters_and_names()}
+        trained = [by_id.get(id(p), p.name) for p in self.optimizer.params]
+        every = None
+        if self.pipeline is not None:        # the stages' vectors cover the whole model's parameters
+            every = [name for name, p in self.pipeline.model.parameters_and_names() if p.requires_grad]
+        return select_parameters(self.config.monitor.train_state.local_norm, trained, every)
+
     def _make_runner(self) -> StepRunner:
         par, cfg = self.parallel, self.config
+        positions, self.norm_names = self._norm_positions()
         if self.pipeline is not None:
             return self.pipeline.runner(self.optimizer, cfg.training.max_norm,
-                                        local_norm=cfg.monitor.train_state.device_norm)
+                                        local_norm=cfg.monitor.train_state.device_norm, positions=positions)
         clip = par.clip(self.model, self.optimizer.params, cfg.training.max_norm)
         loss_cell = (self.moe.loss_cell(par.cross_entropy(), self.accumulation) if self.moe.active
                      else MaskedLMLoss(self.model, par.cross_entropy()))
         return StepRunner(loss_cell, self.optimizer, cfg.training.max_norm,
                           self.accumulation, norm=GradNorm(clip), local_norm=cfg.monitor.train_state.device_norm,
-                          global_tokens=par.global_tokens, loss_scale=par.loss_scale)
+                          global_tokens=par.global_tokens, loss_scale=par.loss_scale, positions=positions)
 
     def _restore(self, path: str | None, resume: bool) -> None:
         """From checkpoint.load_path, or (`resume`: a fine-tune continuing itself) from this run's
@@ -488,5 +501,6 @@ class Trainer:
             m["device_loss"] = done.loss / scale * (done.tokens / own) if own else float("nan")
         if mon.device_norm:
             m["device_norm"] = done.local_norm
+        m.update(norm_metrics(self.norm_names, done.param_norms))    # monitor.train_state.local_norm
         self.parallel.note_rank_values(step, m)
         return m

@@ -31,15 +31,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-
-def rows_per_block(assignments: int, num_experts: int) -> int:
-    """Default block height: a quarter of the mean load per expert (at least 1)."""
-    return max(1, -(-assignments // (4 * num_experts)))
-
-
-def max_blocks(assignments: int, num_experts: int, block: int) -> int:
-    """Static bound on the blocks any routing of `assignments` over `num_experts` needs."""
-    return (assignments + min(num_experts, assignments) * (block - 1)) // block
+from .blocks import max_blocks, rows_per_block  # noqa: F401  (pure arithmetic, shared with the inventory)
 
 
 class LocalDispatcher(nn.Cell):

@@ -10,8 +10,11 @@ VocabParallelEmbedding: vocabulary rows; norms replicated). The tests build ever
 and compare, and compare the axes with the plan applied on tensor-parallel ranks, so the two cannot
 drift apart silently.
 
-Covered: the dense decoders sharing llama's plan (llama, qwen2, qwen3). MoE and MLA models raise
-ModelConfigError naming the model type (their expert and latent layouts are not tabulated yet).
+Covered: the dense decoders sharing llama's plan (llama, qwen2, qwen3), the MoE models on Llama's
+attention (mixtral, qwen3_moe) and DeepSeek-V3 (multi-head latent attention, dense layers below
+first_k_dense_replace, routed + shared experts). Under tensor parallelism a MoE block is replicated
+on the rank's sequence shard (its `parallelize.py`: `moe_plan`), so its parameters have no tp
+axis, and MLA's latent projections (wq_a, q_norm, wkv_a, kv_norm) stay replicated too.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ModelConfigError
+from .blocks import max_blocks, rows_per_block
 
 DENSE_TYPES = ("llama", "qwen2", "qwen3")
+MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3")
+COVERED = DENSE_TYPES + MOE_TYPES
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class ParamEntry:
     name: str
     shape: tuple[int, ...]
     tp_axis: int | None
+    trainable: bool = True     # False: no gradient, no optimizer state (DeepSeek's expert_bias)
 
     @property
     def numel(self) -> int:
@@ -56,70 +63,171 @@ def _model_type(args) -> str:
     raise ModelConfigError(f"model: no registered model for arguments of type {type(args).__name__}")
 
 
+def _covered(args, what: str) -> str:
+    kind = _model_type(args)
+    if kind not in COVERED:
+        raise ModelConfigError(f"model.model_type: the {what} inventory of {kind} is not tabulated yet; covered: "
+                               f"{', '.join(COVERED)}")
+    return kind
+
+
+def _swiglu(prefix: str, h: int, f: int, bias: bool, style: bool = True) -> list[ParamEntry]:
+    """w1 (gate), w2 (down), w3 (up); `style` False: replicated (a MoE block's shared experts)."""
+    out = _linear(prefix + ".w1", h, f, bias, "col") + _linear(prefix + ".w2", f, h, bias, "row") + \
+        _linear(prefix + ".w3", h, f, bias, "col")
+    return out if style else [ParamEntry(e.name, e.shape, None) for e in out]
+
+
+def _gqa_attention(p: str, args, kind: str) -> list[ParamEntry]:
+    h, hd = args.hidden_size, args.head_dim
+    q, kv = args.num_attention_heads * hd, (args.num_key_value_heads or args.num_attention_heads) * hd
+    qkv_bias, o_bias = args.qkv_bias, args.o_bias
+    out = _linear(p + ".wq", h, q, qkv_bias, "col") + _linear(p + ".wk", h, kv, qkv_bias, "col")
+    out += _linear(p + ".wv", h, kv, qkv_bias, "col") + _linear(p + ".wo", q, h, o_bias, "row")
+    if kind in ("qwen3", "qwen3_moe"):
+        out += [ParamEntry(p + ".q_norm.weight", (hd,), None), ParamEntry(p + ".k_norm.weight", (hd,), None)]
+    return out
+
+
+def _mla_attention(p: str, args) -> list[ParamEntry]:
+    """DeepSeek-V3's MLA: the latent projections replicated, wq | wq_b and wkv_b by heads, wo by rows."""
+    h, heads, rope = args.hidden_size, args.num_attention_heads, args.qk_rope_head_dim
+    out = []
+    if args.q_lora_rank is not None:
+        out += [ParamEntry(p + ".wq_a.weight", (args.q_lora_rank, h), None),
+                ParamEntry(p + ".q_norm.weight", (args.q_lora_rank,), None)]
+        out += _linear(p + ".wq_b", args.q_lora_rank, heads * args.qk_head_dim, False, "col")
+    else:
+        out += _linear(p + ".wq", h, heads * args.qk_head_dim, False, "col")
+    out += [ParamEntry(p + ".wkv_a.weight", (args.kv_lora_rank + rope, h), None),
+            ParamEntry(p + ".kv_norm.weight", (args.kv_lora_rank,), None)]
+    out += _linear(p + ".wkv_b", args.kv_lora_rank, heads * (args.qk_nope_head_dim + args.v_head_dim), False, "col")
+    out += _linear(p + ".wo", heads * args.v_head_dim, h, False, "row")
+    return out
+
+
+def moe_sizes(args, kind: str | None = None) -> tuple[int, int, int, int]:
+    """(routed experts, experts per token, an expert's intermediate size, the shared experts' total
+    intermediate size) of a MoE model's MoE layers."""
+    kind = kind or _model_type(args)
+    if kind == "mixtral":
+        return args.num_local_experts, args.num_experts_per_tok, args.intermediate_size, 0
+    if kind == "qwen3_moe":
+        return args.num_experts, args.num_experts_per_tok, args.moe_intermediate_size, 0
+    return (args.n_routed_experts, args.num_experts_per_tok, args.moe_intermediate_size,
+            args.moe_intermediate_size * args.n_shared_experts)
+
+
+def _moe(p: str, args, kind: str) -> list[ParamEntry]:
+    h = args.hidden_size
+    e, _, f, shared = moe_sizes(args, kind)
+    out = [ParamEntry(p + ".router.expert_bias", (e,), None, False)] if kind == "deepseek_v3" else []
+    out += [ParamEntry(p + ".router.gate.weight", (e, h), None), ParamEntry(p + ".experts.w1", (e, f, h), None),
+            ParamEntry(p + ".experts.w2", (e, h, f), None), ParamEntry(p + ".experts.w3", (e, f, h), None)]
+    if shared:
+        out += _swiglu(p + ".shared_experts", h, shared, False, style=False)
+    return out
+
+
 def parameter_inventory(args) -> list[ParamEntry]:
     """The parameters `build_model` makes for `args` (validated args, e.g. from `build_args`)."""
-    kind = _model_type(args)
-    if kind not in DENSE_TYPES:
-        raise ModelConfigError(f"model.model_type: the parameter inventory of {kind} (MoE / latent attention) is not "
-                               f"tabulated yet; covered: {', '.join(DENSE_TYPES)}")
-    h, hd = args.hidden_size, args.head_dim
-    q, kv, f = args.num_attention_heads * hd, (args.num_key_value_heads or args.num_attention_heads) * hd, \
-        args.intermediate_size
-    qkv_bias, o_bias, mlp_bias = args.qkv_bias, args.o_bias, getattr(args, "mlp_bias", False)
+    kind = _covered(args, "parameter")
+    h = args.hidden_size
     out = [ParamEntry("tok_embeddings.weight", (args.vocab_size, h), 0)]
     for i in range(args.num_hidden_layers):
         p = f"layers.{i}"
         out.append(ParamEntry(p + ".attention_norm.weight", (h,), None))
-        out += _linear(p + ".attention.wq", h, q, qkv_bias, "col")
-        out += _linear(p + ".attention.wk", h, kv, qkv_bias, "col")
-        out += _linear(p + ".attention.wv", h, kv, qkv_bias, "col")
-        out += _linear(p + ".attention.wo", q, h, o_bias, "row")
-        if kind == "qwen3":
-            out += [ParamEntry(p + ".attention.q_norm.weight", (hd,), None),
-                    ParamEntry(p + ".attention.k_norm.weight", (hd,), None)]
+        out += _mla_attention(p + ".attention", args) if kind == "deepseek_v3" else \
+            _gqa_attention(p + ".attention", args, kind)
         out.append(ParamEntry(p + ".ffn_norm.weight", (h,), None))
-        out += _linear(p + ".feed_forward.w1", h, f, mlp_bias, "col")
-        out += _linear(p + ".feed_forward.w2", f, h, mlp_bias, "row")
-        out += _linear(p + ".feed_forward.w3", h, f, mlp_bias, "col")
+        if kind in MOE_TYPES and args.is_moe_layer(i):
+            out += _moe(p + ".moe", args, kind)
+        else:
+            out += _swiglu(p + ".feed_forward", h, args.intermediate_size, getattr(args, "mlp_bias", False))
     out.append(ParamEntry("norm.weight", (h,), None))
     if not args.tie_word_embeddings:
         out.append(ParamEntry("output.weight", (args.vocab_size, h), 0))
     return out
 
 
-def saved_activations(args, seq: int, tp: int = 1, *, fused_attention: bool = False) -> dict[str, int]:
+def saved_activations(args, seq: int, tp: int = 1, *, fused_attention: bool = False, layer: int = 0
+                      ) -> dict[str, int]:
     """Elements one sample (a sequence of `seq` tokens) keeps alive from forward to backward, per
-    module of one decoder layer and for the model's ends, on one of `tp` tensor-parallel ranks
+    module of decoder layer `layer` and for the model's ends, on one of `tp` tensor-parallel ranks
     (sequence parallelism: norms and residuals hold seq/tp tokens, the projections hold every
     token but 1/tp of the features).
 
-    Keys: "attention_norm", "attention", "ffn_norm", "feed_forward" (one layer; summed they are the
-    layer) and "head" (final norm, logits and the loss's log-probabilities: once per model). The
-    terms are the tensors our plain-math implementation hands to backward (mf_models' attention
-    without the fused kernel, which CPU lacks): each norm's input and its normalised output; the
-    projections' shared input; q, k, v after RoPE, their pre-RoPE copies and rotate_half's
-    output (the rotation's two products keep both operands); the GQA-repeated k, v; three
-    [heads, seq, seq] tensors: the raw scores (kept by the scaling product), the scaled masked
-    scores and the softmax probabilities; the attention output; SwiGLU's two projections, the SiLU
-    and the product. `fused_attention` (Ascend's flash attention kernel, `use_flash_attention`) keeps
-    the softmax statistics per head and token instead of the two [heads, seq, seq] tensors.
+    Keys: "attention_norm", "attention", "ffn_norm", and "feed_forward" (a dense layer) or "moe" (a
+    MoE layer); summed they are the layer; "head" (final norm, logits and the loss's
+    log-probabilities: once per model). The terms are the tensors our plain-math implementation
+    hands to backward (mf_models' attention without the fused kernel, which CPU lacks): each norm's
+    input and its normalised output; the projections' shared input; q, k, v after RoPE, their
+    pre-RoPE copies and rotate_half's output (the rotation's two products keep both operands); the
+    GQA-repeated k, v; three [heads, seq, seq] tensors: the raw scores (kept by the scaling
+    product), the scaled masked scores and the softmax probabilities; the attention output;
+    SwiGLU's two projections, the SiLU and the product. `fused_attention` (Ascend's flash attention
+    kernel, `use_flash_attention`) keeps the softmax statistics per head and token instead of the
+    two [heads, seq, seq] tensors. MLA and MoE: see `_mla_terms` and `moe_activations`.
     """
-    kind = _model_type(args)
-    if kind not in DENSE_TYPES:
-        raise ModelConfigError(f"model.model_type: the activation inventory of {kind} is not tabulated yet; covered: "
-                               f"{', '.join(DENSE_TYPES)}")
-    h, hd = args.hidden_size, args.head_dim
-    heads, kv_heads = args.num_attention_heads, args.num_key_value_heads or args.num_attention_heads
-    q, kv = heads * hd // tp, kv_heads * hd // tp
+    kind = _covered(args, "activation")
+    h = args.hidden_size
     shard = -(-seq // tp)                              # tokens of a sequence-parallel shard
-    repeat = 2 * seq * q if kv_heads != heads else 0   # repeat_kv materialises k and v at q's width
-    qk_norm = seq * (q + kv) if kind == "qwen3" else 0
+    heads = args.num_attention_heads
     scores = (heads // tp) * seq * (2 if fused_attention else 3 * seq)
     norm = shard * h + seq * h                          # input shard, gathered normalised output
-    return {
-        "attention_norm": norm,
-        "attention": seq * (3 * (q + kv) + kv) + repeat + qk_norm + scores + seq * q,
-        "ffn_norm": norm,
-        "feed_forward": 4 * seq * (args.intermediate_size // tp),
-        "head": shard * h + seq * h + 2 * seq * (args.vocab_size // tp),
-    }
+    if kind == "deepseek_v3":
+        attention = _mla_terms(args, seq, tp) + scores
+    else:
+        hd = args.head_dim
+        kv_heads = args.num_key_value_heads or heads
+        q, kv = heads * hd // tp, kv_heads * hd // tp
+        repeat = 2 * seq * q if kv_heads != heads else 0   # repeat_kv materialises k and v at q's width
+        qk_norm = seq * (q + kv) if kind in ("qwen3", "qwen3_moe") else 0
+        attention = seq * (3 * (q + kv) + kv) + repeat + qk_norm + scores + seq * q
+    out = {"attention_norm": norm, "attention": attention, "ffn_norm": norm}
+    if kind in MOE_TYPES and args.is_moe_layer(layer):
+        out["moe"] = moe_activations(args, shard)["total"]
+    else:
+        out["feed_forward"] = 4 * seq * (args.intermediate_size // tp)
+    out["head"] = shard * h + seq * h + 2 * seq * (args.vocab_size // tp)
+    return out
+
+
+def _mla_terms(args, seq: int, tp: int) -> int:
+    """MLA's kept tensors without the scores, for `seq` gathered tokens on one of `tp` ranks: the
+    query bottleneck (wq_a's output and q_norm's), q and its rope part (split copy, de-interleaved
+    copy, rotate_half, rotated), the concatenated q; wkv_a's output, kv_norm's input and output, the
+    shared k_rope's four stages; wkv_b's output, the concatenated k with k_rope broadcast to every
+    head, v's split copy; the attention output (wo's input)."""
+    heads = args.num_attention_heads // tp
+    rope, qk, nope, v = args.qk_rope_head_dim, args.qk_head_dim, args.qk_nope_head_dim, args.v_head_dim
+    copies = 4 if args.rope_interleave else 3
+    latent = (2 * args.q_lora_rank if args.q_lora_rank is not None else 0) + \
+        (args.kv_lora_rank + rope) + 2 * args.kv_lora_rank + copies * rope
+    per_head = qk + copies * rope + qk + (nope + v) + qk + rope + v + v
+    return seq * (latent + heads * per_head)
+
+
+def moe_activations(args, tokens: int) -> dict[str, int]:
+    """Elements a MoE layer keeps for backward on `tokens` tokens (a rank's sequence shard: under
+    tensor parallelism each rank runs the whole MoE on its own tokens).
+
+    N = tokens x top_k assignments go to blocks of b = rows_per_block(N, E) rows (dispatch.py), at
+    most max_blocks(N, E, b) of them: R rows in all (padding included). Kept: the router's logits,
+    scores and selection weights ([T, E] x 3 + [T, k]); the dispatched rows [R, H]; each block's
+    gathered expert weights (w1, w3 [I, H], w2 [H, I] per block: the batched matmuls keep their
+    weight operand, so this term grows with the blocks, not the experts); the SwiGLU
+    intermediates [R, I] x 4; the experts' output rows [R, H] and the combine's gathered,
+    weighted rows [N, H]; the shared experts' SwiGLU [T, I_shared] x 4. Returns every term and
+    "total"."""
+    e, k, f, shared = moe_sizes(args)
+    h = args.hidden_size
+    n = tokens * k
+    b = rows_per_block(n, e)
+    blocks = max_blocks(n, e, b)
+    rows = blocks * b
+    terms = {"router": tokens * (3 * e + k), "rows": rows * h, "gathered_weights": blocks * 3 * f * h,
+             "swiglu": 4 * rows * f, "expert_out": rows * h, "combine": n * h, "shared_experts": 4 * tokens * shared,
+             "blocks": blocks, "rows_per_block": b}
+    terms["total"] = sum(v for key, v in terms.items() if key not in ("blocks", "rows_per_block"))
+    return terms

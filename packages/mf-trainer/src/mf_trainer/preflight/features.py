@@ -11,14 +11,21 @@ from mf_trainer.preflight.registry import check
 
 @check()
 def recompute_comm(t):
-    """recompute_comm is not implemented."""
-    if t.cfg.recompute_comm.enable:
-        several = t.world is None or t.world > 1
-        yield "recompute_comm.enable", "recomputes communication operators; " + (
-            "not implemented: the tensor-parallel all-gathers of select_module are not redone in backward (their "
-            "outputs, the column-parallel projections' inputs, are kept: `mf plan` counts them in attention_norm / "
-            "ffn_norm), and FSDP's reshard_after_forward_policy already gathers parameters again; set it to false"
-            if several else "a single-process run has none")
+    """recompute_comm: what there is to recompute on this layout, and what is not implemented."""
+    if not t.cfg.recompute_comm.enable:
+        return
+    tp = t.cfg.parallelism.tensor_parallel
+    if t.world is not None and t.world <= 1:
+        yield "recompute_comm.enable", "recomputes communication operators; a single-process run has none"
+    elif tp <= 1:
+        yield ("recompute_comm.enable", "recomputes the tensor-parallel (sequence-parallel) all-gathers, and "
+                                        "tensor_parallel is 1: there are none (FSDP's parameter gathers are redone "
+                                        "in backward by reshard_after_forward_policy); set it to false")
+    else:
+        yield ("recompute_comm.enable", f"not implemented for tensor_parallel {tp}: the sequence-parallel "
+                                        "all-gathers of select_module are not redone in backward (their outputs, the "
+                                        "column-parallel projections' inputs, are kept: `mf plan` counts them in "
+                                        "attention_norm / ffn_norm); set it to false")
 
 
 @check()
@@ -37,10 +44,16 @@ def swap(t):
 @check()
 def monitors(t):
     """Monitors the Trainer records."""
+    from mf_trainer.errors import TrainerConfigError
+    from mf_trainer.param_norms import compile_pattern
+    from mf_trainer.preflight.registry import split_line
+
     mon = t.cfg.monitor      # monitor.moe_monitor: preflight/moe.py
-    if mon.train_state.local_norm:
-        yield ("monitor.train_state.local_norm", "per-parameter gradient norms are not implemented yet (the compiled "
-                                                 "step returns the global norm only; device_norm logs this rank's)")
+    if mon.train_state.local_norm:   # the names it must match are checked when the model is built
+        try:
+            compile_pattern(mon.train_state.local_norm)
+        except TrainerConfigError as exc:
+            yield split_line(str(exc), "monitor.train_state.local_norm")
 
 
 @check()
