@@ -66,10 +66,12 @@ def test_tiny_example_trains_with_tensor_parallelism(scratch):
 
 def test_tiny_example_trains_with_context_parallelism(scratch):
     """The demo's command line with `--set parallelism.context_parallel=2`: both ranks read the
-    same samples, each keeps its zigzag chunks of every 128-token sequence."""
+    same samples, each keeps its zigzag chunks of every 128-token sequence. PyNative: compiling the
+    demo's ring step and its eval forward took ~3 of this test's minutes, and the compiled ring is
+    the 2-rank launch's cp2 case (test_trainer_parity.py)."""
     out = scratch / "tiny_cp2"
     proc = mf("launch", "-n", "2", "examples/tiny/train.yaml", "--set", "parallelism.context_parallel=2",
-              "--set", "training.steps=3", "--set", "eval_dataset.eval_interval=3", "--set", f"output_dir={out}",
+              "--set", "context.mode=1", "--set", "training.steps=3", "--set", "eval_dataset.eval_interval=3", "--set", f"output_dir={out}",
               "--set", f"checkpoint.save_path={out}/ckpt")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     console = proc.stdout
