@@ -24,10 +24,15 @@ def split_cases(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv[:at], argv[at + 1:]
 
 
-if __name__ == "__main__":
+def run_cases(argv: list[str]) -> None:
+    """`WORKDIR CASE ... [--cp CP_CASE ...]` (argv[1:]): the Trainer cases, then the CP checks."""
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s", stream=sys.stdout)
-    cases, cp_cases = split_cases(sys.argv[2:])
+    cases, cp_cases = split_cases(argv[2:])
     for case in cases:
-        trainer.run(Path(sys.argv[1]), case)
-    if "--cp" in sys.argv:
+        trainer.run(Path(argv[1]), case)
+    if "--cp" in argv:
         cp.main(cp_cases)
+
+
+if __name__ == "__main__":
+    run_cases(sys.argv)

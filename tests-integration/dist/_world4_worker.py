@@ -9,22 +9,13 @@ A case that raises ends the launch (its peers would wait in a collective forever
 
 from __future__ import annotations
 
-import logging
 import sys
-from pathlib import Path
 
 import _collectives_worker as collectives
-import _cp_worker as cp
-import _trainer_worker as trainer
 from _results import emit
-from _world2_worker import split_cases
+from _world2_worker import run_cases
 
 collectives.run_all()
-logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s", stream=sys.stdout)
-cases, cp_cases = split_cases(sys.argv[2:])
-for case in cases:
-    trainer.run(Path(sys.argv[1]), case)
-if "--cp" in sys.argv:
-    cp.main(cp_cases)
+run_cases(sys.argv)
 collectives.run_capabilities()
 emit("done", True)

@@ -11,8 +11,6 @@ take the same bias steps). Cases `moe_reference` (one process, with the llama re
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from _case_results import case_result as _result

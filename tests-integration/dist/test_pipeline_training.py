@@ -15,8 +15,6 @@ cases) plus one one-process continuation; step times go to the RESULT summary (`
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from _case_results import case_result as _result
