@@ -202,17 +202,17 @@ MINDRECORD_OLD = SMALL_OLD.replace("""    type: BlendedMegatronDatasetDataLoader
 
 
 def test_preflight_problems_become_action_lines(tmp_path, capsys):
-    """pipeline_stage 2 with model_parallel 2 migrates (the schema takes it) but `mf launch` refuses
-    PP x TP and PP x data parallelism: action lines name both keys."""
-    old = _write(tmp_path, MINDRECORD_OLD.replace("model_parallel: 2", "model_parallel: 2, pipeline_stage: 2"))
+    """pipeline_stage 2 with context_parallel 2 migrates (the schema takes it) but `mf launch`
+    refuses PP x CP: an action line names the key (PP x TP and PP x FSDP now run under 1f1b)."""
+    old = _write(tmp_path, MINDRECORD_OLD.replace("model_parallel: 2",
+                                                  "model_parallel: 2, pipeline_stage: 2, context_parallel: 2"))
     out = tmp_path / "new.yaml"
     assert main(["config", "migrate", old, "-o", str(out)]) == 0
     err = capsys.readouterr().err
     actions = _actions(out)
-    assert any(a.startswith("parallelism.tensor_parallel: action — `mf launch` refuses it: 2 with pipeline_parallel 2")
-               for a in actions)
-    assert any(a.startswith("parallelism.pipeline_parallel: action — `mf launch` refuses it: 2 x data parallelism")
-               for a in actions)
+    assert any(a.startswith("parallelism.context_parallel: action — `mf launch` refuses it: 2 with pipeline_parallel "
+                            "2 is not implemented") for a in actions), actions
+    assert not any(a.startswith(("parallelism.tensor_parallel:", "parallelism.pipeline_parallel:")) for a in actions)
     assert any(a.startswith("train_dataset.data_loader.type: action — MindRecord data ('/data/wiki.mindrecord')")
                for a in actions)
     assert "`mf launch -n 8" not in err and "the 'action' lines need an edit" in err
