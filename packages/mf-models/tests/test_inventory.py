@@ -101,7 +101,7 @@ def test_moe_activations_under_expert_parallelism_are_the_all_to_all_buffers():
     b, blocks = LocalDispatcher(args.n_routed_experts // 2 + 1, 1).layout_sizes(2 * 32 * args.num_experts_per_tok)
     assert (ep2["rows_per_block"], ep2["blocks"]) == (b, blocks) == (11, 14)
     h, f, n = args.hidden_size, args.moe_intermediate_size, 32 * args.num_experts_per_tok
-    assert ep2["router"] == one["router"] and ep2["rows"] == blocks * b * h
+    assert ep2["router"] == one["router"] and ep2["rows"] == blocks * b * h and ep2["swiglu"] == 4 * blocks * b * f
     assert ep2["combine"] == (2 * n + 2 * n) * h        # [P, N, H] back + the [N, H] sent + the weighted rows
     assert ep2["total"] > one["total"]
 
