@@ -61,12 +61,29 @@ def _install_local(session: nox.Session, packages: list[str], with_tests: list[s
     session.install(*args)
 
 
-def _pytest(session: nox.Session, *paths: str) -> None:
+def _test_workers() -> int:
+    """pytest-xdist workers for the one-process sessions: one per core, at most 4 (each worker
+    imports MindSpore: ~1 GB). MF_TEST_WORKERS overrides it; 1 runs the tests in one process."""
+    if os.environ.get("MF_TEST_WORKERS"):
+        return max(1, int(os.environ["MF_TEST_WORKERS"]))
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def _pytest(session: nox.Session, *paths: str, parallel: bool = True) -> None:
+    """pytest over `paths`. `parallel`: test files spread over `_test_workers()` processes
+    (`--dist loadfile`: a file's module fixtures are built once, in one worker). The tests are tiny
+    models whose time is Python and kernel launches on one core, so two workers on two cores take
+    ~0.6 of the time of one; the dist session's ranks already fill the cores and run alone."""
+    workers = _test_workers() if parallel else 1
+    spread = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
     session.run(
-        "python", "-m", "pytest", *paths, *session.posargs,
+        "python", "-m", "pytest", *paths, *spread, *session.posargs,
         env={"GLOG_v": "3", "PYTHONHASHSEED": "0"},
     )
 
+
+# The test runner's own plugin (spreads a session's test files over the cores; see _pytest).
+XDIST = "pytest-xdist>=3.5"
 
 # Fast, dependency-light packages first: a broken schema fails the run in seconds.
 PACKAGE_ORDER = [
@@ -78,6 +95,7 @@ def _make_package_session(package: str):
     @nox.session(name=package)
     def _session(session: nox.Session) -> None:
         _install_local(session, [*_local_closure(package), package], with_tests=[package])
+        session.install(XDIST)
         _pytest(session, str(PACKAGES_DIR / package / "tests"))
 
     _session.__doc__ = f"Tests of {package} in a venv holding only it and its declared dependencies."
@@ -92,6 +110,7 @@ for _package in PACKAGE_ORDER:
 def integration(session: nox.Session) -> None:
     """Cross-package tests, one process (tests-integration/, without dist/)."""
     _install_local(session, _all_packages(), with_tests=_all_packages())
+    session.install(XDIST)
     _pytest(session, str(ROOT / "tests-integration"), "--ignore", str(ROOT / "tests-integration" / "dist"))
 
 
@@ -101,7 +120,7 @@ def dist(session: nox.Session) -> None:
     _install_local(session, _all_packages(), with_tests=_all_packages())
     # msrun starts `python` from PATH: make it this venv's.
     session.env["PATH"] = os.pathsep.join([str(Path(session.bin)), os.environ.get("PATH", "")])
-    _pytest(session, str(ROOT / "tests-integration" / "dist"))
+    _pytest(session, str(ROOT / "tests-integration" / "dist"), parallel=False)
 
 
 @nox.session
@@ -142,7 +161,7 @@ def hf_interop(session: nox.Session) -> None:
     python = _reference_venv(session, HF_VENV, ROOT / "tests-integration" / "hf_interop" / "requirements.txt")
     session.env["MF_HF_PYTHON"] = str(python)
     session.env["PATH"] = os.pathsep.join([str(Path(session.bin)), os.environ.get("PATH", "")])
-    _pytest(session, str(ROOT / "tests-integration" / "hf_interop"))
+    _pytest(session, str(ROOT / "tests-integration" / "hf_interop"), parallel=False)
 
 
 @nox.session

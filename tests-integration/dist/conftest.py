@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -67,6 +68,21 @@ def scratch():
     shutil.rmtree(root, ignore_errors=True)
 
 
+# Every launch of the session, for the time table at the end (the suite's budget is mostly these).
+_LAUNCHES: list[tuple[str, int, DistRun]] = []
+_CASE_TIME = re.compile(r"^CASE (\S+) rank 0 done in ([0-9.]+)s", re.MULTILINE)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Seconds per msrun launch and per Trainer case on rank 0: where the dist session's time goes."""
+    if not _LAUNCHES:
+        return
+    terminalreporter.section("msrun launches")
+    for script, n, run in _LAUNCHES:
+        cases = ", ".join(f"{name} {float(sec):.0f}" for name, sec in _CASE_TIME.findall(run.logs[0] if run.logs else ""))
+        terminalreporter.write_line(f"{script} on {n} ranks: {run.seconds:.0f} s" + (f" (cases: {cases})" if cases else ""))
+
+
 @pytest.fixture(scope="session")
 def dist_run(scratch):
     """`dist_run(script, n, *args)` -> DistRun, launched once per distinct call in the session."""
@@ -85,6 +101,7 @@ def dist_run(scratch):
             logs = [(log_dir / f"worker_{r}.log").read_text(errors="replace")
                     if (log_dir / f"worker_{r}.log").exists() else "" for r in range(n)]
             cache[key] = DistRun(rc, console.getvalue(), logs, time.monotonic() - start)
+            _LAUNCHES.append((Path(script).name, n, cache[key]))
         return cache[key]
 
     return run

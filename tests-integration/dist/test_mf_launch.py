@@ -38,11 +38,14 @@ def _assert_evaluated_at_the_end(out, console):
 
 
 def test_tiny_example_trains_with_tensor_parallelism(scratch):
+    """The demo's command line with `--set parallelism.tensor_parallel=2`, PyNative: the compiled TP
+    step is the 2-rank launch's tp2 case (test_trainer_parity.py); compiling the demo's here cost
+    about a minute and proved nothing more about `mf launch`."""
     out = scratch / "tiny_tp2"
     # The demo's eval_dataset evaluates at the last step (its interval shortened to the 3 steps), with
     # the vocab-parallel loss under tp.
     proc = mf("launch", "-n", "2", "examples/tiny/train.yaml", "--set", "parallelism.tensor_parallel=2",
-              "--set", "training.steps=3", "--set", "eval_dataset.eval_interval=3", "--set", f"output_dir={out}",
+              "--set", "context.mode=1", "--set", "training.steps=3", "--set", "eval_dataset.eval_interval=3", "--set", f"output_dir={out}",
               "--set", f"checkpoint.save_path={out}/ckpt")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     console = proc.stdout

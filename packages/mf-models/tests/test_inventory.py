@@ -90,6 +90,22 @@ def test_moe_activations_follow_the_dispatcher_blocks():
     assert mf_models.saved_activations(args, 32, 2, layer=1)["moe"] == mf_models.moe_activations(args, 16)["total"]
 
 
+def test_moe_activations_under_expert_parallelism_are_the_all_to_all_buffers():
+    """EP2 on 32 tokens: the local experts (2 + the null one, top-1) run on the 2 x 64 received
+    slots, sized as the dispatcher the EP plan builds (LocalDispatcher(E / ep + 1, 1)) sizes them;
+    the router stays on the rank's own 32 tokens."""
+    from mf_models.common.dispatch import LocalDispatcher
+
+    _, args = mf_models.build_args(mf_models.tiny_model_section("deepseek_v3"))
+    one, ep2 = mf_models.moe_activations(args, 32), mf_models.moe_activations(args, 32, 2)
+    b, blocks = LocalDispatcher(args.n_routed_experts // 2 + 1, 1).layout_sizes(2 * 32 * args.num_experts_per_tok)
+    assert (ep2["rows_per_block"], ep2["blocks"]) == (b, blocks) == (11, 14)
+    h, f, n = args.hidden_size, args.moe_intermediate_size, 32 * args.num_experts_per_tok
+    assert ep2["router"] == one["router"] and ep2["rows"] == blocks * b * h and ep2["swiglu"] == 4 * blocks * b * f
+    assert ep2["combine"] == (2 * n + 2 * n) * h        # [P, N, H] back + the [N, H] sent + the weighted rows
+    assert ep2["total"] > one["total"]
+
+
 def test_saved_activations_split_under_tensor_parallelism():
     _, args = mf_models.build_args(mf_models.tiny_model_section("llama"))
     one, two = mf_models.saved_activations(args, 16), mf_models.saved_activations(args, 16, 2)

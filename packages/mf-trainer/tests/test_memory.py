@@ -107,6 +107,32 @@ def test_deepseek_v3_parameters_are_the_built_models_and_experts_stay_gathered(t
     assert f.fsdp_gathered == (dense_layer + experts) * 4 + dense_layer * 4
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_expert_parallel_ranks_gather_only_their_own_experts(tmp_path, tiny_config, world):
+    """The tiny DeepSeek-V3 under EP2: each rank stores the same number of expert rows as under
+    FSDP (E / ep experts, FSDP-sharded over the world / ep ranks holding them), but gathers only
+    its own 2 experts (on 2 ranks: none at all, they are whole), and its MoE activations are the
+    all-to-all dispatcher's."""
+    import mf_models
+
+    section = mf_models.tiny_model_section("deepseek_v3")
+    batch = {"global_batch_size": 2 * world}
+    (fsdp,) = _plan(tmp_path, tiny_config, world=world, model=section, training=batch).ranks
+    (ep,) = _plan(tmp_path, tiny_config, world=world, model=section, training=batch,
+                  parallelism={"expert_parallel": 2}).ranks
+    assert (ep.parameters, ep.gradients, ep.optimizer) == (fsdp.parameters, fsdp.gradients, fsdp.optimizer)
+    weights = 3 * 16 * 32                                        # w1/w2/w3 of one expert
+    dense_layer = 32 + 24 * 32 + 24 + 48 * 24 + 20 * 32 + 16 + 64 * 16 + 32 * 32 + 32 + 3 * 48 * 32   # layer 0
+    router = 4 + 4 * 32
+    gathered_experts = 0 if world == 2 else 2 * weights
+    assert fsdp.fsdp_gathered - ep.fsdp_gathered == (4 * weights - gathered_experts) * 4
+    assert ep.fsdp_gathered == (dense_layer + router + gathered_experts) * 4 + dense_layer * 4
+    _, args = mf_models.build_args(section)
+    tokens = 2 * 32
+    grown = mf_models.moe_activations(args, tokens, 2)["total"] - mf_models.moe_activations(args, tokens)["total"]
+    assert ep.activations_per_microbatch - fsdp.activations_per_microbatch == grown * 4
+
+
 def test_unsized_sizes_are_one_line(tmp_path, tiny_config):
     assert parse_bytes("64GB") == 64 << 30 and parse_bytes("512MiB") == 512 << 20 and parse_bytes("1000") == 1000
     for bad in ("lots", "-3GB", "0"):

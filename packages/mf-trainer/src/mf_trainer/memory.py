@@ -11,7 +11,10 @@ For every pipeline rank (the other axes hold the same bytes on each of their ran
   the model's plan, then FSDP's dim-0 shard of the TP-local tensor over dp_shard x cp, padded to a
   multiple of the shard count (mf-parallel's FSDPShard: ceil(rows / shards) rows each). Pipeline
   ranks hold the layers of their chunks, the embedding on the first stage and the final norm and
-  output projection on the last (a tied table on both).
+  output projection on the last (a tied table on both). Under expert parallelism each rank
+  keeps E / ep of the stacked experts, FSDP-sharded over the shards / ep ranks holding the same
+  ones, and a MoE layer's activations are the all-to-all dispatcher's (`moe_activations` with
+  expert_parallel: the local experts run on ep x the rank's assignments).
 - gradients: one float32 buffer per stored parameter when the step accumulates micro-batches
   (`make_buffers`); a single micro-batch's gradients, parameter-sized, otherwise.
 - optimizer: AdamW's exp_avg and exp_avg_sq, float32, shaped like the stored parameter.
@@ -53,6 +56,8 @@ MODULES = ("attention_norm", "attention", "ffn_norm", "feed_forward", "moe")
 # FSDP units that keep their gathered parameters from forward to backward (the models'
 # `moe_units`: the router and the stacked experts have no reshard-after-forward).
 KEPT_GATHERED = re.compile(r"\.moe\.(router|experts)\.")
+# The stacked expert weights expert parallelism splits (mf_models' expert_plan).
+EXPERT_WEIGHT = re.compile(r"\.moe\.experts\.w[123]$")
 
 
 # Logits-sized buffers alive in the one-process loss backward (see the transient below).
@@ -133,11 +138,16 @@ def parse_bytes(text: str, key: str = "--device-memory") -> int:
     return int(value * scale)
 
 
-def _stored_numel(entry, tp: int, shards: int) -> tuple[int, int]:
-    """(elements stored on a rank, elements of the TP-local tensor) of one parameter."""
+def _stored_numel(entry, tp: int, shards: int, ep: int = 1) -> tuple[int, int]:
+    """(elements stored on a rank, elements of the TP-local tensor) of one parameter; `ep` > 1
+    for the stacked expert weights: this rank's E / ep experts, FSDP-sharded over the shards / ep
+    ranks holding the same experts (mf_parallel.shard_experts)."""
     shape = list(entry.shape)
     if tp > 1 and entry.tp_axis is not None:
         shape[entry.tp_axis] //= tp
+    if ep > 1:
+        shape[0] //= ep
+        shards //= ep
     local = math.prod(shape)
     if shards > 1 and shape:
         return math.ceil(shape[0] / shards) * math.prod(shape[1:]), local
@@ -201,7 +211,7 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
         one = mf_models.saved_activations(args, local_seq, tp, fused_attention=fused, layer=i)
         terms = {k: v * batch for k, v in one.items()}
         if "moe" in one:
-            terms["moe"] = mf_models.moe_activations(args, batch * -(-local_seq // tp))["total"]
+            terms["moe"] = mf_models.moe_activations(args, batch * -(-local_seq // tp), dims.ep)["total"]
         per_layer.append(terms)
     terms = per_layer[0] if per_layer else {"head": 0}
     full, select, notes = _recomputed(cfg, n_layers)
@@ -254,9 +264,12 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
                 continue
             else:
                 unit = "root"
-            s, loc = _stored_numel(e, tp, shards)
+            expert = dims.ep > 1 and EXPERT_WEIGHT.search(e.name) is not None
+            s, loc = _stored_numel(e, tp, shards, dims.ep if expert else 1)
             stored += s
             trained += s if e.trainable else 0
+            if expert and shards == dims.ep:
+                continue          # this rank's experts whole: nothing gathered, no reduce-scatter
             local_total += loc
             if KEPT_GATHERED.search(e.name):
                 kept_gathered += loc

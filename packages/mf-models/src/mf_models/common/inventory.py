@@ -208,7 +208,7 @@ def _mla_terms(args, seq: int, tp: int) -> int:
     return seq * (latent + heads * per_head)
 
 
-def moe_activations(args, tokens: int) -> dict[str, int]:
+def moe_activations(args, tokens: int, expert_parallel: int = 1) -> dict[str, int]:
     """Elements a MoE layer keeps for backward on `tokens` tokens (a rank's sequence shard: under
     tensor parallelism each rank runs the whole MoE on its own tokens).
 
@@ -219,15 +219,28 @@ def moe_activations(args, tokens: int) -> dict[str, int]:
     weight operand, so this term grows with the blocks, not the experts); the SwiGLU
     intermediates [R, I] x 4; the experts' output rows [R, H] and the combine's gathered,
     weighted rows [N, H]; the shared experts' SwiGLU [T, I_shared] x 4. Returns every term and
-    "total"."""
+    "total".
+
+    `expert_parallel` P > 1 sizes mf-parallel's all-to-all dispatcher (its static buffer): the
+    router acts on this rank's T tokens, but the local experts (E / P of them plus the null expert
+    of empty slots, top-1) run on all P x N received slots; the combine keeps the reverse
+    exchange's [P, N, H] rows and the [N, H] rows sent (both kept by their mask products) beside
+    the weighted rows."""
     e, k, f, shared = moe_sizes(args)
     h = args.hidden_size
     n = tokens * k
-    b = rows_per_block(n, e)
-    blocks = max_blocks(n, e, b)
+    if expert_parallel > 1:
+        slots, local = expert_parallel * n, e // expert_parallel + 1
+        b = rows_per_block(slots, local)
+        blocks = max_blocks(slots, local, b)
+        combine = n * h + slots * h + n * h
+    else:
+        b = rows_per_block(n, e)
+        blocks = max_blocks(n, e, b)
+        combine = n * h
     rows = blocks * b
     terms = {"router": tokens * (3 * e + k), "rows": rows * h, "gathered_weights": blocks * 3 * f * h,
-             "swiglu": 4 * rows * f, "expert_out": rows * h, "combine": n * h, "shared_experts": 4 * tokens * shared,
+             "swiglu": 4 * rows * f, "expert_out": rows * h, "combine": combine, "shared_experts": 4 * tokens * shared,
              "blocks": blocks, "rows_per_block": b}
     terms["total"] = sum(v for key, v in terms.items() if key not in ("blocks", "rows_per_block"))
     return terms
