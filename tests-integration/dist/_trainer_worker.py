@@ -84,6 +84,17 @@ CASES = {
     # micro-batches of 2: the step's cost is collective latency, per micro-batch).
     "pp2_fsdp2": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 4),
     "pp2_tp2": ({"pipeline_parallel": 2, "tensor_parallel": 2}, {"local_batch_size": 2}, 1, 4),
+    # The other schedules with sharded stages (4 ranks): two model chunks per rank with their own
+    # FSDP units / TP leaves (interleaved x FSDP, zbv x both), the split backward's deferred weight
+    # gradients reduce-scattered when W runs (FSDP) and on TP leaves (zbv splits its backward), the
+    # V placement's loss and both uses of the tied table on one rank, and gpipe once.
+    "pp2_gpipe_tp2": ({"pipeline_parallel": 2, "pipeline_parallel_schedule": "gpipe", "tensor_parallel": 2},
+                      {"local_batch_size": 2}, 1, 4),
+    "pp2_interleaved_split_fsdp2": ({"pipeline_parallel": 2, "pipeline_parallel_interleave_num": 2,
+                                     "pipeline_parallel_enable_dxdw_split": True}, {"local_batch_size": 1}, 1, 4),
+    "pp2_zbv_fsdp2": ({"pipeline_parallel": 2, "pipeline_parallel_schedule": "zbv"}, {"local_batch_size": 1}, 1, 4),
+    "pp2_zbv_tp2": ({"pipeline_parallel": 2, "pipeline_parallel_schedule": "zbv", "tensor_parallel": 2},
+                    {"local_batch_size": 2}, 1, 4),
     "reference6": ({}, {"local_batch_size": 4}, 1, 1),
     "pp4_1f1b_uneven": ({"pipeline_parallel": 4, "pipeline_parallel_layers_per_stage": [1, 2, 2, 1]},
                         {"local_batch_size": 1}, 1, 4),
@@ -97,7 +108,7 @@ CASES = {
 # batches: the launch must not grow.
 EVAL_INTERVAL = 4
 EVAL_SAMPLES = 8
-EVAL_CASES = ("reference", "tp2", "cp2", "reference4", "pp2_1f1b")
+EVAL_CASES = ("reference", "tp2", "cp2", "reference4", "pp2_1f1b", "pp2_fsdp2", "pp2_tp2")
 # Decoder layers per case (2 unless named): every virtual pipeline stage needs a layer.
 LAYERS = {**{name: 4 for name in CASES if name.startswith("pp2")}, "reference4": 4, "reference6": 6,
           "pp4_1f1b_uneven": 6}

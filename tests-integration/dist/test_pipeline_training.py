@@ -5,7 +5,11 @@ norm within 1e-5 relative, and the final gathered weights: PP2 1f1b, gpipe, inte
 1f1b with the dx/dw split, zbv, PP4 1f1b with uneven pipeline_parallel_layers_per_stage, and on
 4 ranks PP2 x FSDP2 (each stage sharded over its data-parallel pair, 2 micro-batches per slice)
 and PP2 x TP2 (the stages' layers under the TP plan, vocabulary-split logits and loss on the last
-stage, the tied table's copies still summed between the two ends).
+stage, the tied table's copies still summed between the two ends) under 1f1b, and under the other
+schedules: gpipe x TP2, interleaved (2 chunks, each with its own FSDP units) with the dx/dw split
+x FSDP2 (deferred weight gradients reduce-scattered when W runs), zbv x FSDP2 and x TP2 (the V
+placement, split backward: embedding, head, loss and both uses of the tied table on rank 0).
+Evaluation during training under PP2 1f1b, PP2 x FSDP2 and PP2 x TP2 against one process.
 Checkpoints: a PP2 checkpoint continues in one process, and a one-process checkpoint under PP2,
 with the losses of the one-process run resumed from its own checkpoint.
 
@@ -76,6 +80,14 @@ def test_evaluation_during_training_matches_one_process(runs, world2):
     shared with both ranks; 8 batches of 1 sample): one process's eval loss and accuracy (2 batches
     of 4, the same 8 samples) at the same steps."""
     assert_same_evaluations(_result(runs, "pp2_1f1b"), _result(runs, "reference4"))
+
+
+@pytest.mark.parametrize("case", ["pp2_fsdp2", "pp2_tp2"])
+def test_evaluation_with_sharded_stages_matches_one_process(runs, world4, case):
+    """eval_dataset with FSDP stages (each data-parallel slice evaluates its share, the stages
+    gathering their shards in the forward) and with TP stages (vocabulary-split logits on the last
+    stage): one process's eval loss and accuracy at the same steps."""
+    assert_same_evaluations(_result(runs, case), _result(runs, "reference4"))
 
 
 def test_interleaved_asked_for_graph_mode_and_says_why_it_runs_pynative(runs, world2):

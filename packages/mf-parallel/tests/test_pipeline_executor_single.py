@@ -132,6 +132,63 @@ def test_deferred_weight_gradient_is_the_unsplit_one_bit_for_bit():
     assert len(stash) == 0
 
 
+def _split_and_unsplit_grads(block, x):
+    """(unsplit, split) gradients of (block(x)^2).sum() after `defer_weight_grads`: the split
+    ones are B's plus the stash's W (through the leaves' weight pipelines)."""
+    params = block.trainable_params()
+    stash = WeightGradStash()
+    defer_weight_grads(block, stash)
+
+    def run():
+        out, vjp_fn = ms.vjp(lambda: (block(x) ** 2).sum(), weights=params)
+        return vjp_fn(ops.ones_like(out))[1]
+
+    unsplit = {p.name: g.asnumpy() for p, g in zip(params, run())}
+    with stash.collect("mb0"):
+        split = {p.name: g.asnumpy().copy() for p, g in zip(params, run())}
+    assert stash.pending("mb0") == 2
+    for p, dw in stash.apply("mb0"):
+        split[p.name] = split[p.name] + dw.asnumpy()
+    return unsplit, split
+
+
+def test_deferred_weight_gradient_goes_through_the_fsdp_reduction():
+    """An FSDP leaf's deferred gradient is reduced when W runs, as the unsplit backward reduces it.
+    One rank: the reduction is made visible by a gradient division of 2 (what
+    disable_gradient_division: false does over two data-parallel ranks)."""
+    from mf_parallel.leaf import install, plan_of
+
+    block = Block(3, bias=True)
+    x = Tensor(np.random.default_rng(2).standard_normal((6, H)).astype(np.float32))
+    out, vjp_fn = ms.vjp(lambda: (block(x) ** 2).sum(), weights=block.trainable_params())
+    autodiff = {p.name: g.asnumpy() for p, g in zip(block.trainable_params(), vjp_fn(ops.ones_like(out))[1])}
+    mp.fully_shard(block, mp.init_mesh(mp.ParallelDims(1)), reshard_after_forward=False)
+    for lin in (block.fc1, block.fc2):
+        plan_of(lin).fsdp.divide_by = 2
+        install(lin)
+    unsplit, split = _split_and_unsplit_grads(block, x)
+    for name, want in autodiff.items():
+        np.testing.assert_allclose(unsplit[name], want / 2, rtol=1e-6, err_msg=name)
+        assert np.array_equal(unsplit[name], split[name]), name
+
+
+def test_deferred_weight_gradient_of_a_row_parallel_leaf_keeps_its_bias_apart():
+    """A row-parallel Linear adds its bias after the output's reduction (plan.deferred): the split
+    leaf runs without it, and the bias gradient still arrives in B."""
+    from mf_parallel.leaf import ensure_plan, install
+
+    block = Block(4, bias=True)
+    x = Tensor(np.random.default_rng(3).standard_normal((6, H)).astype(np.float32))
+    out, vjp_fn = ms.vjp(lambda: (block(x) ** 2).sum(), weights=block.trainable_params())
+    autodiff = {p.name: g.asnumpy() for p, g in zip(block.trainable_params(), vjp_fn(ops.ones_like(out))[1])}
+    ensure_plan(block.fc2).deferred = ("bias",)
+    install(block.fc2)
+    unsplit, split = _split_and_unsplit_grads(block, x)
+    for name, want in autodiff.items():
+        np.testing.assert_allclose(unsplit[name], want, rtol=1e-6, atol=1e-7, err_msg=name)
+        assert np.array_equal(unsplit[name], split[name]), name
+
+
 def test_deferral_needs_pynative():
     ms.set_context(mode=ms.GRAPH_MODE)
     try:

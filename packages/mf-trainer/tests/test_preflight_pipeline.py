@@ -27,11 +27,20 @@ def test_pipeline_layouts_that_run_pass(tmp_path, tiny_config, parallelism):
     assert report.ok, report.lines()
 
 
+SCHEDULES = [{}, {"pipeline_parallel_schedule": "gpipe"}, {"pipeline_parallel_interleave_num": 2},
+             {"pipeline_parallel_enable_dxdw_split": True},
+             {"pipeline_parallel_interleave_num": 2, "pipeline_parallel_enable_dxdw_split": True},
+             {"pipeline_parallel_schedule": "zbv"}]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("parallelism", [
     {"pipeline_parallel": 2},                                                   # PP2 x FSDP2
     {"pipeline_parallel": 2, "tensor_parallel": 2},                             # PP2 x TP2
 ])
-def test_stages_with_data_or_tensor_parallelism_pass(tmp_path, tiny_config, parallelism):
+def test_stages_with_fsdp_or_tensor_parallelism_pass_under_every_schedule(tmp_path, tiny_config, parallelism,
+                                                                         schedule):
+    parallelism = {**parallelism, **schedule}
     report = _report(tmp_path, tiny_config, 4, parallelism, training={"local_batch_size": 1},
                      model={"num_hidden_layers": 4})
     assert report.ok, report.lines()
@@ -42,15 +51,7 @@ PP4L = {"training": {"local_batch_size": 1}, "model": {"num_hidden_layers": 4}}
 
 @pytest.mark.parametrize("world, parallelism, sections, key, reason", [
     (1, {"pipeline_parallel": 2}, {}, "parallelism.pipeline_parallel", "2 > 1 needs 2 ranks"),
-    # What is not proven with data- or tensor-parallel stages stays refused, one line each.
-    (4, {"pipeline_parallel": 2, "pipeline_parallel_schedule": "zbv"}, PP4L, "parallelism.pipeline_parallel_schedule",
-     "'zbv' with FSDP stages is not implemented (only 1f1b with FSDP or TP stages is proven"),
-    (4, {"pipeline_parallel": 2, "pipeline_parallel_schedule": "gpipe", "tensor_parallel": 2}, PP4L,
-     "parallelism.pipeline_parallel_schedule", "'gpipe' with TP stages is not implemented"),
-    (4, {"pipeline_parallel": 2, "tensor_parallel": 2, "pipeline_parallel_interleave_num": 2}, PP4L,
-     "parallelism.pipeline_parallel_interleave_num", "2 chunks per rank with TP stages are not implemented"),
-    (4, {"pipeline_parallel": 2, "pipeline_parallel_enable_dxdw_split": True}, PP4L,
-     "parallelism.pipeline_parallel_enable_dxdw_split", "true with FSDP stages is not implemented"),
+    # Data-parallel replicas inside the stages are not proven: one line each.
     (4, {"pipeline_parallel": 2, "data_parallel_shard_strategy": "no_shard"}, PP4L,
      "parallelism.data_parallel_shard_strategy", "'no_shard' (DDP) inside pipeline stages is not implemented"),
     (8, {"pipeline_parallel": 2, "data_parallel_shard": 2},
@@ -84,14 +85,12 @@ def test_dry_run_counts_what_each_pipeline_rank_holds(tmp_path, tiny_config):
 
 
 @pytest.mark.parametrize("parallelism", [{"pipeline_parallel": 2}, {"pipeline_parallel": 2, "tensor_parallel": 2}])
-def test_evaluation_with_sharded_pipeline_stages_is_one_keyed_line(tmp_path, tiny_config, parallelism):
-    """The stages' forward-only evaluation is proven with pipeline ranks alone, not with FSDP / TP stages."""
+def test_evaluation_with_sharded_pipeline_stages_passes(tmp_path, tiny_config, parallelism):
+    """The stages' forward-only evaluation with FSDP / TP stages is proven against one process
+    (tests-integration/dist/test_pipeline_training.py)."""
     raw = tiny_config(tmp_path, tmp_path / "none", parallelism=parallelism, training={"local_batch_size": 1},
                       model={"num_hidden_layers": 4})
     raw["eval_dataset"] = {"dataloader": dict(raw["train_dataset"]["dataloader"], sizes=[0, 50, 0]),
                            "eval_interval": 2, "eval_iters": 2}
     report = mf_trainer.preflight(mf_config.load_config(raw), "launch", world=4, device="CPU")
-    assert [line for line in report.lines() if line.startswith("eval_dataset:")] == [
-        f"eval_dataset: evaluation during training with {'TP' if 'tensor_parallel' in parallelism else 'FSDP'} "
-        "pipeline stages is not proven against one process yet; drop eval_dataset (eval_dataset=null) and "
-        "evaluate the checkpoint with `mf eval`"], report.lines()
+    assert report.ok, report.lines()

@@ -26,9 +26,11 @@ The Trainer keeps its one loop; this module swaps what differs:
   non-finite skip, AdamW), so nothing about clipping or the update is written twice.
 * the norm: `GlobalNormClip` sums squares over the world (pp ranks hold different parameters);
   the tied copy on the last stage is left out, so every parameter is counted once.
-* data / tensor parallelism inside the stages (1f1b; the preflight refuses the rest): the plan
-  applied before the cut is the whole story. FSDP gathers and reduce-scatters each stage's
-  parameters over the stage's own dp group in every micro-batch's forward and backward; the TP
+* FSDP / tensor parallelism inside the stages (every schedule; DDP / HSDP stages are refused by
+  the preflight): the plan applied before the cut is the whole story. FSDP gathers and
+  reduce-scatters each stage's parameters over the stage's own dp group in every micro-batch's
+  forward and backward (a split backward's deferred weight gradients are reduce-scattered when
+  their W runs: mf-parallel's weight_grad.py); the TP
   plan's last stage gives vocabulary-split logits to the vocab-parallel loss; the tied head is the
   plan's `output` leaf sharing the table, summed with the first stage's as above. Each dp slice
   reads its own micro-batches; the Trainer sums the loss over dp.

@@ -103,10 +103,15 @@ class WeightGradStash:
 
     def apply(self, key: Any) -> list[tuple[Any, Any]]:
         """Run the GEMMs recorded under `key`: [(the leaf's weight Parameter, its gradient)], in the
-        order the backward met the leaves (a leaf used twice contributes twice)."""
+        order the backward met the leaves (a leaf used twice contributes twice). Each gradient then
+        goes through the adjoint of the leaf's weight pipeline, as the unsplit backward's would:
+        the FSDP reduce-scatter to the stored shard (and the replica all-reduce), a TP gradient
+        sync. Every rank of those groups runs the same schedule, so they meet in the same W."""
         out = []
         for leaf, rule, weight, bias, x, dout in self._records.pop(key, []):
-            out.append((leaf.weight, rule.weight_grad(leaf, weight, bias, x, dout)))
+            grad = rule.weight_grad(leaf, weight, bias, x, dout)
+            pipe = _weight_pipeline(leaf)
+            out.append((leaf.weight, grad if pipe is None else pipe.backward(leaf.weight, grad)))
         return out
 
     def clear(self) -> None:
@@ -164,10 +169,20 @@ def _split_forward(cell, weight, bias, x):
     return cell.mf_wgrad_split(weight, bias, x)
 
 
+def _weight_pipeline(leaf: nn.Cell):
+    """The leaf's weight pipeline (FSDP gather, TP gradient sync) whose adjoint the deferred
+    gradient still needs, or None when the weight is used as stored."""
+    plan = plan_of(leaf)
+    if plan is None or (plan.fsdp is None and "weight" not in plan.grad_sync):
+        return None
+    return leaf.mf_core.pipes[plan.names.index("weight")]
+
+
 def defer_weight_grads(cell: nn.Cell, stash: WeightGradStash) -> list[nn.Cell]:
     """Give every linear leaf under `cell` with a registered split rule the deferrable backward
-    (see the module docstring); returns those leaves. Apply after tensor parallelism, and not to
-    FSDP-sharded leaves (their gradient would have to be reduce-scattered when W runs: refused)."""
+    (see the module docstring); returns those leaves. Apply after tensor parallelism and FSDP: an
+    FSDP leaf's B reduce-scatters a zero weight gradient (the unsplit backward's collective, so the
+    ranks of the shard group stay in step), and its W reduce-scatters the deferred one."""
     if ms.get_context("mode") != ms.PYNATIVE_MODE:
         raise ParallelConfigError("parallelism.pipeline_parallel_enable_dxdw_split: the deferred weight gradient runs "
                                   "as Python in the backward, which needs PyNative mode (context.mode: 1)")
@@ -177,18 +192,15 @@ def defer_weight_grads(cell: nn.Cell, stash: WeightGradStash) -> list[nn.Cell]:
         if rule is None or not leaf._params:
             continue
         plan = plan_of(leaf)
-        if plan is not None and (plan.fsdp is not None or "weight" in plan.grad_sync):
-            raise ParallelConfigError(
-                "parallelism.pipeline_parallel_enable_dxdw_split: the weight of a data-parallel sharded or "
-                f"gradient-synchronised {type(leaf).__qualname__} cannot be deferred yet (its gradient would have to "
-                "be reduced when W runs); use it without FSDP on the pipeline stages")
         if plan is not None and plan.fn is _split_forward:
             done.append(leaf)
             continue
         plan = ensure_plan(leaf)
         if plan.forward.param_names[:2] != ("weight", "bias"):
             raise ParallelConfigError(f"defer_weight_grads: {type(leaf).__qualname__} must take ('weight', 'bias')")
-        has_bias = "bias" in plan.names
+        # A row-parallel bias is added after the output's reduction (plan.deferred): the parameter
+        # forward gets None for it, so the split runs without bias and the bias keeps its own path.
+        has_bias = "bias" in plan.names and "bias" not in plan.deferred
         split_cls = _SplitLinearBias if has_bias else _SplitLinearNoBias
         leaf.mf_wgrad_split = split_cls(leaf, plan.fn, rule, stash)
         plan.fn = _split_forward

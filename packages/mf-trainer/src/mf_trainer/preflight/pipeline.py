@@ -5,9 +5,9 @@ parallel.py's `feature_knobs`; pipeline x context parallelism is refused by cont
 
 Stages combine with FSDP over each stage's data-parallel group (`optim_grads_params`) and with
 tensor parallelism (the stage's layers under the TP plan, vocabulary-split logits on the last
-stage): both proven against one process in the dist tests under 1f1b. What is proven with
-pipeline ranks alone (gpipe, interleaved, the dx/dw split, zbv) and DDP / HSDP stages stay
-refused with data- or tensor-parallel stages, one keyed line each."""
+stage) under every schedule (gpipe, 1f1b, interleaved, the dx/dw split, zbv) and with evaluation
+during training: proven against one process in the dist tests. DDP / HSDP stages stay refused,
+one keyed line each."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 NOT_WITH_PIPELINE = {
     "expert_parallel": "the stages' MoE layers are not wired for the all-to-all dispatcher yet",
 }
-# Schedules proven with data or tensor parallelism inside the stages (dist tests vs one process).
-WITH_SHARDED_STAGES = ("1f1b",)
+# FSDP and TP stages run under every schedule and with evaluation during training: proven against
+# one process on 4 ranks (tests-integration/dist: pp2_fsdp2, pp2_tp2, pp2_gpipe_tp2,
+# pp2_interleaved_split_fsdp2, pp2_zbv_fsdp2, pp2_zbv_tp2). Data-parallel replicas are not yet.
 
 
 def _pp(t) -> int:
@@ -104,30 +105,11 @@ def pipeline_combinations(t):
 
 @check(needs=("world",))
 def pipeline_sharded_stages(t):
-    """Data- or tensor-parallel stages run only in the combinations proven against one process."""
-    if _pp(t) <= 1 or t.dims is None or (t.dims.dp == 1 and t.dims.tp == 1):
+    """Data-parallel stages run only in the layouts proven against one process (FSDP; any schedule)."""
+    if _pp(t) <= 1 or t.dims is None or t.dims.dp == 1:
         return
-    import mf_parallel as mp
-
-    try:
-        spec = _spec(t)
-    except mp.ParallelConfigError:
-        return                                           # pipeline_schedule says why
-    par, dims = t.cfg.parallelism, t.dims
-    inside = ("FSDP" if dims.fsdp_enabled else "data-parallel" if dims.dp > 1 else "") + \
-             (" x " if dims.dp > 1 and dims.tp > 1 else "") + ("TP" if dims.tp > 1 else "")
-    proven = f"(only {' and '.join(WITH_SHARDED_STAGES)} with FSDP or TP stages is proven against one process)"
-    if spec.chunks > 1 and spec.schedule != "zbv":
-        yield ("parallelism.pipeline_parallel_interleave_num",
-               f"{par.pipeline_parallel_interleave_num} chunks per rank with {inside} stages are not implemented "
-               f"{proven}; set it to 1")
-    elif spec.schedule not in WITH_SHARDED_STAGES:
-        yield ("parallelism.pipeline_parallel_schedule",
-               f"{spec.schedule!r} with {inside} stages is not implemented {proven}; use '1f1b'")
-    if par.pipeline_parallel_enable_dxdw_split:
-        yield ("parallelism.pipeline_parallel_enable_dxdw_split",
-               f"true with {inside} stages is not implemented (the deferred weight gradients are proven with "
-               f"pipeline ranks alone); set it to false")
+    dims = t.dims
+    proven = "(FSDP and TP stages are proven against one process under every schedule; replicas are not)"
     if dims.dp_replicate > 1 and dims.dp_shard > 1:
         yield ("parallelism.data_parallel_shard",
                f"HSDP ({dims.describe()}) inside pipeline stages is not implemented {proven}; shard over the whole "
@@ -135,8 +117,3 @@ def pipeline_sharded_stages(t):
     elif dims.dp_replicate > 1:
         yield ("parallelism.data_parallel_shard_strategy",
                f"'no_shard' (DDP) inside pipeline stages is not implemented {proven}; use 'optim_grads_params'")
-    if t.cfg.eval_dataset is not None:
-        # The stages' forward-only evaluation is proven with pipeline ranks alone (PP2 1f1b).
-        yield ("eval_dataset", f"evaluation during training with {inside} pipeline stages is not proven against one "
-                               "process yet; drop eval_dataset (eval_dataset=null) and evaluate the checkpoint with "
-                               "`mf eval`")
