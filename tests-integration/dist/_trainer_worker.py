@@ -46,7 +46,9 @@ CASES = {
     "tp2": ({"tensor_parallel": 2}, {"local_batch_size": 4}, 0, 2),
     # recompute_comm (RECOMPUTE_COMM below): the selected sequence-parallel all-gathers redone in
     # backward. PyNative: the re-gathering bprop is the leaf machinery FSDP's reshard-after-forward
-    # already compiles in fsdp2; a second TP2 graph compile would prove nothing new.
+    # already compiles in fsdp2. Compiled, checked ad hoc: the same counts (+13 gathers, +5
+    # reduce-scatters: the compiler neither merges nor prunes the backward gathers) and one-process
+    # parity (losses 3.6e-7, norms 2.4e-7), in 207 s against 25 s here: it would prove nothing new.
     "tp2_rcomm": ({"tensor_parallel": 2}, {"local_batch_size": 4}, 1, 2),
     "fsdp2_accum_mean": ({"reshard_after_forward_policy": "always", "disable_gradient_division": False},
                          {"local_batch_size": 1}, 1, 2),
