@@ -217,10 +217,13 @@ class LeafCore(nn.Cell):
         # a 0-d parameter): the recomputing backward must differentiate a copy. In PyNative, a
         # nested GradOperation taking the Parameter object resets the gradient already accumulated
         # for it, so a Parameter shared by two leaves (tied embeddings) lost one leaf's gradient.
-        self.passes_param = tuple(fsdp is not None and fsdp.passes_param(name) for name in plan.names)
         self.reshard = fsdp is not None and fsdp.reshard_after_forward
         # The input's all-gather inside the recomputing body (only a gather has a recomputable adjoint here).
         self.regather = plan.regather_input and self.has_pre
+        # Without FSDP resharding, a re-gathering body takes the parameters as they are: the stored
+        # Parameter itself unless a pipeline stage makes a new tensor, so it is copied too.
+        self.passes_param = tuple((fsdp is not None and fsdp.passes_param(name)) or (self.regather and not self.reshard)
+                                  for name in plan.names)
         self.recompute = self.reshard or self.regather
         # The recomputing body sees deferred parameters as identity pipelines (their real gather
         # happens outside it): straight-line code, which a GRAPH_MODE bprop needs. Without FSDP
