@@ -8,7 +8,8 @@ compressed EOD column (actual_seq_len) against one process on the same samples w
 block-diagonal mask (reset_attention_mask, reset_position_ids). Plus: FSDP2 with gradient accumulation and averaged
 gradients; the compiled step where a layout allows it (one parallel axis on CPU) and PyNative
 where mf-parallel's graph_mode_blocker says so; checkpoints saved under FSDP2 x TP2 continue in
-one process, and one-process checkpoints continue under FSDP2 x TP2, with the same losses. Muon
+one process, and one-process checkpoints continue under FSDP2 x TP2, with the same losses;
+TP2 with recompute_comm (the selected sequence-parallel gathers redone in backward). Muon
 (optimizer.type) under FSDP2 against one process's Muon, and its checkpoint continued under FSDP2.
 
 Launches (conftest.py): the one-process reference, one 2-rank launch, one 4-rank launch (shared
@@ -154,6 +155,27 @@ def test_muon_learns_gathers_and_continues_from_one_process(muon_runs):
     want = ref["continued"]
     assert got["start_step"] == STEPS and len(got["losses"]) == MORE == len(want)
     assert _rel(got["losses"], want) <= RTOL, f"{got['losses']} vs {want}"
+
+
+def test_recompute_comm_gathers_again_in_backward_with_tp2s_losses(runs, world2):
+    """recompute_comm under TP2 (tp2_rcomm, PyNative; its one-process parity is
+    test_parity_with_one_process): the losses and grad norms of tp2 (the same layout without it,
+    compiled), and the gathers really move into backward. Each selected gather leaves its module
+    and enters every column-parallel projection reading it: the attention's one gather becomes
+    wq/wk/wv's 3 in forward and 3 again in backward (3 reduce-scatters instead of 1), the MLP's
+    becomes w1/w3's 2 + 2 (2 instead of 1)."""
+    plain, comm = _result(runs, "tp2"), _result(runs, "tp2_rcomm")
+    assert comm["mode"] == 1 and plain["mode"] == 0
+    assert _rel(comm["losses"], plain["losses"]) <= RTOL, (comm["losses"], plain["losses"])
+    assert _rel(comm["grad_norms"], plain["grad_norms"]) <= RTOL, (comm["grad_norms"], plain["grad_norms"])
+    attention, mlp = 2, 1                                # _trainer_worker.RECOMPUTE_COMM's selection
+    gathers = {k: comm["comm"][k]["calls"] - plain["comm"][k]["calls"]
+               for k in ("all_gather/native", "reduce_scatter/emulated")}
+    assert gathers == {"all_gather/native": attention * (3 + 3 - 1) + mlp * (2 + 2 - 1),
+                       "reduce_scatter/emulated": attention * (3 - 1) + mlp * (2 - 1)}, gathers
+    gathered = plain["comm"]["all_gather/native"]
+    one = gathered["payload_bytes"] // gathered["calls"]  # every gather of the tiny model is one [4, 8, 32] shard
+    assert comm["comm"]["all_gather/native"]["payload_bytes"] == gathered["payload_bytes"] + gathers["all_gather/native"] * one
 
 
 def test_communication_volume_is_in_the_metrics(runs):

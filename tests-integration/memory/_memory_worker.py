@@ -35,8 +35,11 @@ CASES = {
     "idle2": ({}, {"mode": "None"}, 2),
     "fsdp2": ({}, {"mode": "None"}, 2),
     "tp2": ({"tensor_parallel": 2}, {"mode": "None"}, 2),
+    "tp2_rcomm": ({"tensor_parallel": 2}, {"mode": "None"}, 2),     # + RECOMPUTE_COMM below
     "moe": ({}, {"mode": "None"}, 1),          # DEEPSEEK below: MLA, routed + shared experts
 }
+# recompute_comm of the tp2_rcomm case: both sequence-parallel gathers of every layer re-done in backward.
+RECOMPUTE_COMM = {"tp2_rcomm": {"enable": True, "select_module": {"attention.qkv": ["0-3"], "feed_forward": ["0-3"]}}}
 # A small DeepSeek-V3: layer 0 dense, layers 1-3 MoE (8 routed experts, top 2, one shared), MLA
 # with both low-rank bottlenecks; the dispatcher's gathered weight blocks are a visible term.
 DEEPSEEK = {"model_type": "deepseek_v3", "vocab_size": VOCAB, "hidden_size": 256, "intermediate_size": 688,
@@ -85,6 +88,7 @@ def raw_config(workdir: Path, name: str) -> dict:
         "model": {"max_position_embeddings": SEQ, **(DEEPSEEK if name == "moe" else {"model_type": "llama", **model})},
         "parallelism": parallelism,
         "recompute": recompute,
+        **({"recompute_comm": RECOMPUTE_COMM[name]} if name in RECOMPUTE_COMM else {}),
         "monitor": {"tensorboard": False},
     }
 

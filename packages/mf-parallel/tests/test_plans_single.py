@@ -143,6 +143,8 @@ def test_plan_paths_are_checked(mesh):
         mp.parallelize_module(net, mesh["tp"], {"up": "colwise"})
     with pytest.raises(mp.ParallelConfigError, match="ColwiseParallel.input_layout: must be one of"):
         mp.ColwiseParallel(input_layout="sharded")
+    with pytest.raises(mp.ParallelConfigError, match="ColwiseParallel.regather_input: needs input_layout 'shard_seq'"):
+        mp.ColwiseParallel(input_layout="gathered", regather_input=True)
 
 
 # ----------------------------------------------------------------------------- FSDP options

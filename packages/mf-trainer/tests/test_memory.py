@@ -159,16 +159,35 @@ def test_the_memory_plan_imports_no_mindspore(tmp_path, tiny_config):
     assert run.returncode == 0, run.stderr
 
 
-def test_recompute_comm_is_refused_with_its_reason_and_local_norm_accepted(tmp_path, tiny_config):
+def test_recompute_comm_acts_under_tp_and_is_refused_without_it(tmp_path, tiny_config):
     cfg = mf_config.load_config(tiny_config(
         tmp_path, tmp_path / "none", recompute_comm={"enable": True, "select_module": {"attention": ["0-1"]}},
         monitor={"train_state": {"local_norm": "wq"}}))
     lines = dict(mf_trainer.preflight(cfg, "launch", 2, "CPU").problems)
     assert "tensor_parallel is 1: there are none" in lines["recompute_comm.enable"]
-    tp2 = mf_config.load_config(tiny_config(
-        tmp_path, tmp_path / "none", parallelism={"tensor_parallel": 2},
-        recompute_comm={"enable": True, "select_module": {"attention": ["0-1"]}}))
-    why = dict(mf_trainer.preflight(tp2, "launch", 2, "CPU").problems)["recompute_comm.enable"]
-    assert why.startswith("not implemented for tensor_parallel 2: the sequence-parallel all-gathers")
     assert "monitor.train_state.local_norm" not in lines
     assert "has none" in dict(mf_trainer.preflight(cfg, "train", 1, "CPU").problems)["recompute_comm.enable"]
+    tp2 = mf_config.load_config(tiny_config(
+        tmp_path, tmp_path / "none", parallelism={"tensor_parallel": 2},
+        recompute_comm={"enable": True, "select_module": {"attention.qkv": ["0-1"], "ffn_norm": ["1"]}}))
+    assert not [k for k, _ in mf_trainer.preflight(tp2, "launch", 2, "CPU").problems if k.startswith("recompute_comm")]
+    bad = mf_config.load_config(tiny_config(
+        tmp_path, tmp_path / "none", parallelism={"tensor_parallel": 2},
+        recompute_comm={"enable": True, "select_module": {"attention.wo": ["0"]}}))
+    why = dict(mf_trainer.preflight(bad, "launch", 2, "CPU").problems)["recompute_comm.select_module['attention.wo']"]
+    assert why.startswith("names no sequence-parallel all-gather; choose from attention, attention.qkv")
+
+
+def test_recompute_comm_estimate_drops_the_gathered_inputs(tmp_path, tiny_config):
+    """Each selected gather keeps (seq - seq/tp) x hidden x batch fewer activation elements."""
+    def plan(**extra):
+        cfg = mf_config.load_config(tiny_config(tmp_path, tmp_path / "none", parallelism={"tensor_parallel": 2},
+                                                **extra))
+        return mf_trainer.memory_plan(cfg, 2, device="CPU")
+
+    base = plan()
+    some = plan(recompute_comm={"enable": True, "select_module": {"attention_norm": ["0-1"], "feed_forward": ["0"]}})
+    seq, hidden, batch, tp, fp32 = 32, 32, 2, 2, 4          # tiny_config's
+    assert base.ranks[0].activations - some.ranks[0].activations == 3 * (seq - seq // tp) * hidden * batch * fp32
+    assert any(n.startswith("recompute_comm: 3 sequence-parallel all-gathered inputs") for n in some.notes)
+    assert some.ranks[0].parameters == base.ranks[0].parameters

@@ -52,7 +52,8 @@ __all__ = [
     "load_pretrained", "load_weights", "model_state", "register_model", "resolve_spec", "SamplingParams",
     "tiny_model_section", "LoraLinear", "adapter_state", "apply_lora", "describe_lora_modules", "linear_modules",
     "load_adapter_state", "lora_modules",
-    "ParallelOptions", "parallelize_model", "tensor_parallel_problems",
+    "ParallelOptions", "parallelize_model", "tensor_parallel_problems", "RECOMPUTE_COMM_MODULES",
+    "recompute_comm_module",
     "ParamEntry", "parameter_inventory", "saved_activations", "moe_activations",
     "PipelineChunk", "PipelineStage", "pipeline_stage",
 ]
@@ -61,6 +62,8 @@ __all__ = [
 _LAZY = {
     "KVCache": ("common.attention", "KVCache"),
     "ParallelOptions": ("common.parallel", "ParallelOptions"),
+    "RECOMPUTE_COMM_MODULES": ("common.recompute_comm", "RECOMPUTE_COMM_MODULES"),
+    "recompute_comm_module": ("common.recompute_comm", "recompute_comm_module"),
     "CausalLM": ("common.transformer", "CausalLM"),
     "init_weights": ("common.transformer", "init_weights"),
     "DeepseekV3ForCausalLM": ("deepseek_v3.model", "DeepseekV3ForCausalLM"),

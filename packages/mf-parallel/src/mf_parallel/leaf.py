@@ -17,7 +17,10 @@ Every transform edits one `LeafPlan` per leaf and re-installs the leaf's `mf_cor
   inputs -> input transform (activation collective) -> parameter pipelines (FSDP gather, TP grad
   sync) -> parameter forward -> output transform -> + deferred bias
 When FSDP reshards after forward, gather + parameter forward run inside `_Recompute`, whose bprop
-gathers again instead of keeping the full parameters alive between forward and backward.
+gathers again instead of keeping the full parameters alive between forward and backward. With
+`regather_input` (recompute_comm: a column-parallel leaf fed the sequence shard) the input's
+all-gather runs inside `_Recompute` too: backward gathers the shard again instead of keeping the
+full-sequence input the weight gradient needs (Megatron's sequence-parallel linear does the same).
 """
 
 from __future__ import annotations
@@ -111,6 +114,7 @@ class LeafPlan:
     tp_shards: dict[str, TPShard] = field(default_factory=dict)
     ep_shards: dict[str, TPShard] = field(default_factory=dict)   # dim 0 split over the ep group (experts)
     fsdp: Any = None                                # fsdp.FSDPParams
+    regather_input: bool = False                    # input_transform (an all-gather) redone in backward
 
 
 def plan_of(cell: nn.Cell) -> LeafPlan | None:
@@ -213,17 +217,26 @@ class LeafCore(nn.Cell):
         # a 0-d parameter): the recomputing backward must differentiate a copy. In PyNative, a
         # nested GradOperation taking the Parameter object resets the gradient already accumulated
         # for it, so a Parameter shared by two leaves (tied embeddings) lost one leaf's gradient.
-        self.passes_param = tuple(fsdp is not None and fsdp.passes_param(name) for name in plan.names)
-        self.recompute = fsdp is not None and fsdp.reshard_after_forward
+        self.reshard = fsdp is not None and fsdp.reshard_after_forward
+        # The input's all-gather inside the recomputing body (only a gather has a recomputable adjoint here).
+        self.regather = plan.regather_input and self.has_pre
+        # Without FSDP resharding, a re-gathering body takes the parameters as they are: the stored
+        # Parameter itself unless a pipeline stage makes a new tensor, so it is copied too.
+        self.passes_param = tuple((fsdp is not None and fsdp.passes_param(name)) or (self.regather and not self.reshard)
+                                  for name in plan.names)
+        self.recompute = self.reshard or self.regather
         # The recomputing body sees deferred parameters as identity pipelines (their real gather
-        # happens outside it): straight-line code, which a GRAPH_MODE bprop needs.
-        self.body_pipes = nn.CellList([_Identity() if i in self.deferred else pipelines[i] for i in range(self.n)])
+        # happens outside it): straight-line code, which a GRAPH_MODE bprop needs. Without FSDP
+        # resharding, the parameters enter the body ready (pipelines run outside it, once).
+        self.body_pipes = nn.CellList([_Identity() if i in self.deferred or not self.reshard else pipelines[i]
+                                       for i in range(self.n)])
         if self.recompute:
             arity = self.n + _input_count(leaf)
             if arity not in RECOMPUTE_BY_ARITY:
+                what = "reshard_after_forward" if self.reshard else "recompute_comm's re-gathered input"
                 raise ParallelConfigError(
-                    f"fully_shard: {type(leaf).__qualname__} takes {arity} parameters + inputs; reshard_after_forward "
-                    f"supports 2 to 4, use reshard_after_forward=False for this unit")
+                    f"{type(leaf).__qualname__} takes {arity} parameters + inputs; {what} supports 2 to 4"
+                    + ("; use reshard_after_forward=False for this unit" if self.reshard else ""))
             self.body = RECOMPUTE_BY_ARITY[arity](self)
 
     def place(self, params):
@@ -243,10 +256,15 @@ class LeafCore(nn.Cell):
     def construct(self, *args):
         params = args[: self.n]
         inputs = args[self.n:]
-        if self.has_pre:
+        if self.has_pre and not self.regather:
             inputs = (self.pre(inputs[0]),) + inputs[1:]
-        if self.recompute:
+        if self.reshard:
             out = self.body(*params, *inputs)
+        elif self.recompute:
+            ready = ()
+            for i in range(self.n):
+                ready = ready + (self.pipes[i](params[i]),)
+            out = self.body(*ready, *inputs)
         else:
             ready = ()
             for i in range(self.n):
@@ -285,15 +303,22 @@ class _RecomputeBase(nn.Cell):
         n = self._core.n
         return self._core.apply_fn(flat[:n], flat[n:])
 
+    def _inputs(self, inputs):
+        """The parameter forward's inputs: the first one all-gathered when the core re-gathers it."""
+        if self._core.regather:
+            return (self._core.pre(inputs[0]),) + inputs[1:]
+        return inputs
+
     def recompute_forward(self, flat):
         n = self._core.n
-        return self.run(*self._full(flat[:n]), *flat[n:])
+        return self.run(*self._full(flat[:n]), *self._inputs(flat[n:]))
 
     def full_flat(self, flat, dout):
-        """Shards gathered again (the reshard-after-forward cost), inputs unchanged. The shards are
-        made to depend on the incoming gradient: the gather then belongs to the backward, and a
-        compiler cannot merge it with the forward's identical gather (seen for an embedding table
-        in GRAPH_MODE), which would silently keep the full parameter alive."""
+        """Shards gathered again (the reshard-after-forward cost), and the first input too when the
+        core re-gathers it (recompute_comm); other inputs unchanged. What is gathered is made to
+        depend on the incoming gradient: the gather then belongs to the backward, and a compiler
+        cannot merge it with the forward's identical gather (seen for an embedding table in
+        GRAPH_MODE), which would silently keep the full tensor alive."""
         n = self._core.n
         shards = ()
         for i in range(n):
@@ -302,15 +327,22 @@ class _RecomputeBase(nn.Cell):
         fresh = ()
         for i in range(n):
             fresh = fresh + ((self.copy(full[i]) if self._core.passes_param[i] else full[i]),)
-        return fresh + flat[n:]
+        inputs = flat[n:]
+        if self._core.regather:
+            inputs = (ops.depend(inputs[0], dout),) + inputs[1:]
+        return fresh + self._inputs(inputs)
 
     def finish(self, flat, grads):
-        """Parameter gradients through each pipeline's adjoint; input gradients as they are."""
+        """Parameter gradients through each pipeline's adjoint; input gradients as they are, but
+        the re-gathered input's through the gather's adjoint (reduce-scatter)."""
         n = self._core.n
         dparams = ()
         for i in range(n):
             dparams = dparams + (self._core.body_pipes[i].backward(flat[i], grads[i]),)
-        return dparams + grads[n:]
+        dinputs = grads[n:]
+        if self._core.regather:
+            dinputs = (self._core.pre.backward(flat[n], dinputs[0]),) + dinputs[1:]
+        return dparams + dinputs
 
 
 # GradOperation in a GRAPH_MODE bprop needs its arguments spelled out (star-unpacking a tuple

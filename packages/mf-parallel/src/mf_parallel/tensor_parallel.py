@@ -96,12 +96,21 @@ class ParallelStyle(ABC):
 
 class ColwiseParallel(ParallelStyle):
     """Linear with W [out, in] split along out. Output: feature-sharded ("shard") or all-gathered
-    along the last axis ("replicate", backward keeps the own slice)."""
+    along the last axis ("replicate", backward keeps the own slice).
 
-    def __init__(self, input_layout: str = "replicate", output_layout: str = "shard", seq_axis: int = 1) -> None:
+    `regather_input` (input "shard_seq" only; recompute_comm): the all-gathered input is not kept
+    for the weight gradient; backward gathers the sequence shard again. Saves the full-sequence
+    input's bytes per leaf, costs one more all-gather in backward."""
+
+    def __init__(self, input_layout: str = "replicate", output_layout: str = "shard", seq_axis: int = 1,
+                 regather_input: bool = False) -> None:
         self.input_layout = _check(input_layout, _INPUTS, "ColwiseParallel.input_layout")
         self.output_layout = _check(output_layout, ("shard", "replicate"), "ColwiseParallel.output_layout")
         self.seq_axis = seq_axis
+        if regather_input and self.input_layout != "shard_seq":
+            raise ParallelConfigError(f"ColwiseParallel.regather_input: needs input_layout 'shard_seq' (the input it "
+                                      f"all-gathers), got {self.input_layout!r}")
+        self.regather_input = regather_input
 
     def apply(self, cell, group, path):
         if group.size == 1:
@@ -113,6 +122,7 @@ class ColwiseParallel(ParallelStyle):
         plan = ensure_plan(cell)
         if self.input_layout == "shard_seq":
             plan.input_transform = GatherFromGroup(group, self.seq_axis)
+            plan.regather_input = self.regather_input
         elif self.input_layout == "replicate":
             plan.input_transform = CopyToGroup(group)
         if self.output_layout == "replicate":

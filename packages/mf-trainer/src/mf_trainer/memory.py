@@ -21,7 +21,10 @@ For every pipeline rank (the other axes hold the same bytes on each of their ran
 - activations: `mf_models.saved_activations` per layer and for the head, times local_batch_size
   (a MoE layer's `mf_models.moe_activations` for the micro-batch's tokens at once),
   in the compute dtype (float32 on CPU, which has no bfloat16 kernels); recompute (full or a
-  layer's top-level module) keeps only the recomputed cell's input, which its norm already holds.
+  layer's top-level module) keeps only the recomputed cell's input, which its norm already holds;
+  recompute_comm (tp > 1) keeps a selected module's input as the norm's sequence shard instead of
+  its all-gathered full sequence (the projections gather it again in backward): (seq - seq/tp) x
+  hidden fewer elements per sample and selected gather, rebuilt one at a time in backward.
   Multiplied by the micro-batches a rank holds at once: 1 without a pipeline (each micro-batch's
   backward runs before the next forward), the schedule's peak in flight with one.
 - transient: what exists only around the peak (the start of the last backward): the gradient of
@@ -181,6 +184,22 @@ def _recomputed(cfg, layers: int) -> tuple[set[int], dict[int, set[str]], list[s
     return set(), select, notes
 
 
+def _regathered(cfg, layers: int, tp: int) -> dict[int, set[str]]:
+    """{layer: modules whose input all-gather recompute_comm re-does in backward} (tp > 1 only:
+    without tensor parallelism there is no gather, and the preflight refuses the section)."""
+    rc = cfg.recompute_comm
+    if not rc.enable or tp <= 1:
+        return {}
+    out: dict[int, set[str]] = {}
+    for key, specs in rc.select_module.items():
+        module = mf_models.RECOMPUTE_COMM_MODULES.get(key)
+        if module is None:
+            continue                       # the preflight's line names it
+        for i in mf_config.parse_layer_spec(specs, layers, f"recompute_comm.select_module['{key}']"):
+            out.setdefault(i, set()).add(module)
+    return out
+
+
 def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
     """The estimate for `cfg` on `world` ranks (see the module docstring). Raises
     TrainerConfigError / ModelConfigError / ParallelConfigError (one line) for what it cannot size."""
@@ -215,6 +234,9 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
         per_layer.append(terms)
     terms = per_layer[0] if per_layer else {"head": 0}
     full, select, notes = _recomputed(cfg, n_layers)
+    regathered = _regathered(cfg, n_layers, tp)
+    # A re-gathered module input is held as the norm's output shard, not the full sequence.
+    gather_saving = (local_seq - -(-local_seq // tp)) * args.hidden_size * batch
 
     def layer_elems(i: int) -> int:
         return sum(per_layer[i].get(m, 0) for m in MODULES)
@@ -222,7 +244,10 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
     def kept(i: int) -> int:
         if i in full:
             return -(-local_seq // tp) * args.hidden_size * batch     # the layer's input shard
-        return layer_elems(i) - sum(per_layer[i].get(m, 0) for m in select.get(i, ()))
+        recomputed = select.get(i, set())
+        # a module recomputed whole already drops its gathered input (its norm keeps the shard)
+        comm = sum(gather_saving for m in regathered.get(i, ()) if m not in recomputed)
+        return layer_elems(i) - sum(per_layer[i].get(m, 0) for m in recomputed) - comm
 
     # Pipeline: which layers and ends each rank holds, and how many micro-batches it keeps at once.
     spec = mp.pipeline_from_config(par)
@@ -301,6 +326,11 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
     if compute != args.compute_dtype:
         notes.append(f"activations in float32 on device_target {device} (model.compute_dtype {args.compute_dtype} "
                      f"has no CPU kernels)")
+    if regathered:
+        count = sum(len(m - select.get(i, set())) for i, m in regathered.items())
+        notes.append(f"recompute_comm: {count} sequence-parallel all-gathered inputs kept as shards, "
+                     f"{count * gather_saving * act_bytes / 2**20:.1f} MiB less per micro-batch (on the ranks holding "
+                     "their layers)")
     notes += [f"micro-batches per step: {accum}; sequence {seq}, local_batch_size {batch}"]
     return MemoryPlan(dims.describe(), ranks, notes)
 

@@ -99,8 +99,11 @@ class ParallelContext:
     def graph_mode_blocker(self) -> str | None:
         return mp.graph_mode_blocker(self.dims) if self.enabled else None
 
-    def options(self, recompute) -> mf_models.ParallelOptions:
+    def options(self, recompute, n_layers: int = 0) -> mf_models.ParallelOptions:
         par = self.cfg.parallelism
+        from mf_trainer.recompute import recompute_comm_selection
+
+        comm = recompute_comm_selection(self.cfg.recompute_comm, n_layers) if self.dims.tp_enabled else None
         return mf_models.ParallelOptions(reshard_after_forward_policy=par.reshard_after_forward_policy,
                                          disable_gradient_division=par.disable_gradient_division,
                                          cpu_offload=par.cpu_offload, recompute=recompute,
@@ -108,12 +111,13 @@ class ParallelContext:
                                          context_parallel_async=par.context_parallel_async,
                                          ulysses_degree_in_cp=par.ulysses_degree_in_cp,
                                          context_parallel_mask_type=par.context_parallel_mask_type,
-                                         moe_token_dispatcher_type=par.moe_token_dispatcher_type)
+                                         moe_token_dispatcher_type=par.moe_token_dispatcher_type,
+                                         recompute_comm=comm)
 
     def parallelize(self, model, recompute) -> None:
         """The model's own plan (the identity on one rank, where only the recompute callback acts)."""
         try:
-            mf_models.parallelize_model(model, self.mesh, self.options(recompute))
+            mf_models.parallelize_model(model, self.mesh, self.options(recompute, len(model.layers)))
         except (mp.ParallelConfigError, mf_models.ModelConfigError) as exc:
             raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
 

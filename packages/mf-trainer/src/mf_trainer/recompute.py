@@ -4,6 +4,10 @@
 module paths inside a layer (`attention`, `feed_forward`, `attention.wq`, ...) to layer specs.
 `Cell.recompute()` works in GRAPH_MODE and PyNative (checked on CPU: the same losses with and
 without it). A module path a layer does not have is an error listing the layer's modules.
+
+`recompute_comm` is not a Cell mark: it changes the tensor-parallel plan (mf-models moves the
+selected modules' sequence-parallel all-gathers into their projections, which gather again in
+backward); `recompute_comm_selection` reads its section into the plan's {layer: modules}.
 """
 
 from __future__ import annotations
@@ -42,3 +46,21 @@ def apply_recompute(model, recompute_cfg) -> list[str]:
             _resolve(layers[i], path, key).recompute()
             marked.append(f"layers.{i}.{path}")
     return marked
+
+
+def recompute_comm_selection(recompute_comm_cfg, n_layers: int) -> dict[int, frozenset[str]] | None:
+    """{layer: modules whose input all-gather is re-done in backward}, or None when off."""
+    import mf_models
+
+    if not recompute_comm_cfg.enable:
+        return None
+    chosen: dict[int, set[str]] = {}
+    for key, specs in recompute_comm_cfg.select_module.items():
+        where = f"recompute_comm.select_module['{key}']"
+        try:
+            module = mf_models.recompute_comm_module(key, where)
+        except mf_models.ModelConfigError as exc:
+            raise TrainerConfigError(str(exc)) from None
+        for i in mf_config.parse_layer_spec(specs, n_layers, where):
+            chosen.setdefault(i, set()).add(module)
+    return {i: frozenset(m) for i, m in chosen.items()}

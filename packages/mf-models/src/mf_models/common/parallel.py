@@ -32,7 +32,7 @@ replaced attention cores.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import mindspore as ms
@@ -86,6 +86,9 @@ class ParallelOptions:
     ulysses_degree_in_cp: int | None = None
     context_parallel_mask_type: str = "causal"
     moe_token_dispatcher_type: str = "alltoall"
+    # recompute_comm: layer index -> modules ("attention", "feed_forward") whose sequence-parallel
+    # input all-gather is re-done in backward (common/recompute_comm.py); acts with tp > 1.
+    recompute_comm: Mapping[int, frozenset[str]] | None = None
 
     def context_parallel_settings(self) -> mp.ContextParallelSettings:
         return mp.ContextParallelSettings(method=self.context_parallel_method, ulysses_degree=self.ulysses_degree_in_cp,

@@ -36,8 +36,9 @@ class Attention(nn.Cell):
         return q, k
 
     def construct(self, x, cos, sin, mask, cache=None):
-        b, s, _ = x.shape
-        q = self.wq(x).reshape(b, s, -1, self.head_dim)
+        q = self.wq(x)
+        b, s = q.shape[0], q.shape[1]      # from the projection: a plan may feed it a sequence shard
+        q = q.reshape(b, s, -1, self.head_dim)
         k = self.wk(x).reshape(b, s, -1, self.head_dim)
         v = self.wv(x).reshape(b, s, -1, self.head_dim)
         q, k = self.norm_qk(q, k)

@@ -43,6 +43,7 @@ from ..common.parallel import (
     refuse_unimplemented,
     untie_output,
 )
+from ..common.recompute_comm import apply_recompute_comm
 from ..errors import ModelConfigError
 
 
@@ -114,11 +115,14 @@ def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, bl
     mp.reshard_after_forward_for(options.reshard_after_forward_policy)
     if dims.tp_enabled:
         (check or check_tp)(model, dims)
+        plan = tp_plan(model, block_plan)
+        if options.recompute_comm:
+            plan = apply_recompute_comm(plan, model, options.recompute_comm)
     cp_settings = check_context_parallel(model, dims, options)
     if dims.tp_enabled or dims.fsdp_enabled or dims.dp_replicate > 1:   # FSDP also shards over cp
         untie_output(model)
     if dims.tp_enabled:
-        mp.parallelize_module(model, mesh["tp"], tp_plan(model, block_plan))
+        mp.parallelize_module(model, mesh["tp"], plan)
     if dims.cp_enabled:                                 # on the heads tensor parallelism left here
         apply_context_parallel(model, mesh, cp_settings)
     if dims.ep_enabled:

@@ -11,8 +11,11 @@ from mf_trainer.preflight.registry import check
 
 @check()
 def recompute_comm(t):
-    """recompute_comm: what there is to recompute on this layout, and what is not implemented."""
-    if not t.cfg.recompute_comm.enable:
+    """recompute_comm: what there is to recompute on this layout, and which names select it."""
+    import mf_models
+
+    rc = t.cfg.recompute_comm
+    if not rc.enable:
         return
     tp = t.cfg.parallelism.tensor_parallel
     if t.world is not None and t.world <= 1:
@@ -21,11 +24,14 @@ def recompute_comm(t):
         yield ("recompute_comm.enable", "recomputes the tensor-parallel (sequence-parallel) all-gathers, and "
                                         "tensor_parallel is 1: there are none (FSDP's parameter gathers are redone "
                                         "in backward by reshard_after_forward_policy); set it to false")
-    else:
-        yield ("recompute_comm.enable", f"not implemented for tensor_parallel {tp}: the sequence-parallel "
-                                        "all-gathers of select_module are not redone in backward (their outputs, the "
-                                        "column-parallel projections' inputs, are kept: `mf plan` counts them in "
-                                        "attention_norm / ffn_norm); set it to false")
+    for key in rc.select_module or {}:
+        where = f"recompute_comm.select_module['{key}']"
+        if key not in mf_models.RECOMPUTE_COMM_MODULES:
+            yield where, (f"names no sequence-parallel all-gather; choose from "
+                          f"{', '.join(mf_models.RECOMPUTE_COMM_MODULES)}")
+        elif t.cfg.model.model_type == "deepseek_v3" and mf_models.RECOMPUTE_COMM_MODULES[key] == "attention":
+            yield where, ("not implemented for deepseek_v3's MLA attention (its low-rank projections read the "
+                          "gathered input itself); select feed_forward of its dense layers only")
 
 
 @check()
