@@ -231,3 +231,29 @@ def test_device_groups_tile_the_ep_group_and_bad_sizes_are_one_keyed_line():
     assert mp.deredundancy_problem(8, 2) is None and mp.deredundancy_problem(4, 4) is None
     assert "3 does not divide expert_parallel 4" in mp.deredundancy_problem(4, 3)
     assert "expert_parallel >= npu_nums_per_device); use one of [1, 2, 4]" in mp.deredundancy_problem(4, 8)
+
+
+def test_one_rank_two_level_dispatcher_compiles_and_is_the_local_dispatcher():
+    """Groups of one rank (every collective the identity): the dispatcher's own tensor code in a
+    GRAPH_MODE cell gives the one-rank MoE's output (the Trainer's dist case runs PyNative)."""
+    e, k = 4, 2
+    x, idx, w, ws, probe, experts = make_data(1, 9, e, k, seed=3)
+    one = Group("ep", (0,), 0, "", "mccl", False)
+
+    class Layer(ms.nn.Cell):
+        def __init__(self, dispatcher):
+            super().__init__()
+            self.dispatcher, self.experts = dispatcher, experts
+
+        def construct(self, x, idx, w, w1, w2, w3):
+            rows, block_expert, handle, _, _ = self.dispatcher.dispatch(x, idx)
+            return self.dispatcher.combine(experts_forward(self.experts, w1, w2, w3, rows, block_expert), handle, w)
+
+    args = (Tensor(x), Tensor(idx), Tensor(w), *(Tensor(a) for a in ws))
+    want = Layer(LocalDispatcher(e, k))(*args).asnumpy()
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        got = Layer(mp.DeredundancyTokenDispatcher(one, one, e, k, LocalDispatcher(e + 1, 1)))(*args).asnumpy()
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -27,7 +27,7 @@ direction is M T H + M T k (level 1) and G M T k H (level 2) elements against P 
 `alltoall`. What the two-level layout saves is the traffic *across* device groups: of a
 variable-size exchange (counts first, only the routed rows), level 1 sends one row per (token,
 remote device group holding any of its experts) where `alltoall` sends one per (token, expert on
-a remote group). `routed_rows` counts both from a routing; benchmarks/parallel_bench.py compares
+a remote group). `routed_rows` counts both from a routing; benchmarks/moe_dispatch_bench.py compares
 them with the analytic expectation for DeepSeek-V3's routing.
 
 Backward: every exchange is an `ExpertExchange` (the dim-0 all-to-all is its own adjoint), so
