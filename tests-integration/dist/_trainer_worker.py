@@ -77,6 +77,10 @@ CASES = {
     # PyNative: a compiled step costs a second MoE graph compile (~300 s on a loaded machine, the
     # same as moe_fsdp2's) for a path moe_fsdp2 already compiles; EP2 compiled was checked ad hoc.
     "moe_ep2": ({"expert_parallel": 2}, {"local_batch_size": 2}, 1, 2),
+    # The two-level dispatcher: EP4 in device groups of 2 ranks (1 expert each), so a token whose
+    # 2 experts sit in the other group crosses once. PyNative, 1 sample per rank.
+    "moe_ep4_deredundancy": ({"expert_parallel": 4, "moe_token_dispatcher_type": "alltoall_deredundancy",
+                              "npu_nums_per_device": 2}, {"local_batch_size": 1}, 1, 4),
     # Pipeline parallelism on the 4-layer model (reference4): 4 micro-batches of 1 sample per step.
     "reference4": ({}, {"local_batch_size": 4}, 1, 1),
     "pp2_1f1b": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 2),

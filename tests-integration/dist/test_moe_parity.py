@@ -5,7 +5,9 @@ all-to-all dispatcher) gives the per-step losses (balance loss included), gradie
 imbalance and final weights of one process on the same global batch, within 1e-5 relative, and the
 same `expert_bias` (the loads are summed over the ranks before the sign update, so the two runs
 take the same bias steps). Cases `moe_reference` (one process, with the llama reference),
-`moe_fsdp2` and `moe_ep2` (in the shared 2-rank launch) of _trainer_worker.py; the EP2 checkpoint
+`moe_fsdp2` and `moe_ep2` (in the shared 2-rank launch), and `moe_ep4_deredundancy` (EP4 with the
+two-level alltoall_deredundancy dispatcher in device groups of 2 ranks, in the 4-rank launch) of
+_trainer_worker.py; the EP2 checkpoint
 (global names and shapes) then continues in one process as one process's own checkpoint does.
 """
 
@@ -30,8 +32,23 @@ def runs(reference, world2):
     return reference
 
 
+@pytest.fixture(scope="module")
+def runs4(reference, world4):
+    return reference
+
+
 @pytest.mark.parametrize("case", ["moe_fsdp2", "moe_ep2"])
 def test_moe_training_matches_one_process(runs, case):
+    _check_parity(runs, case)
+
+
+def test_two_level_dispatcher_training_matches_one_process(runs4):
+    """EP4 with alltoall_deredundancy in device groups of 2 ranks (1 expert per rank)."""
+    assert "EP" in _result(runs4, "moe_ep4_deredundancy")["dims"]
+    _check_parity(runs4, "moe_ep4_deredundancy")
+
+
+def _check_parity(runs, case):
     ref, got = _result(runs, "moe_reference"), _result(runs, case)
     assert len(ref["losses"]) == len(got["losses"]) == STEPS and ref["losses"][-1] < ref["losses"][0]
     for key, a, b in (("loss", got["losses"], ref["losses"]), ("grad_norm", got["grad_norms"], ref["grad_norms"]),
@@ -60,6 +77,27 @@ def test_expert_parallel_dispatcher_moves_the_analytic_bytes(runs):
     assert a2a["calls"] == 4 * moe_layers
     assert a2a["payload_bytes"] == 4 * moe_layers * ep * tokens * k * hidden * 4, a2a
     assert a2a["issued_bytes"] == ep * a2a["payload_bytes"], a2a
+
+
+def test_two_level_dispatcher_moves_the_analytic_bytes(runs4):
+    """Per MoE layer and step, with M = 2 device groups of G = 2 ranks, T = 16 tokens per rank: the
+    level-1 tokens [M, T, H] out and back, the level-2 rows [G, M T k, H] out and back, the router
+    weights [M, T, k] beside the level-1 tokens, each exchanged again by its gradient (10 calls);
+    the expert ids once per level by an all-gather ([1, T k] over the M ranks, [1, M T k] over
+    the G ranks: the only emulated all-gathers of this layout, FSDP's run on the world group).
+    The all-to-alls are emulated on CPU over groups of 2: issued = 2 x payload (the slot matrix)."""
+    got = _result(runs4, "moe_ep4_deredundancy")
+    m = g = 2
+    tokens, k, hidden = 16, MOE_MODEL["num_experts_per_tok"], MOE_MODEL["hidden_size"]
+    layers = MOE_MODEL["num_hidden_layers"] - MOE_MODEL["first_k_dense_replace"]
+    a2a = got["comm"]["all_to_all/emulated"]
+    per_direction = 2 * m * tokens * hidden + 2 * g * m * tokens * k * hidden + m * tokens * k
+    assert a2a["calls"] == 10 * layers
+    assert a2a["payload_bytes"] == 2 * layers * per_direction * 4, a2a
+    assert a2a["issued_bytes"] == m * a2a["payload_bytes"], a2a
+    ids = got["comm"]["all_gather/emulated"]
+    assert ids["calls"] == 2 * layers
+    assert ids["payload_bytes"] == layers * (tokens * k + m * tokens * k) * 4, ids
 
 
 @pytest.fixture(scope="module")

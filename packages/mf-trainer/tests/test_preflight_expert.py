@@ -1,5 +1,5 @@
 """The preflight under expert parallelism: the layout that runs (ep = the data-parallel size on a
-MoE model, alltoall), and one keyed line for each combination that is refused."""
+MoE model, alltoall or alltoall_deredundancy), and one keyed line for each combination that is refused."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ MIXTRAL = {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "interm
            "max_position_embeddings": 64, "num_local_experts": 4, "num_experts_per_tok": 2}
 
 
+DEREDUNDANCY = {"moe_token_dispatcher_type": "alltoall_deredundancy"}
+
+
 def _lines(tmp_path, tiny_config, parallelism, world, model=None):
     raw = tiny_config(tmp_path, tmp_path / "none", parallelism=parallelism, model=model or MIXTRAL,
                       training={"local_batch_size": 1, "global_batch_size": 8})
@@ -21,7 +24,10 @@ def _lines(tmp_path, tiny_config, parallelism, world, model=None):
 
 
 @pytest.mark.parametrize("parallelism, world", [({"expert_parallel": 2}, 2), ({"expert_parallel": 4}, 4),
-                                                ({"expert_parallel": 2, "moe_token_dispatcher_type": "alltoall"}, 2)])
+                                                ({"expert_parallel": 2, "moe_token_dispatcher_type": "alltoall"}, 2),
+                                                (DEREDUNDANCY | {"expert_parallel": 4, "npu_nums_per_device": 2}, 4),
+                                                (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 1}, 2),
+                                                (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 2}, 2)])
 def test_expert_parallel_over_every_data_parallel_rank_runs(tmp_path, tiny_config, parallelism, world):
     assert _lines(tmp_path, tiny_config, parallelism, world) == []
 
@@ -50,13 +56,12 @@ REFUSED = [
     ({"expert_parallel": 2, "data_parallel_shard_strategy": "no_shard"}, 2, None,
      "parallelism.data_parallel_shard_strategy: 'no_shard' with expert_parallel 2: the ep ranks are carved out of "
      "the FSDP shard ranks; use 'optim_grads_params'"),
-    ({"expert_parallel": 8, "moe_token_dispatcher_type": "alltoall_deredundancy"}, 8,
-     {**MIXTRAL, "num_local_experts": 8},
-     "parallelism.moe_token_dispatcher_type: 'alltoall_deredundancy' (two-level dispatch within and across groups "
-     "of npu_nums_per_device ranks) is not implemented; use 'alltoall'"),
+    (DEREDUNDANCY | {"expert_parallel": 4, "npu_nums_per_device": 3}, 4, None,
+     "parallelism.npu_nums_per_device: 3 does not divide expert_parallel 4 (alltoall_deredundancy groups the ep "
+     "ranks by npu_nums_per_device; expert_parallel must be a multiple of it); use one of [1, 2, 4]"),
     ({"expert_parallel": 2, "npu_nums_per_device": 2}, 2, None,
-     "parallelism.npu_nums_per_device: 2 only acts with moe_token_dispatcher_type 'alltoall_deredundancy', which "
-     "is not implemented (leave it at its default)"),
+     "parallelism.npu_nums_per_device: 2 only acts with moe_token_dispatcher_type 'alltoall_deredundancy' (leave "
+     "it at its default, or use that dispatcher)"),
     ({"npu_nums_per_device": 2}, 2, None,
      "parallelism.npu_nums_per_device: 2 only acts with expert_parallel > 1 and moe_token_dispatcher_type "
      "'alltoall_deredundancy' (leave it at its default)"),

@@ -44,7 +44,8 @@ __all__ = [
     "VocabParallelArgmax",
     "fully_shard", "reshard_after_forward_for", "check_cpu_offload", "GlobalNormClip",
     "context_parallel_attention", "RingAttention", "UlyssesAttention", "HybridAttention", "RingExchange",
-    "shard_experts", "AllToAllTokenDispatcher", "ExpertExchange",
+    "shard_experts", "AllToAllTokenDispatcher", "ExpertExchange", "DeredundancyTokenDispatcher", "two_level_groups",
+    "deredundancy_problem", "routed_rows",
     # state
     "ParamLayout", "param_layouts", "shard_metadata", "local_blocks", "gather_full_state", "load_full_state",
     "load_sharded_state",
@@ -74,6 +75,8 @@ _LAZY = {
     "context_parallel_attention": "cp.methods", "RingAttention": "cp.ring", "UlyssesAttention": "cp.ulysses",
     "HybridAttention": "cp.ulysses", "RingExchange": "cp.exchange",
     **{name: "expert_parallel" for name in ("shard_experts", "AllToAllTokenDispatcher", "ExpertExchange")},
+    **{name: "expert_deredundancy" for name in ("DeredundancyTokenDispatcher", "two_level_groups",
+                                                "deredundancy_problem", "routed_rows")},
     **{name: "state" for name in ("ParamLayout", "param_layouts", "shard_metadata", "local_blocks",
                                   "gather_full_state", "load_full_state", "load_sharded_state")},
     "launch": "launcher", "Communicator": "communicator",

@@ -33,7 +33,7 @@ COMBINED: dict[str, tuple[str, ...]] = {
 EXPERT_GROUPS: tuple[str, ...] = ("ep", "dp_shard_mod_ep")
 GROUP_NAMES: tuple[str, ...] = (*AXES, *COMBINED, *EXPERT_GROUPS)
 # moe_token_dispatcher_type values expert parallelism implements (mf_parallel.expert_parallel).
-EP_DISPATCHERS: tuple[str, ...] = ("alltoall",)
+EP_DISPATCHERS: tuple[str, ...] = ("alltoall", "alltoall_deredundancy")
 
 # YAML key -> attribute, for the messages: users know the YAML names.
 _YAML_KEY = {

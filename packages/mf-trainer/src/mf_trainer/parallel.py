@@ -112,7 +112,8 @@ class ParallelContext:
                                          ulysses_degree_in_cp=par.ulysses_degree_in_cp,
                                          context_parallel_mask_type=par.context_parallel_mask_type,
                                          moe_token_dispatcher_type=par.moe_token_dispatcher_type,
-                                         recompute_comm=comm)
+                                         recompute_comm=comm,
+                                         npu_nums_per_device=par.npu_nums_per_device)
 
     def parallelize(self, model, recompute) -> None:
         """The model's own plan (the identity on one rank, where only the recompute callback acts)."""

@@ -13,8 +13,8 @@ A plan (`llama/parallelize.py`, ...) applies, in this fixed order (TorchTitan's)
   2. context parallelism: every attention core replaced by the cp method, on the heads tensor
      parallelism left this rank (`apply_context_parallel`),
   3. expert parallelism: each MoE layer's stacked experts split over the ep group and its
-     dispatcher replaced by the all-to-all one (`apply_expert_parallel`; the model's plan names
-     the expert parameters: `expert_plan`),
+     dispatcher replaced by the all-to-all one, or the two-level one of `alltoall_deredundancy`
+     (`apply_expert_parallel`; the model's plan names the expert parameters: `expert_plan`),
   4. activation recomputation (a callback: the YAML's `recompute` section belongs to the trainer),
   5. FSDP/HSDP per block, then the root (`fully_shard`, over dp_shard x cp; the experts already
      sit on their own mesh view, dp_shard_mod_ep, and are left alone).
@@ -89,6 +89,7 @@ class ParallelOptions:
     # recompute_comm: layer index -> modules ("attention", "feed_forward") whose sequence-parallel
     # input all-gather is re-done in backward (common/recompute_comm.py); acts with tp > 1.
     recompute_comm: Mapping[int, frozenset[str]] | None = None
+    npu_nums_per_device: int = 8            # ranks per device group of the alltoall_deredundancy dispatcher
 
     def context_parallel_settings(self) -> mp.ContextParallelSettings:
         return mp.ContextParallelSettings(method=self.context_parallel_method, ulysses_degree=self.ulysses_degree_in_cp,
@@ -176,13 +177,17 @@ def expert_plan(model) -> dict[str, tuple[str, ...]]:
 
 def apply_expert_parallel(model, mesh, options: ParallelOptions, plan: dict[str, tuple[str, ...]]) -> None:
     """Split the experts `plan` names over the ep group (`mf_parallel.shard_experts`) and give each
-    of their MoE layers the all-to-all dispatcher, over a one-rank dispatcher of the local experts
-    plus the null expert of empty slots."""
+    of their MoE layers the all-to-all dispatcher (`alltoall`) or the two-level one
+    (`alltoall_deredundancy`: device groups of `npu_nums_per_device` ep ranks), over a one-rank
+    dispatcher of the local experts plus the null expert of empty slots."""
     if options.moe_token_dispatcher_type not in mp.EP_DISPATCHERS:
         raise ModelConfigError(f"parallelism.moe_token_dispatcher_type: {options.moe_token_dispatcher_type!r} is not "
                                f"implemented; use one of {', '.join(mp.EP_DISPATCHERS)}")
     cells = dict(model.cells_and_names())
     group = mesh["ep"]
+    two_level = None
+    if options.moe_token_dispatcher_type == "alltoall_deredundancy":
+        two_level = mp.two_level_groups(mesh, options.npu_nums_per_device)
     for path, names in plan.items():
         experts = cells.get(path)
         moe = cells.get(path.rpartition(".")[0])
@@ -193,7 +198,10 @@ def apply_expert_parallel(model, mesh, options: ParallelOptions, plan: dict[str,
                                    f"{moe.num_experts} routed experts; use a divisor of {moe.num_experts}")
         mp.shard_experts(experts, mesh, names, disable_gradient_division=options.disable_gradient_division)
         local = LocalDispatcher(moe.num_experts // group.size + 1, 1)
-        moe.dispatcher = mp.AllToAllTokenDispatcher(group, moe.num_experts, moe.top_k, local)
+        if two_level is None:
+            moe.dispatcher = mp.AllToAllTokenDispatcher(group, moe.num_experts, moe.top_k, local)
+        else:
+            moe.dispatcher = mp.DeredundancyTokenDispatcher(*two_level, moe.num_experts, moe.top_k, local)
 
 
 def moe_plan(prefix: str, moe) -> dict:

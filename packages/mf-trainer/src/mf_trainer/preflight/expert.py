@@ -3,10 +3,13 @@ refuses with its reason.
 
 Runs: the experts of every MoE layer split over ep ranks carved out of the data-parallel ranks
 (Megatron's layout; mf_parallel.shard_experts), tokens exchanged by the `alltoall` dispatcher
-(mf_parallel.AllToAllTokenDispatcher), non-expert weights FSDP-sharded as without EP. Proven
+(mf_parallel.AllToAllTokenDispatcher) or by the two-level `alltoall_deredundancy` one (mf_parallel.
+DeredundancyTokenDispatcher: device groups of npu_nums_per_device ep ranks, which must tile the ep
+group), non-expert weights FSDP-sharded as without EP. Proven
 (loss parity in the dist session) for ep = the data-parallel size, so that no two ranks hold the
 same experts. Refused, one keyed line each: a model without routed experts, an expert count ep
-does not divide, `alltoall_deredundancy` and `npu_nums_per_device` (not implemented), ep beside
+does not divide, an npu_nums_per_device that does not divide ep under `alltoall_deredundancy` (or is
+set without it), ep beside
 tensor / context / pipeline parallelism, HSDP or `no_shard`, and ep smaller than the
 data-parallel size (expert data parallelism: built, not proven yet). That ep divides
 dp_shard x cp is ParallelDims' own check (the `layout` check reports it).
@@ -14,6 +17,7 @@ dp_shard x cp is ParallelDims' own check (the `layout` check reports it).
 
 from __future__ import annotations
 
+import mf_parallel as mp
 from mf_trainer.preflight.context import has_routed_experts
 from mf_trainer.preflight.registry import TRAINING, check
 
@@ -43,18 +47,22 @@ def expert_parallel_model(t):
 
 @check(commands=TRAINING)
 def expert_parallel_dispatcher(t):
-    """The alltoall dispatcher is implemented; deredundancy and its npu_nums_per_device are not."""
-    par = t.cfg.parallelism
-    if _ep(t) <= 1:
+    """Both dispatchers run; deredundancy's device groups of npu_nums_per_device ranks tile ep (the
+    seed's ep >= npu_nums_per_device is mf-config's own check), and the field acts only there."""
+    par, ep = t.cfg.parallelism, _ep(t)
+    if ep <= 1:
         return      # feature_knobs (parallel.py) refuses the knobs without ep
-    if par.moe_token_dispatcher_type != "alltoall":
-        yield ("parallelism.moe_token_dispatcher_type",
-               f"{par.moe_token_dispatcher_type!r} (two-level dispatch within and across groups of "
-               "npu_nums_per_device ranks) is not implemented; use 'alltoall'")
+    if par.moe_token_dispatcher_type not in mp.EP_DISPATCHERS:
+        yield ("parallelism.moe_token_dispatcher_type", f"{par.moe_token_dispatcher_type!r} is not implemented; use "
+                                                        f"one of {', '.join(mp.EP_DISPATCHERS)}")
+    elif par.moe_token_dispatcher_type == "alltoall_deredundancy":
+        problem = mp.deredundancy_problem(ep, par.npu_nums_per_device)
+        if problem:
+            yield "parallelism.npu_nums_per_device", problem
     elif par.npu_nums_per_device != type(par)().npu_nums_per_device:
         yield ("parallelism.npu_nums_per_device", f"{par.npu_nums_per_device} only acts with moe_token_dispatcher_type "
-                                                  "'alltoall_deredundancy', which is not implemented (leave it at its "
-                                                  "default)")
+                                                  "'alltoall_deredundancy' (leave it at its default, or use that "
+                                                  "dispatcher)")
 
 
 @check(commands=TRAINING)
