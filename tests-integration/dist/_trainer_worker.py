@@ -69,6 +69,9 @@ CASES = {
     # PyNative: a compiled step costs a second MoE graph compile (~300 s on a loaded machine, the
     # same as moe_fsdp2's) for a path moe_fsdp2 already compiles; EP2 compiled was checked ad hoc.
     "moe_ep2": ({"expert_parallel": 2}, {"local_batch_size": 2}, 1, 2),
+    # Expert data parallelism on 4 ranks: ep groups {0, 1} and {2, 3}; each expert block FSDP-sharded
+    # over the 2 ranks holding it (dp_shard_mod_ep {0, 2}, {1, 3}), its gradient reduced there.
+    "moe_ep2_fsdp2": ({"expert_parallel": 2}, {"local_batch_size": 1}, 1, 4),
     # Pipeline parallelism on the 4-layer model (reference4): 4 micro-batches of 1 sample per step.
     "reference4": ({}, {"local_batch_size": 4}, 1, 1),
     "pp2_1f1b": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 2),

@@ -7,6 +7,9 @@ same `expert_bias` (the loads are summed over the ranks before the sign update, 
 take the same bias steps). Cases `moe_reference` (one process, with the llama reference),
 `moe_fsdp2` and `moe_ep2` (in the shared 2-rank launch) of _trainer_worker.py; the EP2 checkpoint
 (global names and shapes) then continues in one process as one process's own checkpoint does.
+Expert data parallelism: `moe_ep2_fsdp2` (in the 4-rank launch) runs ep 2 over 4 data-parallel
+ranks, each expert block FSDP-sharded over the 2 ranks holding it and its gradient reduced there,
+against the same one process.
 """
 
 from __future__ import annotations
@@ -17,12 +20,10 @@ from _case_results import case_result as _result
 from _case_results import case_weights as _weights
 from _case_results import check_param_norms
 from _case_results import rel_err as _rel
-from _launches import run_one_process
-from _trainer_worker import MOE_MODEL, MORE, STEPS
+from _launches import WORLD4_CASES, run_one_process
+from _trainer_worker import CASES, MOE_MODEL, MORE, STEPS
 
 RTOL = 1e-5
-
-
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +31,15 @@ def runs(reference, world2):
     return reference
 
 
-@pytest.mark.parametrize("case", ["moe_fsdp2", "moe_ep2"])
-def test_moe_training_matches_one_process(runs, case):
+def _launched(request, case: str):
+    """The workdir once the launch running `case` (the 2- or the 4-rank one) has finished."""
+    request.getfixturevalue("world4" if case in WORLD4_CASES else "world2")
+    return request.getfixturevalue("reference")
+
+
+@pytest.mark.parametrize("case", ["moe_fsdp2", "moe_ep2", "moe_ep2_fsdp2"])
+def test_moe_training_matches_one_process(request, case):
+    runs = _launched(request, case)
     ref, got = _result(runs, "moe_reference"), _result(runs, case)
     assert len(ref["losses"]) == len(got["losses"]) == STEPS and ref["losses"][-1] < ref["losses"][0]
     for key, a, b in (("loss", got["losses"], ref["losses"]), ("grad_norm", got["grad_norms"], ref["grad_norms"]),
@@ -48,13 +56,16 @@ def test_moe_training_matches_one_process(runs, case):
         np.testing.assert_allclose(have[name], want[name], rtol=RTOL, atol=1e-6, err_msg=name)
 
 
-def test_expert_parallel_dispatcher_moves_the_analytic_bytes(runs):
+@pytest.mark.parametrize("case", ["moe_ep2", "moe_ep2_fsdp2"])
+def test_expert_parallel_dispatcher_moves_the_analytic_bytes(request, case):
     """Per MoE layer and step, the dispatcher exchanges a [ep, T k, H] float32 buffer four times
-    (tokens out and back, and both gradients), T = 2 samples x 16 tokens on each rank; on CPU the
+    (tokens out and back, and both gradients), T = local_batch_size samples x 16 tokens on each
+    rank (2 under EP2, 1 under EP2 x FSDP2: the exchange stays within an ep group of 2); on CPU the
     all-to-all is emulated (an all-reduce of the [ep, ep, ...] slot matrix: twice the bytes)."""
-    got = _result(runs, "moe_ep2")
-    assert "EP" in got["dims"], got["dims"]
-    ep, tokens, k, hidden = 2, 2 * 16, MOE_MODEL["num_experts_per_tok"], MOE_MODEL["hidden_size"]
+    got = _result(_launched(request, case), case)
+    assert "EP" in got["dims"] and "ep=2" in got["dims"], got["dims"]
+    local_batch = CASES[case][1]["local_batch_size"]
+    ep, tokens, k, hidden = 2, local_batch * 16, MOE_MODEL["num_experts_per_tok"], MOE_MODEL["hidden_size"]
     moe_layers = MOE_MODEL["num_hidden_layers"] - MOE_MODEL["first_k_dense_replace"]
     a2a = got["comm"]["all_to_all/emulated"]
     assert a2a["calls"] == 4 * moe_layers

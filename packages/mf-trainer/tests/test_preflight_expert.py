@@ -1,5 +1,5 @@
-"""The preflight under expert parallelism: the layout that runs (ep = the data-parallel size on a
-MoE model, alltoall), and one keyed line for each combination that is refused."""
+"""The preflight under expert parallelism: the layouts that run (ep = the data-parallel size or a
+divisor of it on a MoE model, alltoall), and one keyed line for each combination that is refused."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ def _lines(tmp_path, tiny_config, parallelism, world, model=None):
 
 
 @pytest.mark.parametrize("parallelism, world", [({"expert_parallel": 2}, 2), ({"expert_parallel": 4}, 4),
-                                                ({"expert_parallel": 2, "moe_token_dispatcher_type": "alltoall"}, 2)])
-def test_expert_parallel_over_every_data_parallel_rank_runs(tmp_path, tiny_config, parallelism, world):
+                                                ({"expert_parallel": 2, "moe_token_dispatcher_type": "alltoall"}, 2),
+                                                ({"expert_parallel": 2}, 4), ({"expert_parallel": 2}, 8)])
+def test_expert_parallel_over_the_data_parallel_ranks_runs(tmp_path, tiny_config, parallelism, world):
     assert _lines(tmp_path, tiny_config, parallelism, world) == []
 
 
@@ -42,9 +43,6 @@ REFUSED = [
     ({"expert_parallel": 2, "context_parallel": 2}, 4, None,
      "parallelism.expert_parallel: 2 with context_parallel 2 is not implemented"),
     ({"expert_parallel": 2, "pipeline_parallel": 2}, 4, None, "parallelism.expert_parallel: 2 with pipeline_parallel 2 is not implemented"),
-    ({"expert_parallel": 2}, 4, None,
-     "parallelism.expert_parallel: 2 < the 4 data-parallel ranks: ranks holding the same experts (expert data "
-     "parallelism, FSDP over 2 ranks) are not proven yet"),
     ({"expert_parallel": 2, "data_parallel_shard": 2}, 4, None,
      "parallelism.expert_parallel: 2 with data-parallel replicas (HSDP: data_parallel_shard 2 of 4) is not proven"),
     ({"expert_parallel": 2, "data_parallel_shard_strategy": "no_shard"}, 2, None,

@@ -4,12 +4,13 @@ refuses with its reason.
 Runs: the experts of every MoE layer split over ep ranks carved out of the data-parallel ranks
 (Megatron's layout; mf_parallel.shard_experts), tokens exchanged by the `alltoall` dispatcher
 (mf_parallel.AllToAllTokenDispatcher), non-expert weights FSDP-sharded as without EP. Proven
-(loss parity in the dist session) for ep = the data-parallel size, so that no two ranks hold the
-same experts. Refused, one keyed line each: a model without routed experts, an expert count ep
-does not divide, `alltoall_deredundancy` and `npu_nums_per_device` (not implemented), ep beside
-tensor / context / pipeline parallelism, HSDP or `no_shard`, and ep smaller than the
-data-parallel size (expert data parallelism: built, not proven yet). That ep divides
-dp_shard x cp is ParallelDims' own check (the `layout` check reports it).
+(loss parity in the dist session) for ep = the data-parallel size (no two ranks hold the same
+experts) and for ep smaller than it (expert data parallelism: each expert block FSDP-sharded over
+the dp_shard / ep ranks holding it, its gradient reduce-scattered there; EP2 x FSDP2 on 4 ranks).
+Refused, one keyed line each: a model without routed experts, an expert count ep does not divide,
+`alltoall_deredundancy` and `npu_nums_per_device` (not implemented), ep beside tensor / context /
+pipeline parallelism, HSDP or `no_shard`. That ep divides dp_shard x cp is ParallelDims' own
+check (the `layout` check reports it).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def expert_parallel_combinations(t):
 
 @check(commands=TRAINING, needs=("world",))
 def expert_parallel_layout(t):
-    """ep equals the data-parallel size (expert data parallelism and HSDP beside EP are not proven)."""
+    """ep over the FSDP shard ranks, any divisor of them (expert data parallelism); HSDP beside EP is not proven."""
     dims, ep = t.dims, _ep(t)
     if ep <= 1 or dims is None or dims.tp > 1 or dims.cp > 1 or dims.pp > 1:
         return
@@ -88,7 +89,3 @@ def expert_parallel_layout(t):
         yield KEY, (f"{ep} with data-parallel replicas (HSDP: data_parallel_shard {dims.dp_shard} of {dims.dp}) is not "
                     "proven yet (the experts' gradients would be all-reduced over the replicas); use "
                     "data_parallel_shard -1")
-    elif dims.dp_shard != ep:
-        yield KEY, (f"{ep} < the {dims.dp_shard} data-parallel ranks: ranks holding the same experts (expert data "
-                    f"parallelism, FSDP over {dims.dp_shard // ep} ranks) are not proven yet; use expert_parallel "
-                    f"{dims.dp_shard} (the data-parallel size) or launch {ep} ranks")
