@@ -22,11 +22,12 @@ PIPELINE2_CASES = ("pp2_1f1b", "pp2_gpipe", "pp2_interleaved", "pp2_1f1b_split",
 # On 4 ranks: PP4, and PP2 stages FSDP-sharded over dp 2 / under TP2 (all against reference4 / 6).
 PIPELINE4_CASES = ("pp4_1f1b_uneven", "pp2_fsdp2", "pp2_tp2")
 # one process, one after another (`reference_packed`: the packed-document data of `cp2_packed`)
-REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "reference_muon", "reference_packed")
+REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "reference_muon", "reference_packed",
+              "moe_mixtral_reference")
 # Context parallelism through the Trainer: every method, CP x FSDP, CP x TP and packed documents.
 CP_TRAINER2_CASES = ("cp2", "cp2_ulysses", "cp2_packed")
 CP_TRAINER4_CASES = ("cp2_fsdp2", "cp2_tp2", "cp4_hybrid")
-WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean", *CP_TRAINER2_CASES, "moe_fsdp2", "moe_ep2", "fsdp2_muon",
+WORLD2_CASES = ("fsdp2", "tp2", "fsdp2_accum_mean", *CP_TRAINER2_CASES, "moe_fsdp2", "moe_ep2", "moe_mixtral_ep2", "fsdp2_muon",
                 "fsdp2_muon_from_reference_muon", *PIPELINE2_CASES)
 WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", "fsdp2_tp2_from_fsdp2_tp2", *CP_TRAINER4_CASES,
                 *PIPELINE4_CASES, "moe_ep2_fsdp2")

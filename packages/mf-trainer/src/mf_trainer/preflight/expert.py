@@ -6,7 +6,8 @@ Runs: the experts of every MoE layer split over ep ranks carved out of the data-
 (mf_parallel.AllToAllTokenDispatcher), non-expert weights FSDP-sharded as without EP. Proven
 (loss parity in the dist session) for ep = the data-parallel size (no two ranks hold the same
 experts) and for ep smaller than it (expert data parallelism: each expert block FSDP-sharded over
-the dp_shard / ep ranks holding it, its gradient reduce-scattered there; EP2 x FSDP2 on 4 ranks).
+the dp_shard / ep ranks holding it, its gradient reduce-scattered there; EP2 x FSDP2 on 4 ranks),
+with evaluation during training (every rank evaluates every batch through the exchange; EP2).
 Refused, one keyed line each: a model without routed experts, an expert count ep does not divide,
 `alltoall_deredundancy` and `npu_nums_per_device` (not implemented), ep beside tensor / context /
 pipeline parallelism, HSDP or `no_shard`. That ep divides dp_shard x cp is ParallelDims' own
@@ -72,11 +73,6 @@ def expert_parallel_combinations(t):
         yield ("parallelism.data_parallel_shard_strategy", f"'no_shard' with expert_parallel {ep}: the ep ranks are "
                                                            "carved out of the FSDP shard ranks; use "
                                                            "'optim_grads_params'")
-    if t.cfg.eval_dataset is not None:
-        # Every rank would evaluate the same batches through the exchange: plausible, not proven.
-        yield ("eval_dataset", f"evaluation during training with expert_parallel {ep} is not proven against one "
-                               "process yet; drop eval_dataset (eval_dataset=null) and evaluate the checkpoint with "
-                               "`mf eval`")
 
 
 @check(commands=TRAINING, needs=("world",))
