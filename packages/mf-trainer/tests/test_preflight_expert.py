@@ -1,5 +1,6 @@
 """The preflight under expert parallelism: the layouts that run (ep = the data-parallel size or a
-divisor of it on a MoE model, alltoall), and one keyed line for each combination that is refused."""
+divisor of it on a MoE model, alltoall, with or without tensor parallelism), and one keyed line for
+each combination that is refused."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ def _lines(tmp_path, tiny_config, parallelism, world, model=None):
 
 @pytest.mark.parametrize("parallelism, world", [({"expert_parallel": 2}, 2), ({"expert_parallel": 4}, 4),
                                                 ({"expert_parallel": 2, "moe_token_dispatcher_type": "alltoall"}, 2),
-                                                ({"expert_parallel": 2}, 4), ({"expert_parallel": 2}, 8)])
+                                                ({"expert_parallel": 2}, 4), ({"expert_parallel": 2}, 8),
+                                                ({"expert_parallel": 2, "tensor_parallel": 2}, 4),
+                                                ({"expert_parallel": 2, "tensor_parallel": 2}, 8)])
 def test_expert_parallel_over_the_data_parallel_ranks_runs(tmp_path, tiny_config, parallelism, world):
     assert _lines(tmp_path, tiny_config, parallelism, world) == []
 
@@ -37,13 +40,15 @@ REFUSED = [
      "parallelism.expert_parallel: 3 does not divide model.num_local_experts = 4"),
     ({"expert_parallel": 4}, 2, None,
      "parallelism.expert_parallel: 4 does not divide data_parallel_shard x context_parallel = 2 x 1 = 2"),
-    ({"expert_parallel": 2, "tensor_parallel": 2}, 4, None,
-     "parallelism.expert_parallel: 2 with tensor_parallel 2 is not implemented (expert parallelism is proven beside "
-     "data parallelism only); set one of them to 1"),
     ({"expert_parallel": 2, "context_parallel": 2}, 4, None,
-     "parallelism.expert_parallel: 2 with context_parallel 2 is not implemented"),
+     "parallelism.expert_parallel: 2 with context_parallel 2 is not implemented (expert parallelism is proven beside "
+     "data and tensor parallelism only); set one of them to 1"),
+    ({"expert_parallel": 2, "tensor_parallel": 2}, 4, {**MIXTRAL, "output_router_logits": True},
+     "parallelism.tensor_parallel: 2 with the balance loss (model.output_router_logits) is not implemented"),
     ({"expert_parallel": 2, "pipeline_parallel": 2}, 4, None, "parallelism.expert_parallel: 2 with pipeline_parallel 2 is not implemented"),
     ({"expert_parallel": 2, "data_parallel_shard": 2}, 4, None,
+     "parallelism.expert_parallel: 2 with data-parallel replicas (HSDP: data_parallel_shard 2 of 4) is not proven"),
+    ({"expert_parallel": 2, "data_parallel_shard": 2, "tensor_parallel": 2}, 8, None,
      "parallelism.expert_parallel: 2 with data-parallel replicas (HSDP: data_parallel_shard 2 of 4) is not proven"),
     ({"expert_parallel": 2, "data_parallel_shard_strategy": "no_shard"}, 2, None,
      "parallelism.data_parallel_shard_strategy: 'no_shard' with expert_parallel 2: the ep ranks are carved out of "

@@ -61,14 +61,13 @@ def expert_parallel_dispatcher(t):
 
 @check(commands=TRAINING)
 def expert_parallel_combinations(t):
-    """Expert parallelism runs beside data parallelism only (no tp, cp, pp, no_shard)."""
+    """Expert parallelism runs beside data and tensor parallelism (no cp, pp, no_shard)."""
     par, ep = t.cfg.parallelism, _ep(t)
     if ep <= 1:
         return
-    for key in ("tensor_parallel", "context_parallel"):    # pipeline stages: preflight/pipeline.py
-        if getattr(par, key) > 1:
-            yield KEY, (f"{ep} with {key} {getattr(par, key)} is not implemented (expert parallelism is proven beside "
-                        "data parallelism only); set one of them to 1")
+    if par.context_parallel > 1:    # pipeline stages: preflight/pipeline.py
+        yield KEY, (f"{ep} with context_parallel {par.context_parallel} is not implemented (expert parallelism is "
+                    "proven beside data and tensor parallelism only); set one of them to 1")
     if par.data_parallel_shard_strategy == "no_shard":
         yield ("parallelism.data_parallel_shard_strategy", f"'no_shard' with expert_parallel {ep}: the ep ranks are "
                                                            "carved out of the FSDP shard ranks; use "
@@ -79,7 +78,7 @@ def expert_parallel_combinations(t):
 def expert_parallel_layout(t):
     """ep over the FSDP shard ranks, any divisor of them (expert data parallelism); HSDP beside EP is not proven."""
     dims, ep = t.dims, _ep(t)
-    if ep <= 1 or dims is None or dims.tp > 1 or dims.cp > 1 or dims.pp > 1:
+    if ep <= 1 or dims is None or dims.cp > 1 or dims.pp > 1:
         return
     if dims.dp_replicate > 1:
         yield KEY, (f"{ep} with data-parallel replicas (HSDP: data_parallel_shard {dims.dp_shard} of {dims.dp}) is not "
