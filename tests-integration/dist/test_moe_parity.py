@@ -53,10 +53,10 @@ def _model(case: str) -> dict:
             else MOE_MODEL)
 
 
-@pytest.mark.parametrize("case, reference", PARITY)
-def test_moe_training_matches_one_process(request, case, reference):
+@pytest.mark.parametrize("case, one_process", PARITY)     # not `reference`: that is the workdir fixture
+def test_moe_training_matches_one_process(request, case, one_process):
     runs = _launched(request, case)
-    ref, got = _result(runs, reference), _result(runs, case)
+    ref, got = _result(runs, one_process), _result(runs, case)
     assert len(ref["losses"]) == len(got["losses"]) == STEPS and ref["losses"][-1] < ref["losses"][0]
     for key, a, b in (("loss", got["losses"], ref["losses"]), ("grad_norm", got["grad_norms"], ref["grad_norms"]),
                       *((k, got["moe"][k], ref["moe"][k]) for k in ("moe/aux_loss", "moe/max_imbalance"))):
@@ -66,7 +66,7 @@ def test_moe_training_matches_one_process(request, case, reference):
         assert max(ref["moe"]["moe/aux_loss"]) == 0
     else:
         assert min(ref["moe"]["moe/aux_loss"]) > 0
-    want, have = _weights(runs, reference), _weights(runs, case)
+    want, have = _weights(runs, one_process), _weights(runs, case)
     assert set(have) == set(want)
     biases = [name for name in want if name.endswith("expert_bias")]
     # DeepSeek-V3's aux-loss-free bias (its MoE layer 1); Mixtral's softmax router has none.
