@@ -81,6 +81,20 @@ CASES = {
     # 2 experts sit in the other group crosses once. PyNative, 1 sample per rank.
     "moe_ep4_deredundancy": ({"expert_parallel": 4, "moe_token_dispatcher_type": "alltoall_deredundancy",
                               "npu_nums_per_device": 2}, {"local_batch_size": 1}, 1, 4),
+    # Expert data parallelism on 4 ranks: ep groups {0, 1} and {2, 3}; each expert block FSDP-sharded
+    # over the 2 ranks holding it (dp_shard_mod_ep {0, 2}, {1, 3}), its gradient reduced there.
+    "moe_ep2_fsdp2": ({"expert_parallel": 2}, {"local_batch_size": 1}, 1, 4),
+    # A tiny Mixtral (MIXTRAL_MODEL: softmax top-2 router, no shared expert, transformers' switch
+    # balance loss) under EP2, against one process reading the same 2-sample micro-batches (the
+    # switch loss is a per-micro-batch statistic: 2 accumulated micro-batches of 2 samples).
+    # EP2 x TP2 on 4 ranks: non-expert weights under the TP plan with SP, experts split over the 2
+    # data-parallel ranks of each tp rank and replicated over tp (each tp rank routes its own
+    # sequence shard: expert gradients all-reduced over tp). DeepSeek-V3 without the balance loss
+    # (a per-sequence statistic SP splits; refused under tp), the bias update on.
+    "moe_noaux_reference": ({}, {"local_batch_size": 4}, 1, 1),
+    "moe_noaux_ep2_tp2": ({"expert_parallel": 2, "tensor_parallel": 2}, {"local_batch_size": 2}, 1, 4),
+    "moe_mixtral_reference": ({}, {"local_batch_size": 2}, 1, 1),
+    "moe_mixtral_ep2": ({"expert_parallel": 2}, {"local_batch_size": 2}, 1, 2),
     # Pipeline parallelism on the 4-layer model (reference4): 4 micro-batches of 1 sample per step.
     "reference4": ({}, {"local_batch_size": 4}, 1, 1),
     "pp2_1f1b": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 2),
@@ -122,7 +136,9 @@ RECOMPUTE_COMM = {"tp2_rcomm": {"enable": True, "select_module": {"attention.qkv
 # batches: the launch must not grow.
 EVAL_INTERVAL = 4
 EVAL_SAMPLES = 8
-EVAL_CASES = ("reference", "tp2", "cp2", "reference4", "pp2_1f1b", "pp2_fsdp2", "pp2_tp2")
+# Under EP2 (moe_ep2); EP2 x FSDP2's eval gave one process's too (3.8e-8, ad hoc: 16 one-sample
+# batches through the exchange cost ~100 s of the 4-rank launch on a loaded machine).
+EVAL_CASES = ("reference", "tp2", "cp2", "reference4", "pp2_1f1b", "pp2_fsdp2", "pp2_tp2", "moe_reference", "moe_ep2")
 # Decoder layers per case (2 unless named): every virtual pipeline stage needs a layer.
 LAYERS = {**{name: 4 for name in CASES if name.startswith("pp2")}, "reference4": 4, "reference6": 6,
           "pp4_1f1b_uneven": 6}
@@ -135,6 +151,13 @@ MOE_MODEL = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "
              "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_nope_head_dim": 8,
              "qk_rope_head_dim": 4, "v_head_dim": 8, "aux_loss_alpha": 0.01, "seq_aux": True,
              "moe_router_bias_update_rate": 0.01}
+NOAUX_MODEL = {**MOE_MODEL, "aux_loss_alpha": 0.0}      # the moe_noaux_* cases (EP x TP)
+# The tiny Mixtral of the moe_mixtral_* cases: 4 experts, top-2 by softmax, no shared expert, the
+# switch balance loss on (output_router_logits) at 10x transformers' default weight.
+MIXTRAL_MODEL = {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32,
+                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "max_position_embeddings": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+                 "output_router_logits": True, "router_aux_loss_coef": 0.01}
 # The Muon cases' optimizer, and a model whose MLP matrices have an odd row count (33), so FSDP2
 # pads them and the gather of the orthogonalised update must drop and restore the padding row.
 MUON = {"type": "Muon", "weight_decay": 0.1, "momentum": 0.9}
@@ -184,7 +207,8 @@ def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None =
         "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": LR, "warmup_steps": 2},
         "parallelism": parallelism,
         "train_dataset": train_dataset(workdir, base),
-        "model": MOE_MODEL if base.startswith("moe_") else {
+        "model": MIXTRAL_MODEL if base.startswith("moe_mixtral") else NOAUX_MODEL if base.startswith("moe_noaux")
+        else MOE_MODEL if base.startswith("moe_") else {
             "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
             "num_hidden_layers": LAYERS.get(base, 2), "num_attention_heads": 4, "num_key_value_heads": 2,
             "max_position_embeddings": 32, "tie_word_embeddings": True, "attention_bias": True,

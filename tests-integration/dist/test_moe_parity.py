@@ -9,22 +9,29 @@ take the same bias steps). Cases `moe_reference` (one process, with the llama re
 two-level alltoall_deredundancy dispatcher in device groups of 2 ranks, in the 4-rank launch) of
 _trainer_worker.py; the EP2 checkpoint
 (global names and shapes) then continues in one process as one process's own checkpoint does.
+Expert data parallelism: `moe_ep2_fsdp2` (in the 4-rank launch) runs ep 2 over 4 data-parallel
+ranks, each expert block FSDP-sharded over the 2 ranks holding it and its gradient reduced there,
+against the same one process; evaluation during training under EP2 gives one process's eval
+losses; a tiny Mixtral (softmax top-2 router, no shared expert, the switch balance loss) under EP2
+matches its own one-process reference (`moe_mixtral_*`). EP2 x TP2 (`moe_noaux_ep2_tp2`, 4 ranks:
+non-expert weights under the TP plan with SP, experts split over ep and replicated over tp, their
+gradients all-reduced over tp) matches one process on DeepSeek-V3 without the balance loss
+(refused under tp: sequence parallelism splits the sequences it is taken over), bias update on.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from _case_results import assert_same_evaluations
 from _case_results import case_result as _result
 from _case_results import case_weights as _weights
 from _case_results import check_param_norms
 from _case_results import rel_err as _rel
-from _launches import run_one_process
-from _trainer_worker import MOE_MODEL, MORE, STEPS
+from _launches import WORLD4_CASES, run_one_process
+from _trainer_worker import CASES, MIXTRAL_MODEL, MOE_MODEL, MORE, NOAUX_MODEL, STEPS
 
 RTOL = 1e-5
-
-
 
 
 @pytest.fixture(scope="module")
@@ -32,61 +39,77 @@ def runs(reference, world2):
     return reference
 
 
-@pytest.fixture(scope="module")
-def runs4(reference, world4):
-    return reference
+def _launched(request, case: str):
+    """The workdir once the launch running `case` (the 2- or the 4-rank one) has finished."""
+    request.getfixturevalue("world4" if case in WORLD4_CASES else "world2")
+    return request.getfixturevalue("reference")
 
 
-@pytest.mark.parametrize("case", ["moe_fsdp2", "moe_ep2"])
-def test_moe_training_matches_one_process(runs, case):
-    _check_parity(runs, case)
+# (layout, its one-process reference): the DeepSeek-V3 cases (EP4 with the two-level
+# alltoall_deredundancy dispatcher in device groups of 2 ranks among them), and the Mixtral one under EP2.
+PARITY = [("moe_fsdp2", "moe_reference"), ("moe_ep2", "moe_reference"), ("moe_ep2_fsdp2", "moe_reference"),
+          ("moe_ep4_deredundancy", "moe_reference"), ("moe_mixtral_ep2", "moe_mixtral_reference"),
+          ("moe_noaux_ep2_tp2", "moe_noaux_reference")]
 
 
-def test_two_level_dispatcher_training_matches_one_process(runs4):
-    """EP4 with alltoall_deredundancy in device groups of 2 ranks (1 expert per rank)."""
-    assert "EP" in _result(runs4, "moe_ep4_deredundancy")["dims"]
-    _check_parity(runs4, "moe_ep4_deredundancy")
+def _model(case: str) -> dict:
+    return (MIXTRAL_MODEL if case.startswith("moe_mixtral") else NOAUX_MODEL if case.startswith("moe_noaux")
+            else MOE_MODEL)
 
 
-def _check_parity(runs, case):
-    ref, got = _result(runs, "moe_reference"), _result(runs, case)
+@pytest.mark.parametrize("case, one_process", PARITY)     # not `reference`: that is the workdir fixture
+def test_moe_training_matches_one_process(request, case, one_process):
+    runs = _launched(request, case)
+    ref, got = _result(runs, one_process), _result(runs, case)
     assert len(ref["losses"]) == len(got["losses"]) == STEPS and ref["losses"][-1] < ref["losses"][0]
     for key, a, b in (("loss", got["losses"], ref["losses"]), ("grad_norm", got["grad_norms"], ref["grad_norms"]),
                       *((k, got["moe"][k], ref["moe"][k]) for k in ("moe/aux_loss", "moe/max_imbalance"))):
         assert _rel(a, b) <= RTOL, f"{key}: {a} vs {b} (rel err {_rel(a, b):.2e})"
     check_param_norms(ref, got, RTOL)
-    assert min(ref["moe"]["moe/aux_loss"]) > 0
-    want, have = _weights(runs, "moe_reference"), _weights(runs, case)
+    if _model(case) is NOAUX_MODEL:                # no balance loss: what tensor parallelism allows
+        assert max(ref["moe"]["moe/aux_loss"]) == 0
+    else:
+        assert min(ref["moe"]["moe/aux_loss"]) > 0
+    want, have = _weights(runs, one_process), _weights(runs, case)
     assert set(have) == set(want)
-    bias = "layers.1.moe.router.expert_bias"
-    assert np.abs(want[bias]).max() > 0          # the bias moved ...
-    np.testing.assert_array_equal(have[bias], want[bias])     # ... by the same sign steps
+    biases = [name for name in want if name.endswith("expert_bias")]
+    # DeepSeek-V3's aux-loss-free bias (its MoE layer 1); Mixtral's softmax router has none.
+    assert biases == ([] if _model(case) is MIXTRAL_MODEL else ["layers.1.moe.router.expert_bias"]), biases
+    for bias in biases:
+        assert np.abs(want[bias]).max() > 0          # the bias moved ...
+        np.testing.assert_array_equal(have[bias], want[bias])     # ... by the same sign steps
     for name in want:
         np.testing.assert_allclose(have[name], want[name], rtol=RTOL, atol=1e-6, err_msg=name)
 
 
-def test_expert_parallel_dispatcher_moves_the_analytic_bytes(runs):
+@pytest.mark.parametrize("case", ["moe_ep2", "moe_ep2_fsdp2", "moe_mixtral_ep2", "moe_noaux_ep2_tp2"])
+def test_expert_parallel_dispatcher_moves_the_analytic_bytes(request, case):
     """Per MoE layer and step, the dispatcher exchanges a [ep, T k, H] float32 buffer four times
-    (tokens out and back, and both gradients), T = 2 samples x 16 tokens on each rank; on CPU the
-    all-to-all is emulated (an all-reduce of the [ep, ep, ...] slot matrix: twice the bytes)."""
-    got = _result(runs, "moe_ep2")
-    assert "EP" in got["dims"], got["dims"]
-    ep, tokens, k, hidden = 2, 2 * 16, MOE_MODEL["num_experts_per_tok"], MOE_MODEL["hidden_size"]
-    moe_layers = MOE_MODEL["num_hidden_layers"] - MOE_MODEL["first_k_dense_replace"]
+    (tokens out and back, and both gradients), T = local_batch_size samples x 16 / tp tokens on
+    each rank (2 x 16 under EP2, 1 x 16 under EP2 x FSDP2: the exchange stays within an ep group of
+    2; 2 x 8 under EP2 x TP2: each tp rank routes its sequence shard); on CPU the all-to-all is
+    emulated (an all-reduce of the [ep, ep, ...] slot matrix: twice the bytes). DeepSeek-V3's
+    first layer is dense; every Mixtral layer is a MoE layer."""
+    got = _result(_launched(request, case), case)
+    assert "EP" in got["dims"] and "ep=2" in got["dims"], got["dims"]
+    (parallelism, training, _, _), model = CASES[case], _model(case)
+    tokens = training["local_batch_size"] * 16 // parallelism.get("tensor_parallel", 1)
+    ep, k, hidden = 2, model["num_experts_per_tok"], model["hidden_size"]
+    moe_layers = model["num_hidden_layers"] - model.get("first_k_dense_replace", 0)
     a2a = got["comm"]["all_to_all/emulated"]
     assert a2a["calls"] == 4 * moe_layers
     assert a2a["payload_bytes"] == 4 * moe_layers * ep * tokens * k * hidden * 4, a2a
     assert a2a["issued_bytes"] == ep * a2a["payload_bytes"], a2a
 
 
-def test_two_level_dispatcher_moves_the_analytic_bytes(runs4):
+def test_two_level_dispatcher_moves_the_analytic_bytes(request):
     """Per MoE layer and step, with M = 2 device groups of G = 2 ranks, T = 16 tokens per rank: the
     level-1 tokens [M, T, H] out and back, the level-2 rows [G, M T k, H] out and back, the router
     weights [M, T, k] beside the level-1 tokens, each exchanged again by its gradient (10 calls);
     the expert ids once per level by an all-gather ([1, T k] over the M ranks, [1, M T k] over
     the G ranks: the only emulated all-gathers of this layout, FSDP's run on the world group).
     The all-to-alls are emulated on CPU over groups of 2: issued = 2 x payload (the slot matrix)."""
-    got = _result(runs4, "moe_ep4_deredundancy")
+    got = _result(_launched(request, "moe_ep4_deredundancy"), "moe_ep4_deredundancy")
     m = g = 2
     tokens, k, hidden = 16, MOE_MODEL["num_experts_per_tok"], MOE_MODEL["hidden_size"]
     layers = MOE_MODEL["num_hidden_layers"] - MOE_MODEL["first_k_dense_replace"]
@@ -98,6 +121,20 @@ def test_two_level_dispatcher_moves_the_analytic_bytes(runs4):
     ids = got["comm"]["all_gather/emulated"]
     assert ids["calls"] == 2 * layers
     assert ids["payload_bytes"] == layers * (tokens * k + m * tokens * k) * 4, ids
+
+
+def test_mixtral_reference_reads_the_expert_parallel_micro_batches(reference):
+    """The switch balance loss is a per-micro-batch statistic: the Mixtral reference accumulates
+    micro-batches of the EP2 ranks' size, so the parity above compares the same statistic."""
+    assert CASES["moe_mixtral_reference"][1] == CASES["moe_mixtral_ep2"][1]
+    assert min(_result(reference, "moe_mixtral_reference")["moe"]["moe/aux_loss"]) > 0
+
+
+def test_evaluation_during_training_under_expert_parallelism_matches_one_process(runs):
+    """eval_dataset under EP2: every rank evaluates every held-out batch through the all-to-all
+    exchange (the experts split over both ranks); eval loss and accuracy at steps 4 and 8 are one
+    process's."""
+    assert_same_evaluations(_result(runs, "moe_ep2"), _result(runs, "moe_reference"))
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""The preflight under expert parallelism: the layout that runs (ep = the data-parallel size on a
-MoE model, alltoall or alltoall_deredundancy), and one keyed line for each combination that is refused."""
+"""The preflight under expert parallelism: the layouts that run (ep = the data-parallel size or a
+divisor of it on a MoE model, alltoall with or without tensor parallelism, alltoall_deredundancy
+over every data-parallel rank), and one keyed line for each combination that is refused."""
 
 from __future__ import annotations
 
@@ -27,8 +28,11 @@ def _lines(tmp_path, tiny_config, parallelism, world, model=None):
                                                 ({"expert_parallel": 2, "moe_token_dispatcher_type": "alltoall"}, 2),
                                                 (DEREDUNDANCY | {"expert_parallel": 4, "npu_nums_per_device": 2}, 4),
                                                 (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 1}, 2),
-                                                (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 2}, 2)])
-def test_expert_parallel_over_every_data_parallel_rank_runs(tmp_path, tiny_config, parallelism, world):
+                                                (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 2}, 2),
+                                                ({"expert_parallel": 2}, 4), ({"expert_parallel": 2}, 8),
+                                                ({"expert_parallel": 2, "tensor_parallel": 2}, 4),
+                                                ({"expert_parallel": 2, "tensor_parallel": 2}, 8)])
+def test_expert_parallel_over_the_data_parallel_ranks_runs(tmp_path, tiny_config, parallelism, world):
     assert _lines(tmp_path, tiny_config, parallelism, world) == []
 
 
@@ -42,16 +46,15 @@ REFUSED = [
      "parallelism.expert_parallel: 3 does not divide model.num_local_experts = 4"),
     ({"expert_parallel": 4}, 2, None,
      "parallelism.expert_parallel: 4 does not divide data_parallel_shard x context_parallel = 2 x 1 = 2"),
-    ({"expert_parallel": 2, "tensor_parallel": 2}, 4, None,
-     "parallelism.expert_parallel: 2 with tensor_parallel 2 is not implemented (expert parallelism is proven beside "
-     "data parallelism only); set one of them to 1"),
     ({"expert_parallel": 2, "context_parallel": 2}, 4, None,
-     "parallelism.expert_parallel: 2 with context_parallel 2 is not implemented"),
+     "parallelism.expert_parallel: 2 with context_parallel 2 is not implemented (expert parallelism is proven beside "
+     "data and tensor parallelism only); set one of them to 1"),
+    ({"expert_parallel": 2, "tensor_parallel": 2}, 4, {**MIXTRAL, "output_router_logits": True},
+     "parallelism.tensor_parallel: 2 with the balance loss (model.output_router_logits) is not implemented"),
     ({"expert_parallel": 2, "pipeline_parallel": 2}, 4, None, "parallelism.expert_parallel: 2 with pipeline_parallel 2 is not implemented"),
-    ({"expert_parallel": 2}, 4, None,
-     "parallelism.expert_parallel: 2 < the 4 data-parallel ranks: ranks holding the same experts (expert data "
-     "parallelism, FSDP over 2 ranks) are not proven yet"),
     ({"expert_parallel": 2, "data_parallel_shard": 2}, 4, None,
+     "parallelism.expert_parallel: 2 with data-parallel replicas (HSDP: data_parallel_shard 2 of 4) is not proven"),
+    ({"expert_parallel": 2, "data_parallel_shard": 2, "tensor_parallel": 2}, 8, None,
      "parallelism.expert_parallel: 2 with data-parallel replicas (HSDP: data_parallel_shard 2 of 4) is not proven"),
     ({"expert_parallel": 2, "data_parallel_shard_strategy": "no_shard"}, 2, None,
      "parallelism.data_parallel_shard_strategy: 'no_shard' with expert_parallel 2: the ep ranks are carved out of "
@@ -62,6 +65,12 @@ REFUSED = [
     ({"expert_parallel": 2, "npu_nums_per_device": 2}, 2, None,
      "parallelism.npu_nums_per_device: 2 only acts with moe_token_dispatcher_type 'alltoall_deredundancy' (leave "
      "it at its default, or use that dispatcher)"),
+    # The two-level dispatcher is proven with ep over every data-parallel rank and no tp (EP4 in groups of 2).
+    (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 2}, 4, None,
+     "parallelism.moe_token_dispatcher_type: 'alltoall_deredundancy' with expert_parallel 2 below the 4 "
+     "data-parallel ranks is not proven yet"),
+    (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 2, "tensor_parallel": 2}, 4, None,
+     "parallelism.moe_token_dispatcher_type: 'alltoall_deredundancy' with tensor_parallel 2 is not proven yet"),
     ({"npu_nums_per_device": 2}, 2, None,
      "parallelism.npu_nums_per_device: 2 only acts with expert_parallel > 1 and moe_token_dispatcher_type "
      "'alltoall_deredundancy' (leave it at its default)"),
@@ -75,11 +84,11 @@ def test_expert_parallel_refusals_are_one_keyed_line(tmp_path, tiny_config, para
     assert len([got for got in lines if got.startswith(line.split(":")[0])]) == 1, lines
 
 
-def test_evaluation_during_training_under_expert_parallelism_is_one_keyed_line(tmp_path, tiny_config):
+@pytest.mark.parametrize("world", [2, 4])
+def test_evaluation_during_training_under_expert_parallelism_runs(tmp_path, tiny_config, world):
+    """Every rank evaluates through the exchange (the dist case moe_ep2 proves it against one process)."""
     raw = tiny_config(tmp_path, tmp_path / "none", parallelism={"expert_parallel": 2}, model=MIXTRAL,
                       training={"local_batch_size": 1, "global_batch_size": 8})
     raw["eval_dataset"] = {"dataloader": dict(raw["train_dataset"]["dataloader"], sizes=[0, 50, 0]),
                            "eval_interval": 2, "eval_iters": 2}
-    lines = mf_trainer.preflight(mf_config.load_config(raw), "launch", world=2, device="CPU").lines()
-    assert lines == ["eval_dataset: evaluation during training with expert_parallel 2 is not proven against one "
-                     "process yet; drop eval_dataset (eval_dataset=null) and evaluate the checkpoint with `mf eval`"]
+    assert mf_trainer.preflight(mf_config.load_config(raw), "launch", world=world, device="CPU").lines() == []

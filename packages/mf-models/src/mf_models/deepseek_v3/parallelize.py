@@ -16,8 +16,8 @@ shard their SwiGLU like Llama.
 MoE blocks are *not* split by tensor parallelism: routing, experts and shared experts act per
 token, so each tp rank runs the whole MoE on its own sequence shard with replicated weights
 (`SequenceParallel`: gradients all-reduced over tp). That is exact; it is data parallelism over
-the sequence for the experts. Splitting experts across ranks is expert parallelism (not
-implemented: `expert_parallel > 1` is refused).
+the sequence for the experts. Splitting experts across ranks is expert parallelism (`expert_plan`;
+beside tp the experts are split over ep and stay replicated, gradients all-reduced, over tp).
 
 FSDP: the router and the stacked experts are their own units without reshard-after-forward (the
 router calls its gate inside its parameter forward; the experts take 3 parameters + 2 inputs,

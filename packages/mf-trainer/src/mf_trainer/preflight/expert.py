@@ -5,14 +5,17 @@ Runs: the experts of every MoE layer split over ep ranks carved out of the data-
 (Megatron's layout; mf_parallel.shard_experts), tokens exchanged by the `alltoall` dispatcher
 (mf_parallel.AllToAllTokenDispatcher) or by the two-level `alltoall_deredundancy` one (mf_parallel.
 DeredundancyTokenDispatcher: device groups of npu_nums_per_device ep ranks, which must tile the ep
-group), non-expert weights FSDP-sharded as without EP. Proven
-(loss parity in the dist session) for ep = the data-parallel size, so that no two ranks hold the
-same experts. Refused, one keyed line each: a model without routed experts, an expert count ep
-does not divide, an npu_nums_per_device that does not divide ep under `alltoall_deredundancy` (or is
-set without it), ep beside
-tensor / context / pipeline parallelism, HSDP or `no_shard`, and ep smaller than the
-data-parallel size (expert data parallelism: built, not proven yet). That ep divides
-dp_shard x cp is ParallelDims' own check (the `layout` check reports it).
+group), non-expert weights FSDP-sharded (or under the TP plan) as without EP. Proven (loss parity
+in the dist session) for ep = the data-parallel size (no two ranks hold the same experts; EP2, and
+EP4 with deredundancy over groups of 2), for ep smaller than it (expert data parallelism: each
+expert block FSDP-sharded over the dp_shard / ep ranks holding it, its gradient reduce-scattered
+there; EP2 x FSDP2 on 4 ranks), beside tensor parallelism (EP2 x TP2: experts replicated over tp,
+their gradients all-reduced there), and with evaluation during training (every rank evaluates
+every batch through the exchange; EP2). Refused, one keyed line each: a model without routed
+experts, an expert count ep does not divide, an npu_nums_per_device that does not divide ep under
+`alltoall_deredundancy` (or is set without it), ep beside context / pipeline parallelism, HSDP or
+`no_shard`. That ep divides dp_shard x cp is ParallelDims' own check (the `layout` check reports
+it).
 """
 
 from __future__ import annotations
@@ -59,6 +62,11 @@ def expert_parallel_dispatcher(t):
         problem = mp.deredundancy_problem(ep, par.npu_nums_per_device)
         if problem:
             yield "parallelism.npu_nums_per_device", problem
+        if par.tensor_parallel > 1:
+            yield ("parallelism.moe_token_dispatcher_type", f"'alltoall_deredundancy' with tensor_parallel "
+                                                            f"{par.tensor_parallel} is not proven yet (the two-level "
+                                                            "dispatcher is proven with ep over every data-parallel "
+                                                            "rank and no tp); use 'alltoall' beside tensor parallelism")
     elif par.npu_nums_per_device != type(par)().npu_nums_per_device:
         yield ("parallelism.npu_nums_per_device", f"{par.npu_nums_per_device} only acts with moe_token_dispatcher_type "
                                                   "'alltoall_deredundancy' (leave it at its default, or use that "
@@ -67,36 +75,32 @@ def expert_parallel_dispatcher(t):
 
 @check(commands=TRAINING)
 def expert_parallel_combinations(t):
-    """Expert parallelism runs beside data parallelism only (no tp, cp, pp, no_shard)."""
+    """Expert parallelism runs beside data and tensor parallelism (no cp, pp, no_shard)."""
     par, ep = t.cfg.parallelism, _ep(t)
     if ep <= 1:
         return
-    for key in ("tensor_parallel", "context_parallel"):    # pipeline stages: preflight/pipeline.py
-        if getattr(par, key) > 1:
-            yield KEY, (f"{ep} with {key} {getattr(par, key)} is not implemented (expert parallelism is proven beside "
-                        "data parallelism only); set one of them to 1")
+    if par.context_parallel > 1:    # pipeline stages: preflight/pipeline.py
+        yield KEY, (f"{ep} with context_parallel {par.context_parallel} is not implemented (expert parallelism is "
+                    "proven beside data and tensor parallelism only); set one of them to 1")
     if par.data_parallel_shard_strategy == "no_shard":
         yield ("parallelism.data_parallel_shard_strategy", f"'no_shard' with expert_parallel {ep}: the ep ranks are "
                                                            "carved out of the FSDP shard ranks; use "
                                                            "'optim_grads_params'")
-    if t.cfg.eval_dataset is not None:
-        # Every rank would evaluate the same batches through the exchange: plausible, not proven.
-        yield ("eval_dataset", f"evaluation during training with expert_parallel {ep} is not proven against one "
-                               "process yet; drop eval_dataset (eval_dataset=null) and evaluate the checkpoint with "
-                               "`mf eval`")
 
 
 @check(commands=TRAINING, needs=("world",))
 def expert_parallel_layout(t):
-    """ep equals the data-parallel size (expert data parallelism and HSDP beside EP are not proven)."""
+    """ep over the FSDP shard ranks, any divisor of them (expert data parallelism); HSDP beside EP is not proven."""
     dims, ep = t.dims, _ep(t)
-    if ep <= 1 or dims is None or dims.tp > 1 or dims.cp > 1 or dims.pp > 1:
+    if ep <= 1 or dims is None or dims.cp > 1 or dims.pp > 1:
         return
     if dims.dp_replicate > 1:
         yield KEY, (f"{ep} with data-parallel replicas (HSDP: data_parallel_shard {dims.dp_shard} of {dims.dp}) is not "
                     "proven yet (the experts' gradients would be all-reduced over the replicas); use "
                     "data_parallel_shard -1")
-    elif dims.dp_shard != ep:
-        yield KEY, (f"{ep} < the {dims.dp_shard} data-parallel ranks: ranks holding the same experts (expert data "
-                    f"parallelism, FSDP over {dims.dp_shard // ep} ranks) are not proven yet; use expert_parallel "
-                    f"{dims.dp_shard} (the data-parallel size) or launch {ep} ranks")
+    elif t.cfg.parallelism.moe_token_dispatcher_type == "alltoall_deredundancy" and ep < dims.dp_shard:
+        yield ("parallelism.moe_token_dispatcher_type", f"'alltoall_deredundancy' with expert_parallel {ep} below the "
+                                                        f"{dims.dp_shard} data-parallel ranks is not proven yet (the "
+                                                        "two-level dispatcher is proven with ep over every "
+                                                        f"data-parallel rank); use 'alltoall' or expert_parallel "
+                                                        f"{dims.dp_shard}")
