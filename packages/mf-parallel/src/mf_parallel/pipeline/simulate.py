@@ -171,11 +171,11 @@ def textbook_bubble(schedule: Schedule, costs: Costs | None = None):
         return "(p-1)(F+B-W)", (p - 1) * (costs.F + costs.B - costs.W)
     if schedule.name == "zbv" and costs.F == costs.B == costs.W:
         if m >= 2 * p - 1:
-            formula = "ZB-V, m >= 2p-1: 0"
+            formula = "ZB-V at F=B=W (m >= 2p-1)"
         elif m >= p:
-            formula = "ZB-V, p <= m < 2p-1: (2p-1-m)F"
+            formula = "ZB-V at F=B=W (p <= m < 2p-1): (2p-1-m)F"
         else:
-            formula = "ZB-V, m < p: (4(p-1)-3(m-1))F"
+            formula = "ZB-V at F=B=W (m < p): (4(p-1)-3(m-1))F"
         return formula, zbv_bubble(p, m) * costs.F
     return None
 
