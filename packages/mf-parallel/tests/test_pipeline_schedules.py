@@ -213,7 +213,7 @@ def test_resolve_pipeline(kwargs, spec):
     (dict(pp=2, schedule="gpipe", interleave_num=2), "interleave_num: must be 1 with pipeline_parallel_schedule 'gpipe'"),
     (dict(pp=2, schedule="gpipe", dxdw_split=True), "enable_dxdw_split: gpipe runs every backward"),
     (dict(pp=2, overlap_b_f=True), "overlap_b_f: pairs the forward of one model chunk"),
-    (dict(pp=2, schedule="zbv", overlap_b_f=True), "overlap_b_f: has no pair in the greedy V"),
+    (dict(pp=2, schedule="zbv", overlap_b_f=True), "overlap_b_f: has no pair in the ZB-V order"),
     (dict(pp=2, schedule="zbv", interleave_num=3), "zbv places exactly two chunks per rank"),
     (dict(pp=2, schedule="interleaved_1f1b"), "interleaved_1f1b needs pipeline_parallel_interleave_num > 1"),
     (dict(pp=1, dxdw_split=True), "enable_dxdw_split: only acts with pipeline_parallel > 1"),
