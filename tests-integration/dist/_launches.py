@@ -19,8 +19,9 @@ WORLD4_WORKER = HERE / "_world4_worker.py"     # collectives, 4-rank Trainer cas
 # The pipeline cases train the 4- and 6-layer models of `reference4` / `reference6`;
 # `pp2_1f1b_from_reference4` continues the one-process checkpoint under PP2.
 PIPELINE2_CASES = ("pp2_1f1b", "pp2_gpipe", "pp2_interleaved", "pp2_1f1b_split", "pp2_zbv", "pp2_1f1b_from_reference4")
-# On 4 ranks: PP4, and PP2 stages FSDP-sharded over dp 2 / under TP2 (all against reference4 / 6).
-PIPELINE4_CASES = ("pp4_1f1b_uneven", "pp2_fsdp2", "pp2_tp2")
+# On 4 ranks: PP4, and PP2 stages FSDP-sharded over dp 2 / DDP replicas over dp 2 / under TP2 (all
+# against reference4 / 6).
+PIPELINE4_CASES = ("pp4_1f1b_uneven", "pp2_fsdp2", "pp2_ddp2", "pp2_tp2")
 # one process, one after another (`reference_packed`: the packed-document data of `cp2_packed`)
 REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "reference_muon", "reference_packed")
 # Context parallelism through the Trainer: every method, CP x FSDP, CP x TP and packed documents.

@@ -30,6 +30,7 @@ def test_pipeline_layouts_that_run_pass(tmp_path, tiny_config, parallelism):
 @pytest.mark.parametrize("parallelism", [
     {"pipeline_parallel": 2},                                                   # PP2 x FSDP2
     {"pipeline_parallel": 2, "tensor_parallel": 2},                             # PP2 x TP2
+    {"pipeline_parallel": 2, "data_parallel_shard_strategy": "no_shard"},       # PP2 x DDP2
 ])
 def test_stages_with_data_or_tensor_parallelism_pass(tmp_path, tiny_config, parallelism):
     report = _report(tmp_path, tiny_config, 4, parallelism, training={"local_batch_size": 1},
@@ -44,18 +45,19 @@ PP4L = {"training": {"local_batch_size": 1}, "model": {"num_hidden_layers": 4}}
     (1, {"pipeline_parallel": 2}, {}, "parallelism.pipeline_parallel", "2 > 1 needs 2 ranks"),
     # What is not proven with data- or tensor-parallel stages stays refused, one line each.
     (4, {"pipeline_parallel": 2, "pipeline_parallel_schedule": "zbv"}, PP4L, "parallelism.pipeline_parallel_schedule",
-     "'zbv' with FSDP stages is not implemented (only 1f1b with FSDP or TP stages is proven"),
+     "'zbv' with FSDP stages is not implemented (only 1f1b with FSDP, DDP or TP stages is proven"),
     (4, {"pipeline_parallel": 2, "pipeline_parallel_schedule": "gpipe", "tensor_parallel": 2}, PP4L,
      "parallelism.pipeline_parallel_schedule", "'gpipe' with TP stages is not implemented"),
     (4, {"pipeline_parallel": 2, "tensor_parallel": 2, "pipeline_parallel_interleave_num": 2}, PP4L,
      "parallelism.pipeline_parallel_interleave_num", "2 chunks per rank with TP stages are not implemented"),
     (4, {"pipeline_parallel": 2, "pipeline_parallel_enable_dxdw_split": True}, PP4L,
      "parallelism.pipeline_parallel_enable_dxdw_split", "true with FSDP stages is not implemented"),
-    (4, {"pipeline_parallel": 2, "data_parallel_shard_strategy": "no_shard"}, PP4L,
-     "parallelism.data_parallel_shard_strategy", "'no_shard' (DDP) inside pipeline stages is not implemented"),
+    (4, {"pipeline_parallel": 2, "data_parallel_shard_strategy": "no_shard", "pipeline_parallel_schedule": "gpipe"},
+     PP4L, "parallelism.pipeline_parallel_schedule", "'gpipe' with data-parallel stages is not implemented"),
     (8, {"pipeline_parallel": 2, "data_parallel_shard": 2},
      {"training": {"local_batch_size": 1, "global_batch_size": 8}, "model": {"num_hidden_layers": 4}},
-     "parallelism.data_parallel_shard", "HSDP (world=8 pp=2 dp_replicate=2 dp_shard=2"),
+     "parallelism.data_parallel_shard", "HSDP (world=8 pp=2 dp_replicate=2 dp_shard=2 cp=1 tp=1 ep=1 (HSDP, PP)) inside pipeline "
+     "stages is not proven"),
     (4, {"pipeline_parallel": 2, "context_parallel": 2}, {}, "parallelism.context_parallel",
      "2 with pipeline_parallel 2 is not implemented (pipeline stages have no context-parallel attention)"),
     (2, {"pipeline_parallel": 2, "pipeline_parallel_interleave_num": 2},
