@@ -19,13 +19,14 @@ WORLD4_WORKER = HERE / "_world4_worker.py"     # collectives, 4-rank Trainer cas
 # The pipeline cases train the 4- and 6-layer models of `reference4` / `reference6`;
 # `pp2_1f1b_from_reference4` continues the one-process checkpoint under PP2.
 PIPELINE2_CASES = ("pp2_1f1b", "pp2_gpipe", "pp2_interleaved", "pp2_1f1b_split", "pp2_zbv", "pp2_1f1b_from_reference4")
-# On 4 ranks: PP4, and PP2 stages FSDP-sharded over dp 2 / under TP2 (all against reference4 / 6):
-# 1f1b (with evaluation during training), then the other schedules' mechanisms with sharded stages:
-# two chunks per rank with FSDP (interleaved + dx/dw split) and TP (zbv, whose backward is split),
-# the deferred weight gradients under FSDP and TP, the V placement under both, gpipe once.
-# Interleaved x TP adds no mechanism zbv x TP lacks (checked once by hand: 5.8e-7 / 3.2e-7).
+# On 4 ranks: PP4, and PP2 stages FSDP-sharded over dp 2 / DDP replicas over dp 2 / under TP2 (all
+# against reference4 / 6): 1f1b (with evaluation during training), then the other schedules'
+# mechanisms with sharded stages: two chunks per rank with FSDP (interleaved + dx/dw split) and TP
+# (zbv, whose backward is split), the deferred weight gradients under FSDP and TP, the V placement
+# under both, gpipe once. Interleaved x TP adds no mechanism zbv x TP lacks (checked once by hand:
+# 5.8e-7 / 3.2e-7).
 SHARDED_STAGE_CASES = ("pp2_gpipe_tp2", "pp2_interleaved_split_fsdp2", "pp2_zbv_fsdp2", "pp2_zbv_tp2")
-PIPELINE4_CASES = ("pp4_1f1b_uneven", "pp2_fsdp2", "pp2_tp2", *SHARDED_STAGE_CASES)
+PIPELINE4_CASES = ("pp4_1f1b_uneven", "pp2_fsdp2", "pp2_ddp2", "pp2_tp2", *SHARDED_STAGE_CASES)
 # one process, one after another (`reference_packed`: the packed-document data of `cp2_packed`)
 REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "reference_muon", "reference_packed",
               "moe_mixtral_reference", "moe_noaux_reference")

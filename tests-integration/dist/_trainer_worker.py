@@ -119,6 +119,9 @@ CASES = {
     "pp2_zbv_fsdp2": ({"pipeline_parallel": 2, "pipeline_parallel_schedule": "zbv"}, {"local_batch_size": 1}, 1, 4),
     "pp2_zbv_tp2": ({"pipeline_parallel": 2, "pipeline_parallel_schedule": "zbv", "tensor_parallel": 2},
                     {"local_batch_size": 2}, 1, 4),
+    # DDP stages: each stage whole on both ranks of its dp pair, its gradients all-reduced over the
+    # pair in every micro-batch's backward (2 micro-batches of 1 sample per dp slice, as pp2_fsdp2).
+    "pp2_ddp2": ({"pipeline_parallel": 2, "data_parallel_shard_strategy": "no_shard"}, {"local_batch_size": 1}, 1, 4),
     "reference6": ({}, {"local_batch_size": 4}, 1, 1),
     "pp4_1f1b_uneven": ({"pipeline_parallel": 4, "pipeline_parallel_layers_per_stage": [1, 2, 2, 1]},
                         {"local_batch_size": 1}, 1, 4),

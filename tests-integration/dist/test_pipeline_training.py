@@ -3,7 +3,8 @@ style): the tiny llama with tied embeddings (4 layers; 6 for PP4), 8 steps of th
 (4 micro-batches of 1 sample under PP, one batch of 4 in one process), per-step loss and gradient
 norm within 1e-5 relative, and the final gathered weights: PP2 1f1b, gpipe, interleaved (2 chunks),
 1f1b with the dx/dw split, zbv, PP4 1f1b with uneven pipeline_parallel_layers_per_stage, and on
-4 ranks PP2 x FSDP2 (each stage sharded over its data-parallel pair, 2 micro-batches per slice)
+4 ranks PP2 x FSDP2 (each stage sharded over its data-parallel pair, 2 micro-batches per slice),
+PP2 x DDP2 (each stage whole on both ranks of its pair, its gradients all-reduced over the pair)
 and PP2 x TP2 (the stages' layers under the TP plan, vocabulary-split logits and loss on the last
 stage, the tied table's copies still summed between the two ends) under 1f1b, and under the other
 schedules: gpipe x TP2, interleaved (2 chunks, each with its own FSDP units) with the dx/dw split

@@ -79,6 +79,17 @@ def test_zero_bubble_idle_against_1f1b(tmp_path, capsys, pp, m, costs):
     assert rc == 0 and "zbv over" in out and "peak" in out
 
 
+@pytest.mark.parametrize("pp, m, idle", [(2, 4, 0), (4, 8, 0), (4, 16, 0), (4, 4, 3), (3, 2, 5)])
+def test_zbv_idle_and_memory(tmp_path, capsys, pp, m, idle):
+    """ZB-V (Qi et al.) at F = B = W: no idle once m >= 2p - 1, 2p chunk activations per rank."""
+    rc, out, err = _plan(capsys, _yaml(tmp_path, pp=pp, gbs=m, layers=4 * pp),
+                         "--set", "parallelism.pipeline_parallel_schedule=zbv")
+    assert rc == 0, err
+    assert _idle(out) == pytest.approx(idle) and "textbook ZB-V" in out
+    peaks = [int(x) for x in re.findall(r"^  rank \d+: busy .* peak (\d+)$", out, re.M)]
+    assert len(peaks) == pp and max(peaks) <= 2 * pp and (m < 2 * pp - 1 or peaks == [2 * pp] * pp)
+
+
 def test_layout_and_activations_in_flight(tmp_path, capsys):
     rc, out, _ = _plan(capsys, _yaml(tmp_path, pp=4, gbs=8, layers=10), "--world", "8")
     assert rc == 0

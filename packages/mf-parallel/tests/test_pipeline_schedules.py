@@ -14,7 +14,8 @@ from fractions import Fraction
 import pytest
 
 import mf_parallel as mp
-from mf_parallel.pipeline import Comm, Compute, Costs, Placement, StageLayout, validate_schedule
+from mf_parallel.pipeline import Comm, Compute, Costs, Placement, StageLayout, textbook_bubble, validate_schedule
+from mf_parallel.pipeline.schedules import zbv_bubble
 from mf_parallel.pipeline.simulate import simulate
 
 PPS = (2, 3, 4, 8)
@@ -54,6 +55,13 @@ def test_every_schedule_is_valid_and_its_bubble_is_the_textbook_one(pp, m, name,
         elif name == "1f1b" and v == 1 and m >= pp:
             # ZB-H1: (p-1)(F+B-W), a third of 1F1B's when F = B = W (Qi et al., table 2)
             assert sim.bubble == (pp - 1) * (F + B - W), (costs, [r.idle for r in sim.ranks])
+        elif name == "zbv" and F == B == W:
+            assert sim.bubble == zbv_bubble(pp, m) * F, (costs, [r.idle for r in sim.ranks])
+        elif name == "zbv" and m >= 2 * pp - 1:
+            # never above the paper's (p-1)(T_F + T_B - 2 T_W) with a stage's T = 2 chunks' cost
+            assert sim.bubble <= max(0, 2 * (pp - 1) * (F + B - 2 * W)), (costs, [r.idle for r in sim.ranks])
+        if (known := textbook_bubble(s, costs)) is not None:
+            assert sim.bubble == known[1], (known, costs)
     # memory: activations in flight (micro-batch x chunk), as the schedules promise
     if name == "gpipe":
         assert peaks == [m] * pp
@@ -61,7 +69,8 @@ def test_every_schedule_is_valid_and_its_bubble_is_the_textbook_one(pp, m, name,
         limit = [min(pp - r, m) for r in range(pp)]
         assert peaks == limit if not split else max(peaks) <= pp
     elif name == "zbv":
-        assert max(peaks) <= 2 * pp          # 2 pp chunks = 1F1B's p whole micro-batches
+        # 2 pp chunks = 1F1B's p whole micro-batches (the paper's p M_B), reached once m >= 2p - 1
+        assert max(peaks) <= 2 * pp and (m < 2 * pp - 1 or peaks == [2 * pp] * pp)
     assert simulate(s).peak_in_flight == peaks
 
 
@@ -70,10 +79,39 @@ def test_split_schedules_beat_their_unsplit_twins(pp, m):
     plain = simulate(_schedule(pp, m)).bubble
     zbh1 = simulate(_schedule(pp, m, dxdw_split=True)).bubble
     zbv = simulate(_schedule(pp, m, "zbv")).bubble
-    assert zbh1 == plain / 3 and zbv <= zbh1
+    assert zbh1 == plain / 3 and zbv == 0
     inter = simulate(_schedule(pp, m, "1f1b", 2)).bubble
     inter_split = simulate(_schedule(pp, m, "1f1b", 2, dxdw_split=True)).bubble
     assert inter_split < inter
+
+
+# idle time of the busiest rank at F = B = W = 1, read off the ZB-V orders by hand: zero from
+# m = 2p - 1 on (Qi et al.'s ZB-V: (p-1)(T_F + T_B - 2 T_W) = 0), the V's turn showing below that
+ZBV_IDLE = {
+    (2, 1): 4, (2, 2): 1, (2, 3): 0, (2, 4): 0, (2, 8): 0,
+    (3, 1): 8, (3, 3): 2, (3, 4): 1, (3, 5): 0, (3, 6): 0, (3, 12): 0,
+    (4, 2): 9, (4, 4): 3, (4, 5): 2, (4, 6): 1, (4, 7): 0, (4, 8): 0, (4, 16): 0,
+    (8, 4): 19, (8, 8): 7, (8, 12): 3, (8, 15): 0, (8, 16): 0, (8, 32): 0,
+}
+
+
+@pytest.mark.parametrize("pp, m", sorted(ZBV_IDLE))
+def test_zbv_idle_time_is_the_formula(pp, m):
+    sim = simulate(_schedule(pp, m, "zbv"))
+    assert sim.bubble == ZBV_IDLE[pp, m] == zbv_bubble(pp, m)
+    if m >= 2 * pp - 1:
+        assert all(r.idle == 0 for r in sim.ranks)         # every rank busy through its span
+    for p2p in ("blocking", "rendezvous"):                   # the comm placement never deadlocks
+        assert simulate(_schedule(pp, m, "zbv"), p2p=p2p).makespan >= sim.makespan
+
+
+def test_zbv_warm_up_is_the_papers():
+    # p = 2, m = 4: rank 0 runs 3 forwards of chunk 0, then (F, B, W) of chunk 1 twice, then the
+    # steady (F B W) pairs; rank 1 (the V's turn) alternates its chunks from the start
+    s = _schedule(2, 4, "zbv")
+    assert [c.label() for c in s.compute_order(0)][:9] == ["F0", "F1", "F2", "F0.1", "B0.1", "W0.1", "F1.1", "B1.1",
+                                                          "W1.1"]
+    assert [c.label() for c in s.compute_order(1)][:6] == ["F0", "F0.1", "F1", "F1.1", "B0.1", "W0.1"]
 
 
 def test_p2p_semantics_only_add_waiting():
@@ -175,7 +213,7 @@ def test_resolve_pipeline(kwargs, spec):
     (dict(pp=2, schedule="gpipe", interleave_num=2), "interleave_num: must be 1 with pipeline_parallel_schedule 'gpipe'"),
     (dict(pp=2, schedule="gpipe", dxdw_split=True), "enable_dxdw_split: gpipe runs every backward"),
     (dict(pp=2, overlap_b_f=True), "overlap_b_f: pairs the forward of one model chunk"),
-    (dict(pp=2, schedule="zbv", overlap_b_f=True), "overlap_b_f: has no pair in the greedy V"),
+    (dict(pp=2, schedule="zbv", overlap_b_f=True), "overlap_b_f: has no pair in the ZB-V order"),
     (dict(pp=2, schedule="zbv", interleave_num=3), "zbv places exactly two chunks per rank"),
     (dict(pp=2, schedule="interleaved_1f1b"), "interleaved_1f1b needs pipeline_parallel_interleave_num > 1"),
     (dict(pp=1, dxdw_split=True), "enable_dxdw_split: only acts with pipeline_parallel > 1"),

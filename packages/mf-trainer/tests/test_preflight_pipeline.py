@@ -46,17 +46,29 @@ def test_stages_with_fsdp_or_tensor_parallelism_pass_under_every_schedule(tmp_pa
     assert report.ok, report.lines()
 
 
+def test_ddp_stages_pass_under_1f1b(tmp_path, tiny_config):
+    report = _report(tmp_path, tiny_config, 4, {"pipeline_parallel": 2, "data_parallel_shard_strategy": "no_shard"},
+                     training={"local_batch_size": 1}, model={"num_hidden_layers": 4})
+    assert report.ok, report.lines()
+
+
 PP4L = {"training": {"local_batch_size": 1}, "model": {"num_hidden_layers": 4}}
+DDP = {"pipeline_parallel": 2, "data_parallel_shard_strategy": "no_shard"}
 
 
 @pytest.mark.parametrize("world, parallelism, sections, key, reason", [
     (1, {"pipeline_parallel": 2}, {}, "parallelism.pipeline_parallel", "2 > 1 needs 2 ranks"),
-    # Data-parallel replicas inside the stages are not proven: one line each.
-    (4, {"pipeline_parallel": 2, "data_parallel_shard_strategy": "no_shard"}, PP4L,
-     "parallelism.data_parallel_shard_strategy", "'no_shard' (DDP) inside pipeline stages is not implemented"),
+    # DDP stages are proven under 1f1b only: the other schedules, the split and TP beside them refused.
+    (4, {**DDP, "pipeline_parallel_schedule": "gpipe"}, PP4L, "parallelism.pipeline_parallel_schedule",
+     "'gpipe' with DDP (no_shard) stages is not proven yet"),
+    (4, {**DDP, "pipeline_parallel_schedule": "zbv"}, PP4L, "parallelism.pipeline_parallel_schedule",
+     "'zbv' with 2 chunks per rank with DDP (no_shard) stages is not proven yet"),
+    (4, {**DDP, "pipeline_parallel_enable_dxdw_split": True}, PP4L, "parallelism.pipeline_parallel_enable_dxdw_split",
+     "true with DDP (no_shard) stages is not proven yet"),
     (8, {"pipeline_parallel": 2, "data_parallel_shard": 2},
      {"training": {"local_batch_size": 1, "global_batch_size": 8}, "model": {"num_hidden_layers": 4}},
-     "parallelism.data_parallel_shard", "HSDP (world=8 pp=2 dp_replicate=2 dp_shard=2"),
+     "parallelism.data_parallel_shard", "HSDP (world=8 pp=2 dp_replicate=2 dp_shard=2 cp=1 tp=1 ep=1 (HSDP, PP)) inside pipeline "
+     "stages is not proven"),
     (4, {"pipeline_parallel": 2, "context_parallel": 2}, {}, "parallelism.context_parallel",
      "2 with pipeline_parallel 2 is not implemented (pipeline stages have no context-parallel attention)"),
     (2, {"pipeline_parallel": 2, "pipeline_parallel_interleave_num": 2},

@@ -9,8 +9,9 @@ With more ranks (started by `mf launch` or msrun):
 * layout: `ParallelDims.from_config(parallelism, world)`; `data_parallel_shard_strategy:
   no_shard` makes every data-parallel rank a replica (DDP); `optim_grads_params` (ZeRO-3, the
   default) shards parameters, gradients and optimizer states. What cannot run (expert
-  parallelism, pipeline stages with cp/ep or with DDP / HSDP stages, ZeRO-1/2, degrees
-  that do not fit the world) is refused by the preflight; pipeline stages are pipeline_step.py.
+  parallelism, pipeline stages with cp/ep, with HSDP stages or with DDP stages outside 1f1b,
+  ZeRO-1/2, degrees that do not fit the world) is refused by the preflight; pipeline stages are
+  pipeline_step.py.
 * the model: its own plan (`mf_models.parallelize_model`: TP + SP, recompute, FSDP/HSDP), applied
   before the optimizer is built, so AdamW's moments are sharded like the parameters.
 * data: each data-parallel rank reads its slice of every global batch (`dp_rank`, `dp`); tensor-

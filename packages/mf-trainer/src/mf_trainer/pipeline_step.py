@@ -33,7 +33,9 @@ The Trainer keeps its one loop; this module swaps what differs:
   their W runs: mf-parallel's weight_grad.py); the TP
   plan's last stage gives vocabulary-split logits to the vocab-parallel loss; the tied head is the
   plan's `output` leaf sharing the table, summed with the first stage's as above. Each dp slice
-  reads its own micro-batches; the Trainer sums the loss over dp.
+  reads its own micro-batches; the Trainer sums the loss over dp. DDP stages (`no_shard`) are the
+  same plan with a shard group of one: each micro-batch's backward all-reduces the stage's
+  gradients over its dp group (`dp_replicate`), so every replica applies the same summed gradient.
 * checkpoints: each stage saves its parameters under their global names; the tied copy is saved
   as a replica (replica_id > 0), so a checkpoint holds one `tok_embeddings.weight` and loads into
   one process, or into another pipeline layout, unchanged (mf-ckpt reshards on load).

@@ -145,7 +145,7 @@ def schedule_section(plan: Plan) -> list[str]:
     if plan.simulation is None:
         return []
     import mf_parallel as mp
-    from mf_parallel.pipeline import expected_bubble
+    from mf_parallel.pipeline import textbook_bubble
 
     sim, c = plan.simulation, plan.costs
     backward = "B (input gradient) + W (weight gradient)" if plan.schedule.split_backward else f"B+W = {c.B + c.W}"
@@ -156,11 +156,9 @@ def schedule_section(plan: Plan) -> list[str]:
         lines.append(f"  rank {line.rank}: busy {_num(line.busy)}  idle {_num(line.idle)}  span {_num(line.span)}  "
                      f"peak {line.peak_in_flight}")
     text = f"bubble: {sim.bubble_fraction:.4f} of the step (idle {_num(sim.bubble)} on the busiest stage)"
-    want = expected_bubble(plan.schedule, c) if plan.args.p2p == "async" else None
-    if want is not None:
-        formula = ("(p-1)(F+B-W)" if plan.schedule.split_backward else "(p-1)(F+B+W)")
-        if not plan.schedule.split_backward or plan.microbatches >= plan.spec.pp:
-            text += f"; textbook {formula} = {_num(want)}"
+    known = textbook_bubble(plan.schedule, c) if plan.args.p2p == "async" else None
+    if known is not None:
+        text += f"; textbook {known[0]} = {_num(known[1])}"
     lines.append(text)
     combined = sum(type(a).__name__ == "Combined" for rank in plan.schedule.ranks for a in rank)
     if combined:

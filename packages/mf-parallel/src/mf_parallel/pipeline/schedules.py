@@ -12,13 +12,15 @@ Compute orders (which F / B / W each rank runs, in which order):
   input gradient (sent upstream at once) and each W (the weight gradient) deferred: a W runs when
   the rank would otherwise wait, or when the rank already holds as many unfinished micro-batches
   as rank 0 of the unsplit schedule does (so peak memory stays that of 1F1B), or at the end.
-- `zbv` (ZB-V): two chunks per rank in a V, backward split; each rank greedily runs, in order of
-  preference, a ready backward (the oldest micro-batch first), a ready forward of its second chunk,
-  a ready forward of its first chunk (both while it holds fewer than 2 pp unfinished chunk-micro-
-  batches: 1F1B's peak), else a deferred W.
+- `zbv` (ZB-V, Qi et al. 2023, the V-shape schedule): two chunks per rank in a V (chunk 0 is
+  virtual stage r, chunk 1 is 2p-1-r), backward split; a fixed per-rank order in the paper's three
+  phases (see `zbv_order`). With F = B = W every rank is busy from its first computation to its
+  last once m >= 2p - 1 (zero bubble, the paper's (p-1)(T_F + T_B - 2 T_W) = 0), while holding at
+  most 2p chunk activations: 1F1B's p whole micro-batches. `zbv_bubble` is the exact idle time.
 
-The greedy choices are made on a plan with costs F = B = W = 1 (what the handcrafted schedules of
-the zero-bubble paper assume); the resulting order is then fixed, whatever the real costs.
+The ZB-H1 W placement is a greedy choice made on a plan with costs F = B = W = 1 (what the
+handcrafted schedules of the zero-bubble paper assume); the resulting order is then fixed,
+whatever the real costs.
 
 `pipeline_parallel_overlap_b_f` (interleaved 1F1B) fuses a steady-state forward with the backward
 of another chunk that follows it on the same rank into one `Combined` action (Megatron's combined
@@ -95,7 +97,7 @@ def peak_in_flight(order: list[Compute]) -> int:
 
 # ----------------------------------------------------------------------------- greedy (split) orders
 class _Greedy:
-    """Event-driven list scheduling on the plan costs, shared by ZB-H1-style W placement and ZB-V.
+    """Event-driven list scheduling on the plan costs, for the ZB-H1-style W placement.
 
     Ranks decide in order of the time they become free, so when a rank decides at time t, every
     computation that finishes by t is known (it started earlier, on a rank that already decided).
@@ -189,47 +191,63 @@ def zb_split_orders(placement: Placement, m: int, fb_orders: list[list[Compute]]
     return g.schedule(choose)
 
 
-def zbv_orders(placement: Placement, m: int) -> list[list[Compute]]:
-    """ZB-V: greedy over ready backwards, second-chunk forwards, first-chunk forwards, then W."""
-    pp = placement.pp
-    g = _Greedy(placement, m, [2 * pp] * pp)
-    next_f = [[0, 0] for _ in range(pp)]          # next micro-batch to forward, per chunk
-    next_b = [[0, 0] for _ in range(pp)]
+def zbv_order(placement: Placement, m: int, rank: int) -> list[Compute]:
+    """ZB-V's order on `rank` (p ranks, m micro-batches), the paper's warm-up / steady / cool-down.
 
-    def candidates(r: int):
-        out = []
-        for chunk in (1, 0):                          # the V's second leg first: its B comes first
-            if next_b[r][chunk] < next_f[r][chunk]:
-                out.append(Compute("B", next_b[r][chunk], chunk, placement.stage(r, chunk)))
-        for chunk in (1, 0):
-            if next_f[r][chunk] < m:
-                out.append(Compute("F", next_f[r][chunk], chunk, placement.stage(r, chunk)))
-        return out
+    Warm-up: 2(p - r) - 1 forwards of chunk 0 (rank 0 runs the most: the V's far end must fill
+    first), then r pairs (F chunk 1, F chunk 0), then p - r triples (F, B, W) of chunk 1 — each W
+    right after its B so the rank never holds more than 2p chunk activations. Steady state: triples
+    (F, B, W) of chunk 0, then of chunk 1, until every forward has run. Cool-down: r pairs of
+    backwards (chunk 0, chunk 1) with their W deferred into the tail where the rank would otherwise
+    wait for the backward coming back down the V, p - r (B, W) of chunk 0, then the deferred Ws.
+    With fewer micro-batches than a phase asks for, the phase takes what exists (every count is
+    clipped), so the order is valid for every m >= 1; its bubble is then `zbv_bubble`'s.
+    """
+    p = placement.pp
+    stages = (placement.stage(rank, 0), placement.stage(rank, 1))
+    count = {op: [0, 0] for op in "FBW"}        # next micro-batch per (op, chunk)
+    order: list[Compute] = []
 
-    def take(r: int, c: Compute, start):
-        table = next_f if c.op == "F" else next_b
-        table[r][c.chunk] += 1
-        return c, start
+    def run(op: str, chunk: int) -> bool:
+        done = count[op][chunk]
+        limit = m if op == "F" else count["F" if op == "B" else "B"][chunk]
+        if done >= limit:
+            return False
+        order.append(Compute(op, done, chunk, stages[chunk]))
+        count[op][chunk] += 1
+        return True
 
-    def choose(r: int, t):
-        cands = candidates(r)
-        if not cands and not g.pending_w[r]:
-            return None
-        timed = [(c, g.ready_at(c)) for c in cands]
-        backs = sorted(((c, at) for c, at in timed if c.op == "B" and at is not None and at <= t),
-                       key=lambda ca: (ca[0].mb, -ca[0].chunk))
-        if backs:
-            return take(r, backs[0][0], t)
-        if g.held[r] < g.caps[r]:
-            for c, at in timed:
-                if c.op == "F" and at is not None and at <= t:
-                    return take(r, c, t)
-        if g.pending_w[r]:
-            return g.pending_w[r].popleft(), t
-        upcoming = [at for c, at in timed if at is not None and (c.op == "B" or g.held[r] < g.caps[r])]
-        return ("wait", min(upcoming) if upcoming else None)
+    def repeat(times: int, *ops: tuple[str, int]) -> None:
+        for _ in range(times):
+            for op, chunk in ops:
+                run(op, chunk)
 
-    return g.schedule(choose)
+    repeat(2 * (p - rank) - 1, ("F", 0))
+    repeat(rank, ("F", 1), ("F", 0))
+    repeat(p - rank, ("F", 1), ("B", 1), ("W", 1))
+    while count["F"][0] < m or count["F"][1] < m:
+        repeat(1, ("F", 0), ("B", 0), ("W", 0), ("F", 1), ("B", 1), ("W", 1))
+    repeat(rank, ("B", 0), ("B", 1))
+    repeat(p - rank, ("B", 0), ("W", 0))
+    while run("B", 1) or run("B", 0):
+        pass
+    while run("W", 1) or run("W", 0):
+        pass
+    return order
+
+
+def zbv_bubble(pp: int, m: int) -> int:
+    """The exact idle time (busiest rank, unit costs F = B = W = 1 per chunk) of `zbv_order`.
+
+    0 once m >= 2p - 1 (the paper's zero bubble); 2p - 1 - m for p <= m < 2p - 1 (the steady state
+    is too short to hide the turn of the V); 4(p - 1) - 3(m - 1) for m <= p (one micro-batch idles
+    4(p - 1), each further one fills 3 units of it). Rank 0 is the busiest rank in each case.
+    """
+    if m >= 2 * pp - 1:
+        return 0
+    if m >= pp:
+        return 2 * pp - 1 - m
+    return 4 * (pp - 1) - 3 * (m - 1)
 
 
 # ----------------------------------------------------------------------------- combined F + B
@@ -271,7 +289,7 @@ def compute_orders(spec: PipelineSpec, microbatches: int) -> list[list]:
     placement = Placement.of(spec)
     m = microbatches
     if spec.schedule == "zbv":
-        orders = zbv_orders(placement, m)
+        orders = [zbv_order(placement, m, r) for r in range(spec.pp)]
     else:
         make = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order, "interleaved_1f1b": interleaved_order}.get(spec.schedule)
         if make is None:

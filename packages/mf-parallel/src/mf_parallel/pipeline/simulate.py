@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from mf_parallel.errors import ParallelConfigError
 from mf_parallel.pipeline.actions import Combined, Comm, Compute, Schedule, computes
 from mf_parallel.pipeline.dataflow import Costs
+from mf_parallel.pipeline.schedules import zbv_bubble
 from mf_parallel.pipeline.stages import Placement
 
 P2P_MODES = ("async", "blocking", "rendezvous")
@@ -152,19 +153,37 @@ def simulate(schedule: Schedule, costs: Costs | None = None, p2p: str = "async",
     return Simulation(schedule, costs, p2p, out)
 
 
-def expected_bubble(schedule: Schedule, costs: Costs | None = None):
-    """The textbook bubble (idle time of the busiest stage) of `schedule`, or None where no closed
-    form is known: (p-1)(F+B+W) for GPipe / 1F1B and for interleaved 1F1B (per chunk; fraction
-    (p-1)/(v m + p - 1)); (p-1)(F+B-W) for 1F1B with the backward split (ZB-H1, Qi et al.)."""
+def textbook_bubble(schedule: Schedule, costs: Costs | None = None):
+    """(formula, value) of the closed-form bubble (idle time of the busiest stage) of `schedule`,
+    or None where no closed form holds:
+
+    - GPipe / 1F1B / interleaved 1F1B: (p-1)(F+B+W) (per chunk; fraction (p-1)/(v m + p - 1));
+    - 1F1B with the backward split (ZB-H1, Qi et al.), m >= p: (p-1)(F+B-W);
+    - ZB-V at F = B = W: `schedules.zbv_bubble` (0 once m >= 2p - 1, the paper's zero bubble).
+    """
     costs = costs or Costs()
-    p = schedule.pp
+    p, m = schedule.pp, schedule.microbatches
     if schedule.combined:
         return None
     if not schedule.split_backward and schedule.name in ("gpipe", "1f1b", "interleaved_1f1b"):
-        return (p - 1) * (costs.F + costs.B + costs.W)
-    if schedule.split_backward and schedule.name == "1f1b":
-        return (p - 1) * (costs.F + costs.B - costs.W)
+        return "(p-1)(F+B+W)", (p - 1) * (costs.F + costs.B + costs.W)
+    if schedule.split_backward and schedule.name == "1f1b" and m >= p:
+        return "(p-1)(F+B-W)", (p - 1) * (costs.F + costs.B - costs.W)
+    if schedule.name == "zbv" and costs.F == costs.B == costs.W:
+        if m >= 2 * p - 1:
+            formula = "ZB-V at F=B=W (m >= 2p-1)"
+        elif m >= p:
+            formula = "ZB-V at F=B=W (p <= m < 2p-1): (2p-1-m)F"
+        else:
+            formula = "ZB-V at F=B=W (m < p): (4(p-1)-3(m-1))F"
+        return formula, zbv_bubble(p, m) * costs.F
     return None
+
+
+def expected_bubble(schedule: Schedule, costs: Costs | None = None):
+    """The value of `textbook_bubble`, or None where no closed form is known."""
+    known = textbook_bubble(schedule, costs)
+    return None if known is None else known[1]
 
 
 def describe_action(action) -> str:

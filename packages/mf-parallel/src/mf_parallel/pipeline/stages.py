@@ -122,7 +122,8 @@ def resolve_pipeline(pp: int, schedule: str = "1f1b", interleave_num: int = 1, *
     if overlap_b_f and schedule in ("1f1b", "zbv") and not (schedule == "1f1b" and interleave_num > 1):
         reason = ("pairs the forward of one model chunk with the backward of another (Megatron's combined 1F1B), so "
                   "it needs pipeline_parallel_interleave_num >= 2" if schedule == "1f1b" else
-                  "has no pair in the greedy V schedule that could run combined without lengthening the step")
+                  "has no pair in the ZB-V order that could run combined (each forward is followed by a backward of "
+                  "its own chunk)")
         raise ParallelConfigError(f"{_KEY}_overlap_b_f: {reason}; use pipeline_parallel_schedule 1f1b with "
                                   f"pipeline_parallel_interleave_num >= 2, or set it to false")
     if schedule == "zbv":

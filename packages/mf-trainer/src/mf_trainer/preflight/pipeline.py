@@ -6,8 +6,9 @@ parallel.py's `feature_knobs`; pipeline x context parallelism is refused by cont
 Stages combine with FSDP over each stage's data-parallel group (`optim_grads_params`) and with
 tensor parallelism (the stage's layers under the TP plan, vocabulary-split logits on the last
 stage) under every schedule (gpipe, 1f1b, interleaved, the dx/dw split, zbv) and with evaluation
-during training: proven against one process in the dist tests. DDP / HSDP stages stay refused,
-one keyed line each."""
+during training, and with DDP replicas (`no_shard`: each stage's gradients all-reduced over its dp
+group) under 1f1b: proven against one process in the dist tests. DDP stages under the other
+schedules or with evaluation, and HSDP stages, stay refused, one keyed line each."""
 
 from __future__ import annotations
 
@@ -108,12 +109,36 @@ def pipeline_sharded_stages(t):
     """Data-parallel stages run only in the layouts proven against one process (FSDP; any schedule)."""
     if _pp(t) <= 1 or t.dims is None or t.dims.dp == 1:
         return
+    import mf_parallel as mp
+
     dims = t.dims
-    proven = "(FSDP and TP stages are proven against one process under every schedule; replicas are not)"
+    ddp = dims.dp_replicate > 1 and dims.dp_shard == 1
+    if ddp:
+        # DDP stages are proven under 1f1b without evaluation (pp2_ddp2); the rest is FSDP's
+        # mechanism with a shard group of one, but not run against one process yet.
+        try:
+            spec = _spec(t)
+        except mp.ParallelConfigError:
+            return                                       # pipeline_schedule says why
+        par, why = t.cfg.parallelism, "(DDP stages are proven against one process under 1f1b only)"
+        if spec.chunks > 1 or spec.schedule != "1f1b":
+            yield ("parallelism.pipeline_parallel_schedule",
+                   f"{spec.schedule!r}{' with ' + str(spec.chunks) + ' chunks per rank' if spec.chunks > 1 else ''} "
+                   f"with DDP (no_shard) stages is not proven yet {why}; use '1f1b' or FSDP stages "
+                   "(data_parallel_shard_strategy: optim_grads_params)")
+        if par.pipeline_parallel_enable_dxdw_split:
+            yield ("parallelism.pipeline_parallel_enable_dxdw_split",
+                   f"true with DDP (no_shard) stages is not proven yet {why}; set it to false or use FSDP stages")
+        if t.cfg.eval_dataset is not None:
+            yield ("eval_dataset", f"evaluation during training with DDP (no_shard) pipeline stages is not proven yet "
+                                   f"{why}; drop eval_dataset (eval_dataset=null) or use FSDP stages")
+        if dims.tp > 1:
+            yield ("parallelism.data_parallel_shard_strategy",
+                   f"'no_shard' (DDP) with tensor_parallel {dims.tp} inside pipeline stages is not proven yet {why} "
+                   "(TP stages are proven with FSDP); use 'optim_grads_params'")
     if dims.dp_replicate > 1 and dims.dp_shard > 1:
+        # DDP stages (no_shard) are proven (PP2 x DDP2); HSDP needs 8 ranks to test, not run yet.
         yield ("parallelism.data_parallel_shard",
-               f"HSDP ({dims.describe()}) inside pipeline stages is not implemented {proven}; shard over the whole "
-               f"data-parallel group (data_parallel_shard: -1)")
-    elif dims.dp_replicate > 1:
-        yield ("parallelism.data_parallel_shard_strategy",
-               f"'no_shard' (DDP) inside pipeline stages is not implemented {proven}; use 'optim_grads_params'")
+               f"HSDP ({dims.describe()}) inside pipeline stages is not proven against one process yet (FSDP or "
+               f"DDP stages are); shard over the whole data-parallel group (data_parallel_shard: -1) or replicate "
+               f"(data_parallel_shard_strategy: no_shard)")
