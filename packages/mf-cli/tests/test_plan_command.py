@@ -171,9 +171,10 @@ def test_memory_not_estimated_is_a_line_and_bad_size_exit_2(tmp_path, capsys):
 
 def test_full_size_deepseek_v3_preset_is_sized(capsys):
     """examples/presets/deepseek_v3.yaml (671B: MLA, 58 MoE layers of 256 routed + 1 shared expert)
-    gets a memory table and a verdict instead of 'not estimated'; the experts are replicated over
-    tp and, as FSDP units without reshard-after-forward, all stay gathered through the step, so
-    the fsdp column dwarfs the rest (expert parallelism is what would split them)."""
+    gets a memory table and a verdict instead of 'not estimated'. Under its expert_parallel 8 each
+    rank gathers only its own 32 experts (FSDP over the 4 ranks holding them), but they are
+    replicated over tp and, as FSDP units without reshard-after-forward, stay gathered through the
+    step: 651 GiB per rank, where sizing them as replicated gave 2988 GiB."""
     from pathlib import Path
 
     preset = Path(__file__).resolve().parents[3] / "examples" / "presets" / "deepseek_v3.yaml"
@@ -183,3 +184,4 @@ def test_full_size_deepseek_v3_preset_is_sized(capsys):
     row = next(x for x in out.splitlines() if x.strip().startswith("0 ") and "GiB" in x).split()
     assert len(row) == 9 and row[-1].endswith("GiB")
     assert re.search(r"peak [0-9.]+GiB does not fit in 64.0GiB per device", out)
+    assert "ep=8" in out and 500 < float(row[-1][:-3]) < 800, row
