@@ -8,7 +8,8 @@ take the same bias steps). Cases `moe_reference` (one process, with the llama re
 `moe_fsdp2` and `moe_ep2` (in the shared 2-rank launch), and `moe_ep4_deredundancy` (EP4 with the
 two-level alltoall_deredundancy dispatcher in device groups of 2 ranks, in the 4-rank launch) of
 _trainer_worker.py; the EP2 checkpoint
-(global names and shapes) then continues in one process as one process's own checkpoint does.
+(global names and shapes) then continues in one process as one process's own checkpoint does, and
+the EP4 one under EP2 (`moe_ep2_from_moe_ep4_deredundancy`, in the 2-rank launch) likewise.
 Expert data parallelism: `moe_ep2_fsdp2` (in the 4-rank launch) runs ep 2 over 4 data-parallel
 ranks, each expert block FSDP-sharded over the 2 ranks holding it and its gradient reduced there,
 against the same one process; evaluation during training under EP2 gives one process's eval
@@ -152,3 +153,21 @@ def test_expert_parallel_checkpoint_continues_in_one_process(ep_back_to_one_proc
     want, got = ep_back_to_one_process
     assert got["start_step"] == want["start_step"] == STEPS and len(got["losses"]) == MORE
     assert _rel(got["losses"], want["losses"]) <= RTOL, f"{got['losses']} vs {want['losses']}"
+
+
+def test_expert_parallel_checkpoint_continues_under_another_ep_size(request, ep_back_to_one_process):
+    """The EP4 checkpoint of the two-level dispatcher (each rank held 1 of the 4 experts) loads
+    under EP2 (2 experts per rank, the alltoall dispatcher) in the 2-rank launch, and the 2 steps
+    continued from it are those of one process continued from its own checkpoint: losses, grad
+    norms and the final weights within 1e-5, the same expert_bias."""
+    want = ep_back_to_one_process[0]
+    runs = _launched(request, "moe_ep2")
+    got = _result(runs, "moe_ep2_from_moe_ep4_deredundancy")
+    assert "ep=2" in got["dims"] and got["start_step"] == want["start_step"] == STEPS and len(got["losses"]) == MORE
+    for key in ("losses", "grad_norms"):
+        assert _rel(got[key], want[key]) <= RTOL, f"{key}: {got[key]} vs {want[key]} (rel err {_rel(got[key], want[key]):.2e})"
+    have, ref = _weights(runs, "moe_ep2_from_moe_ep4_deredundancy"), _weights(runs, "moe_reference_from_moe_reference")
+    assert set(have) == set(ref)
+    np.testing.assert_array_equal(have["layers.1.moe.router.expert_bias"], ref["layers.1.moe.router.expert_bias"])
+    for name in ref:
+        np.testing.assert_allclose(have[name], ref[name], rtol=RTOL, atol=1e-6, err_msg=name)
