@@ -170,6 +170,9 @@ def main() -> int:
     print(f"tiny rows across device groups per token (routed / analytic): ours {rows['deredundancy_across'] / tokens:.3f}"
           f" / {der:.3f}, reference {rows['alltoall_across'] / tokens:.3f} / {a2a:.3f}, ratio "
           f"{rows['deredundancy_across'] / rows['alltoall_across']:.3f} / {der / a2a:.3f}")
+    h, k = c["hidden"], c["top_k"]
+    print(f"tiny bytes across device groups, one forward + backward (from the routed rows): ours "
+          f"{rows['deredundancy_across'] * (4 * h + 3 * k) * 4}, reference {rows['alltoall_across'] * 4 * h * 4}")
     return 1 if mismatches or len(results) != c["ep"] else 0
 
 
