@@ -14,13 +14,15 @@ C(A, k) (A allowed experts, a of them in that group), averaged over the chosen r
 Bytes: rows x hidden x 2 (bf16 tokens on Ascend).
 
 Measured: the real dispatchers on 4 CPU ranks (ep 4, device groups of 2; 16 experts top-4 in 4
-router groups, 2 chosen), routing drawn from the model above; a counting wrapper in front of each
-level's token all-to-all counts the non-zero rows each rank sends to another device group (and,
-for deredundancy's level 2, to another rank of its group). They must equal
-`mf_parallel.routed_rows` of the same routing exactly (else exit 1), and their mean per token is
-printed beside the analytic expectation (sampling noise only). The counter's payload of one
-forward is checked against the static buffer sizes (P T k H for alltoall; M T H + M T k and
-G M T k H for deredundancy, float32).
+router groups, 2 chosen), routing drawn from the model above, PyNative (the counts-first,
+variable-size exchange): one forward + backward of dispatch -> (experts as the identity) ->
+combine per dispatcher, and the bytes `comm_stats` counted - `all_to_all_v` (the rows sent to
+other ranks) and `all_to_all` (the counts) - against the analytic bytes of the same routing
+(`mf_parallel.routed_rows` summed over the ranks: alltoall 4 H x 4 per remote row; deredundancy
+(4 H + 3 k) x 4 per row across device groups and 4 H x 4 per row within; the counts (P - 1) E/P,
+resp. (M - 1) + (G - 1) E/P int32 per rank). They must be equal (else exit 1). The rows across device groups per
+token are printed beside the analytic expectation (sampling noise only), and the step time of
+each dispatcher (median of 5, after one warm-up).
 
 Output lines: `name: ours X, reference Y, ratio Z` (ours = deredundancy, reference = alltoall).
 """
@@ -77,9 +79,23 @@ def sample_routing(rng, tokens, experts, top_k, n_group, topk_group) -> np.ndarr
 
 
 # ----------------------------------------------------------------------------- the 4-rank run
+def analytic_bytes(rows: dict, c: dict) -> dict:
+    """Bytes one forward + backward sends to other ranks, all ranks together, from the routed rows
+    summed over the ranks (float32). (Per rank the rows a rank receives count too: it sends them
+    back in combine, and their gradient in backward; summed over ranks, received = sent.)"""
+    h, k, ep, g = c["hidden"], c["top_k"], c["ep"], c["group_size"]
+    le = c["experts"] // ep
+    return {"alltoall": {"rows": rows["alltoall_remote"] * 4 * h * 4, "counts": (ep - 1) * le * 4},
+            "deredundancy": {"rows": rows["deredundancy_across"] * (4 * h + 3 * k) * 4
+                             + rows["deredundancy_within"] * 4 * h * 4,
+                             "counts": (ep // g - 1) * 4 + (g - 1) * le * 4}}
+
+
 def worker() -> None:
+    import time
+
     import mindspore as ms
-    from mindspore import Tensor, nn
+    from mindspore import Tensor
 
     import mf_parallel as mp
     from mf_models.common.dispatch import LocalDispatcher
@@ -92,39 +108,32 @@ def worker() -> None:
     idx = sample_routing(rng, c["tokens"], c["experts"], c["top_k"], c["n_group"], c["topk_group"])
     x = Tensor(rng.normal(size=(c["tokens"], c["hidden"])).astype(np.float32))
     w = Tensor(rng.uniform(0.1, 1, (c["tokens"], c["top_k"])).astype(np.float32))
-
-    class RowCounter(nn.Cell):
-        """In front of an all-to-all: counts the non-zero rows of the slots `remote` selects."""
-
-        def __init__(self, inner, remote):
-            super().__init__()
-            self.inner, self.remote, self.rows = inner, remote, 0
-
-        def construct(self, buf):
-            rows = np.abs(buf.asnumpy()).reshape(buf.shape[0], buf.shape[1], -1).max(2) > 0
-            self.rows += int(rows[self.remote].sum())
-            return self.inner(buf)
+    probe = Tensor(rng.normal(size=(c["tokens"], c["hidden"])).astype(np.float32))
 
     local = LocalDispatcher(c["experts"] // c["ep"] + 1, 1)
-    a2a = mp.AllToAllTokenDispatcher(mesh["ep"], c["experts"], c["top_k"], local)
     within, across = mp.two_level_groups(mesh, g)
-    der = mp.DeredundancyTokenDispatcher(within, across, c["experts"], c["top_k"], local)
-    counters = {
-        "alltoall_across": (a2a.exchange, [s // g != rank // g for s in range(c["ep"])]),
-        "deredundancy_across": (der.across_tokens, [s != rank // g for s in range(across.size)]),
-        "deredundancy_within": (der.within_tokens, [s != rank % g for s in range(within.size)]),
-    }
-    for exchange, remote in counters.values():
-        exchange.forward_a2a = RowCounter(exchange.forward_a2a, remote)
-    payload = {}
-    for name, d in (("alltoall", a2a), ("deredundancy", der)):
-        mp.comm_stats().reset()
-        rows, _, handle, _, _ = d.dispatch(x, Tensor(idx))
-        d.combine(rows, handle, w).asnumpy()          # the experts as the identity: bytes only
-        payload[name] = mp.comm_stats().payload_by_kind().get("all_to_all", 0)
-    measured = {key: exchange.forward_a2a.rows for key, (exchange, _) in counters.items()}
+    dispatchers = {"alltoall": mp.AllToAllTokenDispatcher(mesh["ep"], c["experts"], c["top_k"], local),
+                   "deredundancy": mp.DeredundancyTokenDispatcher(within, across, c["experts"], c["top_k"], local)}
+    measured, seconds = {}, {}
+    for name, d in dispatchers.items():
+        def step(x, w, d=d):
+            rows, _, handle, _, _ = d.dispatch(x, Tensor(idx))
+            return (d.combine(rows, handle, w) * probe).sum()      # the experts as the identity: bytes only
+
+        grad = ms.grad(step, grad_position=(0, 1))
+        times = []
+        for _ in range(6):
+            mp.barrier(mesh["ep"])
+            mp.comm_stats().reset()
+            start = time.perf_counter()
+            [t.asnumpy() for t in grad(x, w)]
+            times.append(time.perf_counter() - start)
+        snap = mp.comm_stats().snapshot()
+        measured[name] = {"rows": snap.get("all_to_all_v/emulated", {}).get("payload_bytes", 0),
+                          "counts": snap.get("all_to_all/emulated", {}).get("payload_bytes", 0)}
+        seconds[name] = float(np.median(times[1:]))
     exact = mp.routed_rows(idx, c["experts"], c["ep"], g, rank)
-    print("BENCH " + json.dumps({"rank": rank, "measured": measured, "exact": exact, "payload": payload}), flush=True)
+    print("BENCH " + json.dumps({"rank": rank, "measured": measured, "rows": exact, "seconds": seconds}), flush=True)
 
 
 def main() -> int:
@@ -145,24 +154,25 @@ def main() -> int:
     results = [json.loads(line.split("BENCH ", 1)[1]) for log in logs for line in log.splitlines() if "BENCH " in line]
     c = TINY
     tokens = c["tokens"] * c["ep"]
-    measured = {k: sum(r["measured"][k] for r in results) for k in results[0]["measured"]}
-    exact = {k: sum(r["exact"][k] for r in results) for k in measured}
-    mismatches = sum(measured[k] != exact[k] for k in measured)
-    for key in measured:
-        print(f"tiny {key} rows (4 ranks, {tokens} tokens): measured {measured[key]}, routed_rows {exact[key]}")
+    rows = {key: sum(r["rows"][key] for r in results) for key in results[0]["rows"]}
+    analytic = analytic_bytes(rows, c)
+    mismatches = 0
+    for name in ("alltoall", "deredundancy"):
+        for part in ("rows", "counts"):
+            got = sum(r["measured"][name][part] for r in results)
+            want = analytic[name][part] * (c["ep"] if part == "counts" else 1)
+            mismatches += got != want
+            print(f"tiny {name} {part} bytes, one forward + backward, 4 ranks together: measured {got}, "
+                  f"analytic {want}")
+        print(f"tiny {name} step time (dispatch + combine, fwd + bwd, median, slowest rank): "
+              f"{max(r['seconds'][name] for r in results) * 1e3:.1f} ms")
     a2a, der = expected_rows_across(c["experts"], c["top_k"], c["n_group"], c["topk_group"], c["ep"], c["group_size"])
-    print(f"tiny rows across device groups per token (measured / analytic): ours {measured['deredundancy_across'] / tokens:.3f}"
-          f" / {der:.3f}, reference {measured['alltoall_across'] / tokens:.3f} / {a2a:.3f}, ratio "
-          f"{measured['deredundancy_across'] / measured['alltoall_across']:.3f} / {der / a2a:.3f}")
-    m, g, t, k, h = c["ep"] // c["group_size"], c["group_size"], c["tokens"], c["top_k"], c["hidden"]
-    static = {"alltoall": 2 * c["ep"] * t * k * h * 4, "deredundancy": (2 * m * t * h + m * t * k + 2 * g * m * t * k * h) * 4}
-    for r in results:
-        for name in static:
-            mismatches += r["payload"][name] != static[name]
-    print(f"tiny static all-to-all payload per rank, one forward (measured = analytic: {mismatches == 0}): ours "
-          f"{results[0]['payload']['deredundancy']} B, reference {results[0]['payload']['alltoall']} B, ratio "
-          f"{results[0]['payload']['deredundancy'] / results[0]['payload']['alltoall']:.3f} (of which across device "
-          f"groups: ours {(m - 1) * t * (2 * h + k) * 4} B, reference {(m - 1) * g * t * k * h * 4 * 2} B)")
+    print(f"tiny rows across device groups per token (routed / analytic): ours {rows['deredundancy_across'] / tokens:.3f}"
+          f" / {der:.3f}, reference {rows['alltoall_across'] / tokens:.3f} / {a2a:.3f}, ratio "
+          f"{rows['deredundancy_across'] / rows['alltoall_across']:.3f} / {der / a2a:.3f}")
+    h, k = c["hidden"], c["top_k"]
+    print(f"tiny bytes across device groups, one forward + backward (from the routed rows): ours "
+          f"{rows['deredundancy_across'] * (4 * h + 3 * k) * 4}, reference {rows['alltoall_across'] * 4 * h * 4}")
     return 1 if mismatches or len(results) != c["ep"] else 0
 
 

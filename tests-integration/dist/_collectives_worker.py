@@ -106,6 +106,29 @@ def check_all_to_all(g, split_axis, concat_axis):
     return same(got, want)
 
 
+def check_all_to_all_v(g, pattern):
+    """Counts first, then variable sizes: the sizes (some zero; "local": only to itself, so no
+    chunk crosses and nothing is all-reduced) known to every rank; received chunks in source
+    order, the counts' column and the pad, and the bytes sent to other ranks counted."""
+    n, me = g.size, g.rank
+    rows = np.array([[(3 * s + d) % 4 if pattern == "uneven" else (s + 1) * (s == d) for d in range(n)]
+                     for s in range(n)])
+    inputs = {s: base(r, (int(rows[s].sum()), 3)) for s, r in enumerate(g.ranks)}
+    starts = {s: np.concatenate(([0], np.cumsum(rows[s]))) for s in range(n)}
+    want = np.concatenate([inputs[s][starts[s][me]:starts[s][me + 1]] for s in range(n)])
+    cell = mp.AllToAllV(g)
+    recv, pad = cell.exchange_counts(rows[me].reshape(n, 1))
+    off = rows[~np.eye(n, dtype=bool)]
+    if recv.reshape(n).tolist() != rows[:, me].tolist() or pad != off.max():
+        return False, f"counts {recv.reshape(n).tolist()} pad {pad}, want {rows[:, me].tolist()} {off.max()}"
+    mp.comm_stats().reset()
+    got = cell(Tensor(inputs[me]), rows[me].tolist(), rows[:, me].tolist(), pad).asnumpy()
+    moved = mp.comm_stats().snapshot().get("all_to_all_v/emulated", {}).get("payload_bytes", 0)
+    sent = (int(rows[me].sum()) - int(rows[me, me])) * 3 * 4
+    ok, detail = same(got, want)
+    return ok and moved == sent, f"{detail} bytes {moved} vs {sent}"
+
+
 def check_broadcast(g, src):
     inputs = {r: base(r, (2, 3)) for r in g.ranks}
     got = mp.broadcast(Tensor(inputs[RANK]), g, src).asnumpy()
@@ -288,6 +311,9 @@ def run_all():
     emit("emulation_logged_once", emulated == ["all_gather", "all_reduce", "all_to_all", "broadcast",
                                                "reduce_scatter", "send_recv"] and set(counts.values()) == {1},
          f"{counts}")
+    for gname, g in GROUPS.items():         # after the log check: all_to_all_v logs its own first use
+        for pattern in ("uneven", "local"):
+            run_check(f"all_to_all_v[{gname}-{pattern}]", check_all_to_all_v, g, pattern)
 
     ms.set_context(mode=ms.GRAPH_MODE)
     for name in ("GatherFromGroup", "ReduceScatterToGroup", "CopyToGroup", "ReduceFromGroup"):

@@ -8,7 +8,7 @@ test items share one launch (an msrun start-up costs ~20 s here). The launches o
   context-parallel checks (`_cp_worker.py`), then the capability probes — one msrun start-up for
   every test file that reads it (`world4`, and `cp_world4` for the CP checks);
 * world 2 (`_world2_worker.py`): the 2-rank Trainer cases, then the 2-rank context-parallel
-  checks (`world2`; `cp_world2`);
+  checks (`world2`; `cp_world2`); after world 4, whose EP4 checkpoint one of its cases continues;
 * world 2 (`_pipeline_worker.py`): interleaved + dx/dw split + overlap flags, executor alone,
   against one process (fixture in test_pipeline_parity.py; the others are Trainer cases above);
 * plus one-process reference runs of `_trainer_worker.py` (no msrun) and the launcher tests.
@@ -133,7 +133,8 @@ def world4(dist_run, reference):
 
 
 @pytest.fixture(scope="session")
-def world2(dist_run, reference):
+def world2(dist_run, reference, world4):
+    """After world4: `moe_ep2_from_moe_ep4_deredundancy` continues the EP4 checkpoint written there."""
     result = dist_run(WORLD2_WORKER, 2, str(reference), *WORLD2_CASES, "--cp", *CP_WORLD2_CASES)
     if result.rc != 0:
         pytest.fail(result.failure_report())

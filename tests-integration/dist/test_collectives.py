@@ -23,7 +23,8 @@ def _check(run, prefix: str) -> None:
 
 
 @pytest.mark.parametrize("prefix", [
-    "all_reduce[", "all_gather[", "reduce_scatter[", "all_to_all[", "broadcast[", "barrier[", "send_recv[",
+    "all_reduce[", "all_gather[", "reduce_scatter[", "all_to_all[", "all_to_all_v[", "broadcast[", "barrier[",
+    "send_recv[",
 ])
 def test_collective_matches_numpy(run, prefix):
     _check(run, prefix)

@@ -1,17 +1,19 @@
-"""The two-level `alltoall_deredundancy` dispatcher (mf_parallel.DeredundancyTokenDispatcher) on
-simulated ep ranks, against the one-rank MoE dispatch of every token.
+"""The expert-parallel dispatchers (mf_parallel.AllToAllTokenDispatcher and the two-level
+`alltoall_deredundancy` DeredundancyTokenDispatcher) on simulated ep ranks, against the one-rank
+MoE dispatch of every token, and the bytes they move against the routing's analytic count.
 
-The ranks are simulated in this process, as the ring of tests in mf-parallel: each rank's
-dispatcher is built on group descriptions of 2-4 members, and its collectives (the all-to-alls
-inside each `ExpertExchange`, forward and backward, and the all-gathers of the expert ids) are
-replaced by a wire that hands each rank what the other members passed at the same call (in this
-sweep if that rank ran already, else in the previous one). Sweeping the ranks' forward + backward
-until no message changes gives every rank exactly what a real exchange delivers, so the real
-dispatch, combine and bprop code runs unchanged. The reference is `LocalDispatcher` over all
-experts on the concatenated tokens (every token's output and every gradient: x, router weights,
-the stacked experts). The wire also counts the rows each rank sends to other ranks / device
-groups, which must equal `mf_parallel.routed_rows` for both dispatchers. The real exchange on 4
-CPU ranks is the dist case moe_ep4_deredundancy (tests-integration/dist/test_moe_parity.py).
+The ranks are simulated in this process: each rank's dispatcher is built on group descriptions of
+2-4 members, and the one primitive under every emulated collective - the all-reduce(sum) each
+collective Cell issues (`sum_prim`) - is replaced by a wire that sums what the other members passed
+at the same call (in this sweep if that rank ran already, else in the previous one). Everything
+above it runs unchanged: the counts-first variable all-to-all (`AllToAllV`: counts, padding, slot
+matrix, trimming and its byte counting), the exchanges' bprops, dispatch and combine. Sweeping the
+ranks' forward + backward until no message changes gives every rank exactly what a real exchange
+delivers. The reference is `LocalDispatcher` over all experts on the concatenated tokens (every
+token's output and every gradient: x, router weights, the stacked experts). The bytes of the last
+sweep (`comm_stats`, every simulated rank together) must be `mf_parallel.routed_rows`' rows times
+the row sizes. The real exchange on 2 and 4 CPU ranks: the dist cases moe_ep2 and
+moe_ep4_deredundancy (tests-integration/dist/test_moe_parity.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import mf_parallel as mp
 from mf_models.common.dispatch import LocalDispatcher
 from mf_models.common.moe import MoE, experts_forward
 from mf_models.common.router import RouterSpec
+from mf_parallel.collectives import _Collective
 from mf_parallel.expert_deredundancy import device_group_ranks
 from mf_parallel.mesh import Group
 
@@ -40,41 +43,37 @@ class _Wire:
         return settled
 
 
-class _SimCollective(ms.nn.Cell):
-    """One rank's end of a simulated all-to-all (dim 0 slots) or all-gather (dim 0) over `members`
-    (world ranks), keyed by `label` and the call's index on this rank. A Cell (PyNative runs its
-    Python body), so it can stand in for the collective Cells."""
+class _SimAllReduce(ms.nn.Cell):
+    """One rank's end of a simulated all-reduce(sum) over `members` (world ranks), keyed by
+    `label` and the call's index on this rank. A message of another shape (from a sweep whose
+    counts had not settled yet) counts as missing."""
 
-    def __init__(self, wire, label, kind, members, rank):
+    def __init__(self, wire, label, members, rank):
         super().__init__()
-        self.wire, self.label, self.kind, self.members, self.rank = wire, label, kind, members, rank
+        self.wire, self.label, self.members, self.rank = wire, label, members, rank
         self.calls = 0
 
     def construct(self, x):
         key = (self.label, self.calls)
         self.calls += 1
-        self.wire.current[key + (self.rank,)] = x.asnumpy()
-        me = self.members.index(self.rank)
-        sent = [self.wire.current.get(key + (s,), self.wire.previous.get(key + (s,))) for s in self.members]
-        sent = [np.zeros(x.shape, x.asnumpy().dtype) if m is None else m for m in sent]
-        if self.kind == "a2a":
-            return Tensor(np.stack([m[me] for m in sent]), x.dtype)
-        return Tensor(np.concatenate(sent), x.dtype)
+        mine = x.asnumpy()
+        self.wire.current[key + (self.rank,)] = mine
+        total = np.zeros_like(mine)
+        for s in self.members:
+            sent = self.wire.current.get(key + (s,), self.wire.previous.get(key + (s,)))
+            if sent is not None and sent.shape == mine.shape:
+                total = total + sent
+        return Tensor(total, x.dtype)
 
 
-def _simulate(dispatcher, cells, wire, rank):
-    """Replace `dispatcher`'s collectives by wire ends. cells: attribute -> (kind, group members)."""
+def _simulate(dispatcher, members, wire, rank):
+    """Replace the all-reduce under each collective of `dispatcher` by a wire end. members: group
+    label -> world ranks."""
     sims = []
-    for attr, (kind, group) in cells.items():
-        cell = getattr(dispatcher, attr)
-        if kind == "a2a":        # an ExpertExchange: its forward and backward all-to-alls
-            for inner in ("forward_a2a", "backward_a2a"):
-                sim = _SimCollective(wire, f"{attr}.{inner}", kind, group, rank)
-                setattr(cell, inner, sim)
-                sims.append(sim)
-        else:
-            sim = _SimCollective(wire, attr, kind, group, rank)
-            setattr(dispatcher, attr, sim)
+    for name, cell in dispatcher.cells_and_names():
+        if isinstance(cell, _Collective) and cell.n > 1:
+            sim = _SimAllReduce(wire, name, members[cell.group_label], rank)
+            object.__setattr__(cell, "sum_prim", sim)
             sims.append(sim)
     return sims
 
@@ -83,24 +82,22 @@ def _group(label, members, rank):
     return Group(label, tuple(members), members.index(rank), "mf_simulated", "mccl", False)
 
 
-def build_ranks(kind, ep, group_size, experts, top_k, wire):
-    """Every rank's dispatcher of `kind` ("alltoall" | "deredundancy") with simulated collectives."""
+def build_ranks(kind, ep, group_size, experts, top_k, wire, variable=True):
+    """Every rank's dispatcher of `kind` ("alltoall" | "deredundancy") with simulated collectives;
+    `variable` False: the static buffers of GRAPH_MODE (run here in PyNative)."""
     ranks = []
     for r in range(ep):
         local = LocalDispatcher(experts // ep + 1, 1)
         if kind == "alltoall":
-            members = list(range(ep))
-            d = mp.AllToAllTokenDispatcher(_group("ep", members, r), experts, top_k, local)
-            cells = {"exchange": ("a2a", members), "reverse": ("a2a", members), "expert_ids": ("gather", members)}
+            members = {"ep": list(range(ep))}
+            d = mp.AllToAllTokenDispatcher(_group("ep", members["ep"], r), experts, top_k, local)
         else:
             within, across = device_group_ranks(list(range(ep)), group_size, r)
+            members = {"ep_within": within, "ep_across": across}
             d = mp.DeredundancyTokenDispatcher(_group("ep_within", within, r), _group("ep_across", across, r),
                                                experts, top_k, local)
-            cells = {"across_tokens": ("a2a", across), "across_weights": ("a2a", across),
-                     "within_tokens": ("a2a", within), "within_back": ("a2a", within),
-                     "across_back": ("a2a", across), "ids_across": ("gather", across),
-                     "ids_within": ("gather", within)}
-        ranks.append((d, _simulate(d, cells, wire, r)))
+        d.variable = variable
+        ranks.append((d, _simulate(d, members, wire, r)))
     return ranks
 
 
@@ -114,13 +111,15 @@ def _rank_step(dispatcher, experts, x, idx, w, ws, probe):
     return out.asnumpy(), load.asnumpy(), [g.asnumpy() for g in grads]
 
 
-def run_simulated(kind, ep, group_size, data):
+def run_simulated(kind, ep, group_size, data, variable=True):
+    """(output, load, grads, comm_stats snapshot of the settled sweep: every rank together)."""
     x, idx, w, ws, probe, experts = data
     t, e, k = x.shape[0] // ep, ws[0].shape[0], idx.shape[1]
     le = e // ep
     wire = _Wire()
-    ranks = build_ranks(kind, ep, group_size, e, k, wire)
+    ranks = build_ranks(kind, ep, group_size, e, k, wire, variable)
     for _ in range(40):
+        mp.comm_stats().reset()
         results = []
         for r, (d, sims) in enumerate(ranks):
             for sim in sims:
@@ -129,7 +128,7 @@ def run_simulated(kind, ep, group_size, data):
             local_ws = [Tensor(wt[r * le:(r + 1) * le]) for wt in ws]
             results.append(_rank_step(d, experts, Tensor(x[rows]), Tensor(idx[rows]), Tensor(w[rows]), local_ws,
                                       Tensor(probe[rows])))
-        sent = wire.current
+        moved = mp.comm_stats().snapshot()
         if wire.sweep():
             break
     else:
@@ -137,7 +136,7 @@ def run_simulated(kind, ep, group_size, data):
     out = np.concatenate([res[0] for res in results])
     load = sum(res[1] for res in results)
     grads = [np.concatenate([res[2][i] for res in results]) for i in range(5)]
-    return out, load, grads, sent
+    return out, load, grads, moved
 
 
 def reference(data):
@@ -165,17 +164,18 @@ def make_data(ep, tokens_per_rank, experts, top_k, hidden=8, inner=6, clustered=
     return x, idx.astype(np.int32), w, ws, probe, experts_cell
 
 
-def _sent_rows(sent, label, source_slot_owner):
-    """Rows a rank's buffer sent through `label` to another destination: non-zero slot rows whose
-    destination (per `source_slot_owner(rank, slot)`) is not the sender itself."""
-    rows = 0
-    for (lab, call, rank), buf in sent.items():
-        if lab != label or call != 0:
-            continue
-        for slot in range(buf.shape[0]):
-            if not source_slot_owner(rank, slot):
-                rows += int((np.abs(buf[slot]).reshape(buf.shape[1], -1).max(1) > 0).sum())
-    return rows
+def analytic_bytes(kind, data, ep, group_size):
+    """Bytes one training step (forward + backward) of the variable exchange sends to other ranks,
+    every rank together, from the routing: (all_to_all_v rows, all_to_all counts)."""
+    x, idx, *_ = data
+    t, e, k, h = x.shape[0] // ep, data[3][0].shape[0], idx.shape[1], x.shape[1]
+    rows = [mp.routed_rows(idx[r * t:(r + 1) * t], e, ep, group_size, r) for r in range(ep)]
+    m, le = ep // group_size, e // ep
+    if kind == "alltoall":      # tokens out and back, both gradients; the [P, E/P] counts
+        return sum(c["alltoall_remote"] for c in rows) * 4 * h * 4, ep * (ep - 1) * le * 4
+    across = sum(c["deredundancy_across"] for c in rows) * (4 * h + 3 * k) * 4   # + ids once, weights and grad
+    within = sum(c["deredundancy_within"] for c in rows) * 4 * h * 4
+    return across + within, ep * ((m - 1) + (group_size - 1) * le) * 4
 
 
 @pytest.fixture(autouse=True)
@@ -183,44 +183,66 @@ def pynative():
     ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
-@pytest.mark.parametrize("ep, group_size, experts, top_k, clustered", [
-    (4, 2, 8, 3, False), (4, 2, 8, 2, True), (4, 1, 4, 2, False), (4, 4, 8, 2, False), (2, 2, 4, 2, False)])
-def test_two_level_dispatch_is_the_one_rank_moe(ep, group_size, experts, top_k, clustered):
-    data = make_data(ep, 5, experts, top_k, clustered=clustered, seed=ep * 10 + group_size)
-    out, load, grads, sent = run_simulated("deredundancy", ep, group_size, data)
-    want_out, want_load, want_grads = reference(data)
+def _check_parity(got, want):
+    (out, load, grads, _), (want_out, want_load, want_grads) = got, want
     np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(load, want_load)
-    for name, got, want in zip(("x", "weights", "w1", "w2", "w3"), grads, want_grads):   # experts: rank order
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
+    for name, a, b in zip(("x", "weights", "w1", "w2", "w3"), grads, want_grads):   # experts: rank order
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
 
-    # the rows that crossed device groups / reached another rank of the group: routed_rows' count
-    x, idx, *_ = data
-    t = x.shape[0] // ep
-    counts = [mp.routed_rows(idx[r * t:(r + 1) * t], experts, ep, group_size, r) for r in range(ep)]
-    across = _sent_rows(sent, "across_tokens.forward_a2a", lambda r, slot: slot == r // group_size)
-    within = _sent_rows(sent, "within_tokens.forward_a2a", lambda r, slot: slot == r % group_size)
-    assert across == sum(c["deredundancy_across"] for c in counts)
-    assert within == sum(c["deredundancy_within"] for c in counts)
+
+def _moved(stats, kind):
+    return stats.get(f"{kind}/emulated", {}).get("payload_bytes", 0)
+
+
+@pytest.mark.parametrize("kind, ep, group_size, experts, top_k, clustered", [
+    ("deredundancy", 4, 2, 8, 3, False), ("deredundancy", 4, 2, 8, 2, True), ("deredundancy", 4, 1, 4, 2, False),
+    ("deredundancy", 4, 4, 8, 2, False), ("deredundancy", 2, 2, 4, 2, False), ("alltoall", 4, 2, 8, 3, False),
+    ("alltoall", 2, 2, 4, 2, True)])
+def test_variable_exchange_is_the_one_rank_moe_and_moves_the_routed_bytes(kind, ep, group_size, experts, top_k,
+                                                                         clustered):
+    """Counts first, then only the routed rows: outputs, loads and gradients of one rank, and the
+    bytes sent to other ranks in a step are the routing's rows x row sizes (routed_rows)."""
+    data = make_data(ep, 5, experts, top_k, clustered=clustered, seed=ep * 10 + group_size)
+    got = run_simulated(kind, ep, group_size, data)
+    _check_parity(got, reference(data))
+    rows_bytes, counts_bytes = analytic_bytes(kind, data, ep, group_size)
+    assert _moved(got[3], "all_to_all_v") == rows_bytes, got[3]
+    assert _moved(got[3], "all_to_all") == counts_bytes, got[3]
+    assert set(got[3]) <= {"all_to_all_v/emulated", "all_to_all/emulated"}, got[3]     # no static buffers
+
+
+@pytest.mark.parametrize("kind", ["alltoall", "deredundancy"])
+def test_static_buffers_of_graph_mode_are_the_one_rank_moe(kind):
+    """The static worst-case buffers GRAPH_MODE keeps (run here eagerly, on simulated ranks)."""
+    data = make_data(4, 5, 8, 3, seed=41)
+    got = run_simulated(kind, 4, 2, data, variable=False)
+    _check_parity(got, reference(data))
+    assert "all_to_all_v/emulated" not in got[3] and _moved(got[3], "all_to_all") > 0
 
 
 @pytest.mark.parametrize("clustered", [False, True])
 def test_deredundancy_sends_fewer_rows_across_groups_than_alltoall(clustered):
-    """Same routing through both dispatchers: alltoall's rows to other device groups (counted on
-    its wire) are one per remote assignment; deredundancy's one per remote group hit, fewer
-    whenever a token picks several experts of one remote group (always, in the clustered case)."""
+    """Same routing through both dispatchers: alltoall sends one row across device groups per
+    remote assignment; deredundancy one per remote group hit, fewer whenever a token picks several
+    experts of one remote group (always, in the clustered case). The rows are read from the bytes
+    the variable exchange moved (tokens out, back and both gradients: 4 H floats a row; the
+    deredundancy level-1 rows also carry k ids and k router weights and their gradient)."""
     ep, g, e, k = 4, 2, 8, 2
-    data = make_data(ep, 6, e, k, clustered=clustered, seed=7)
-    out_a, _, grads_a, sent_a = run_simulated("alltoall", ep, g, data)
-    out_d, _, grads_d, sent_d = run_simulated("deredundancy", ep, g, data)
-    np.testing.assert_allclose(out_d, out_a, rtol=1e-5, atol=1e-6)
-    a2a_across = _sent_rows(sent_a, "exchange.forward_a2a", lambda r, slot: slot // g == r // g)
-    der_across = _sent_rows(sent_d, "across_tokens.forward_a2a", lambda r, slot: slot == r // g)
+    h = 8
+    data = make_data(ep, 6, e, k, hidden=h, clustered=clustered, seed=7)
+    got_a = run_simulated("alltoall", ep, g, data)
+    got_d = run_simulated("deredundancy", ep, g, data)
+    np.testing.assert_allclose(got_d[0], got_a[0], rtol=1e-5, atol=1e-6)
     x, idx, *_ = data
     t = x.shape[0] // ep
     counts = [mp.routed_rows(idx[r * t:(r + 1) * t], e, ep, g, r) for r in range(ep)]
-    assert a2a_across == sum(c["alltoall_across"] for c in counts)
-    assert der_across == sum(c["deredundancy_across"] for c in counts)
+    remote = sum(c["alltoall_remote"] for c in counts)
+    a2a_across = sum(c["alltoall_across"] for c in counts)
+    der_across = sum(c["deredundancy_across"] for c in counts)
+    der_within = sum(c["deredundancy_within"] for c in counts)
+    assert _moved(got_a[3], "all_to_all_v") == remote * 4 * h * 4
+    assert _moved(got_d[3], "all_to_all_v") == der_across * (4 * h + 3 * k) * 4 + der_within * 4 * h * 4
     assert der_across < a2a_across
     if clustered:            # each token's experts in one group: one row across instead of k
         assert der_across * k == a2a_across

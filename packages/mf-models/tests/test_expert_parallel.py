@@ -64,3 +64,46 @@ def test_expert_plan_names_the_stacked_experts_of_every_moe_layer():
     assert plan == {"layers.1.moe.experts": EXPERT_PARAMS, "layers.2.moe.experts": EXPERT_PARAMS}
     names = {n for n, _ in model.parameters_and_names()}
     assert all(f"{path}.{p}" in names for path, ps in plan.items() for p in ps)
+
+
+def test_graph_mode_keeps_the_static_buffers_and_says_so_once(caplog):
+    """Built under GRAPH_MODE the dispatcher uses the static worst-case buffers (sizes from data
+    would need a host sync inside the compiled step), logs that once, and compiles to the one-rank
+    MoE; built in PyNative it exchanges counts first, then variable sizes."""
+    import logging
+
+    import mf_parallel.expert_parallel as ep_module
+
+    t, h, i, e, k = 9, 8, 6, 4, 2
+    rng = np.random.default_rng(5)
+    idx = np.stack([rng.choice(e, k, replace=False) for _ in range(t)]).astype(np.int32)
+    x = rng.normal(size=(t, h)).astype(np.float32)
+    w = rng.uniform(0.1, 1, (t, k)).astype(np.float32)
+    ws = [(rng.normal(size=s) * 0.3).astype(np.float32) for s in ((e, i, h), (e, h, i), (e, i, h))]
+    experts = MoE(h, i, RouterSpec(e, k)).experts
+    group = mp.init_mesh(mp.ParallelDims(1))["ep"]
+
+    class Layer(ms.nn.Cell):
+        def __init__(self, dispatcher):
+            super().__init__()
+            self.dispatcher, self.experts = dispatcher, experts
+
+        def construct(self, x, idx, w, w1, w2, w3):
+            rows, block_expert, handle, _, _ = self.dispatcher.dispatch(x, idx)
+            return self.dispatcher.combine(experts_forward(self.experts, w1, w2, w3, rows, block_expert), handle, w)
+
+    args = (ms.Tensor(x), ms.Tensor(idx), ms.Tensor(w), *(ms.Tensor(a) for a in ws))
+    want = Layer(LocalDispatcher(e, k))(*args).asnumpy()
+    assert mp.AllToAllTokenDispatcher(group, e, k, LocalDispatcher(e + 1, 1)).variable
+    ep_module._STATIC_LOGGED.discard("alltoall")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        with caplog.at_level(logging.INFO, logger="mf_parallel"):
+            dispatchers = [mp.AllToAllTokenDispatcher(group, e, k, LocalDispatcher(e + 1, 1)) for _ in range(2)]
+        got = Layer(dispatchers[0])(*args).asnumpy()
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert not any(d.variable for d in dispatchers)
+    said = [r.getMessage() for r in caplog.records if "static worst-case token buffers" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("alltoall under GRAPH_MODE"), said
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

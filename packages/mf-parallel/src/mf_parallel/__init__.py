@@ -33,7 +33,7 @@ __all__ = [
     "DeviceMesh", "Group", "init_mesh", "make_group", "init_distributed", "CAPABILITIES", "Support", "capability_table",
     "graph_mode_blocker",
     # collectives
-    "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "SendRecv",
+    "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "AllToAllV", "Broadcast", "SendRecv",
     "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv", "barrier",
     "CommStats", "comm_stats",
     # autograd-aware collectives
@@ -59,7 +59,7 @@ _LAZY = {
     "DeviceMesh": "mesh", "Group": "mesh", "init_mesh": "mesh", "make_group": "mesh",
     "init_distributed": "backend", "CAPABILITIES": "backend", "Support": "backend", "capability_table": "backend",
     "graph_mode_blocker": "backend",
-    **{name: "collectives" for name in ("AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast",
+    **{name: "collectives" for name in ("AllReduce", "AllGather", "ReduceScatter", "AllToAll", "AllToAllV", "Broadcast",
                                         "SendRecv", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                                         "broadcast", "send_recv", "barrier")},
     "CommStats": "stats", "comm_stats": "stats",

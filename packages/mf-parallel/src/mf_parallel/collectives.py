@@ -9,6 +9,8 @@ inf/nan stay in their own slot), so emulated and native results are bitwise iden
 - all_gather(x)        all_reduce of a buffer of `group size` slots, own slot = x, others zero
 - reduce_scatter(x)    all_reduce(x), then keep this rank's slice
 - all_to_all(x)        all_reduce of a [src, dst] slot matrix, own row = x's chunks; keep column
+- all_to_all_v(x)      the same with every chunk zero-padded to the largest one any rank sends
+                       another (known to all ranks from the counts exchanged first), own chunk kept
 - broadcast(x, src)    all_reduce of x on the source, zeros elsewhere
 - send/recv            all_reduce in the two-rank group {src, dst}, zeros from the receiver
 
@@ -37,12 +39,16 @@ from mf_parallel.transport import MAX_RANKS, decode, encode, needs_transport
 
 log = logging.getLogger("mf_parallel")
 _LOGGED: set[str] = set()
+# Counted kinds that are not rows of the capability table: the variable all-to-all is native where
+# the backend has both the all-to-all and a variable one (MindSpore's AlltoAllV: Ascend only).
+_CAPABILITY_OF = {"all_to_all_v": "all_to_all"}
+_VARIABLE_NATIVE = ("hccl",)
 
 
 def _note_emulation(kind: str, group: Group) -> None:
     if kind not in _LOGGED:
         _LOGGED.add(kind)
-        where = CAPABILITIES[group.backend][kind].value
+        where = CAPABILITIES[group.backend][_CAPABILITY_OF.get(kind, kind)].value
         log.info("%s is emulated with an exact all_reduce(sum) on %s (first use: group %s, %d ranks; native "
                  "support: %s)", kind, group.backend, group.label, group.size, where)
 
@@ -113,10 +119,10 @@ class _Collective(nn.Cell):
             if not self.native:
                 _note_emulation(self.kind, group)
 
-    def _count(self, out, payload, issued):
+    def _count(self, out, payload, issued, code=None):
         """Report one call; applied to the primitive's *output*, so if the compiler merges two
         identical collectives their records merge with them, and otherwise they stay apart."""
-        return counted(out, self.count_op, self.code, payload, issued)
+        return counted(out, self.count_op, self.code if code is None else code, payload, issued)
 
     def _sum(self, x, payload):
         """All-reduce (sum) of any dtype, through the exact float transport where needed; counted."""
@@ -126,14 +132,14 @@ class _Collective(nn.Cell):
             return decode(out, x.dtype)
         return self._count(self.sum_prim(x), payload, x.itemsize * x.size)
 
-    def _slots(self, x, payload):
+    def _slots(self, x, payload, code=None):
         """[group size, *x.shape]: every rank's x, as an all-reduce of zeros with this rank's slot filled."""
         enc = encode(x) if self.transport else x
         shape = (self.n,) + enc.shape
         spread = ops.BroadcastTo(shape)(enc.reshape((1,) + enc.shape))
         mask = ops.BroadcastTo(shape)(self.slot_mask.reshape((self.n,) + (1,) * enc.ndim))
         buf = ops.Select()(mask, spread, ops.ZerosLike()(spread))  # a select: exact, inf/nan stay put
-        out = self._count(self.sum_prim(buf), payload, buf.itemsize * buf.size)
+        out = self._count(self.sum_prim(buf), payload, buf.itemsize * buf.size, code)
         return decode(out, x.dtype) if self.transport else out
 
 
@@ -293,6 +299,77 @@ class AllToAll(_Collective):
         for src in range(self.n):
             pieces = pieces + (full[src][self.r],)
         return ops.Concat(self.concat_axis)(pieces)
+
+
+class AllToAllV(_Collective):
+    """Variable-size all-to-all along dim 0, counts first. PyNative only: the sizes are data, read
+    on the host (a compiled step keeps static buffers; see expert_parallel.py).
+
+    `exchange_counts(counts)`: counts [P, ...] int numpy, row j = what this rank will send rank j;
+    returns (received [P, ...], row s = what rank s will send here, pad). One fixed-size all-to-all
+    of int32 (counted as `all_to_all`). Emulated, that all-to-all is an all-reduce of every rank's
+    counts, so each rank also learns `pad`, the largest chunk (`rows_of` summed over the row) any
+    rank sends another: the height every rank pads its chunks to, since an all-reduce needs one
+    shape on every rank. Natively `pad` is 0 (unused).
+    `construct(x, send, recv, pad)`: x [sum(send), ...] in destination-rank order, chunk j (send[j]
+    rows) to rank j; returns [sum(recv), ...] in source-rank order. Own chunk stays local.
+    Counted as `all_to_all_v`: payload = the rows sent to *other* ranks (what crosses a link),
+    issued = the padded slot matrix emulated, the whole buffer natively.
+    """
+
+    kind = "all_to_all_v"
+
+    def __init__(self, group: Group) -> None:
+        native = True if group.size == 1 else (group.backend in _VARIABLE_NATIVE
+                                               and is_native("all_to_all", group.backend, group.is_world))
+        super().__init__(group, native)
+        self.counts_code = count_code("all_to_all", not self.native)
+        if group.size > 1 and self.native:
+            self.counts_prim = ops.AlltoAll(group.size, 0, 0, group.name)
+            self.prim = ops.AlltoAllV(group.name)
+
+    def exchange_counts(self, counts):
+        counts = np.asarray(counts, np.int32)
+        if self.n == 1:
+            return counts, 0
+        sent = ms.Tensor(counts)
+        others = int(counts.size - counts[self.r].size) * 4       # the rows for the other ranks
+        if self.native:
+            return self._count(self.counts_prim(sent), others, counts.size * 4, self.counts_code).asnumpy(), 0
+        full = self._slots(sent, others, self.counts_code).asnumpy()                # [src, dst, ...]
+        rows = full.reshape(self.n, self.n, -1).sum(2)
+        off = rows[~np.eye(self.n, dtype=bool)]
+        return full[:, self.r], int(off.max()) if off.size else 0
+
+    def construct(self, x, send, recv, pad):
+        if self.n == 1:
+            return x
+        row = x.shape[1:]
+        row_bytes = x.itemsize * int(np.prod(row, dtype=np.int64))
+        payload = (sum(send) - send[self.r]) * row_bytes
+        if self.native:
+            numel = int(np.prod(row, dtype=np.int64))
+            out = self.prim(x.reshape(-1), [s * numel for s in send], [r * numel for r in recv])
+            return self._count(out, payload, x.itemsize * x.size).reshape((sum(recv),) + row)
+        offsets = np.concatenate(([0], np.cumsum(send)))
+        own = _narrow(x, 0, int(offsets[self.r]), send[self.r])
+        if pad == 0:                        # nothing crosses between any two ranks this time
+            return own
+        chunks = ()
+        for j in range(self.n):
+            if j == self.r or send[j] == 0:
+                chunk = ops.Zeros()((pad,) + row, x.dtype)
+            else:
+                chunk = _pad_axis(_narrow(x, 0, int(offsets[j]), send[j]), 0, 0, pad - send[j])
+            chunks = chunks + (chunk,)
+        full = self._slots(ops.Stack(0)(chunks), payload)              # [src, dst, pad, ...]
+        pieces = ()
+        for src in range(self.n):
+            if src == self.r:
+                pieces = pieces + (own,)
+            elif recv[src]:
+                pieces = pieces + (_narrow(full[src][self.r], 0, 0, recv[src]),)
+        return ops.Concat(0)(pieces) if len(pieces) > 1 else pieces[0]
 
 
 class Broadcast(_Collective):

@@ -21,16 +21,27 @@ group crosses the slow inter-group link once, not once per expert:
         token, then one row per (token, device group) back across (reverse level 1), summed over
         the groups at the source.
 
-Buffers are static, as in the one-level dispatcher (every shape known when the step compiles;
-on MindSpore's CPU backend the all-to-all is an emulated all-reduce anyway): the payload per
-direction is M T H + M T k (level 1) and G M T k H (level 2) elements against P T k H for
-`alltoall`. What the two-level layout saves is the traffic *across* device groups: of a
-variable-size exchange (counts first, only the routed rows), level 1 sends one row per (token,
-remote device group holding any of its experts) where `alltoall` sends one per (token, expert on
-a remote group). `routed_rows` counts both from a routing; benchmarks/moe_dispatch_bench.py compares
-them with the analytic expectation for DeepSeek-V3's routing.
+PyNative (training on CPU): every exchange is counts first, then variable sizes, as in
+`AllToAllTokenDispatcher` (expert_exchange.py). Level 1 sends only the rows of (token, other device
+group holding any of its experts) - the own group's rows stay on this rank, its level-1 receiver -
+with the token's k expert ids (int32, -1 for experts of other groups) beside them, and the router
+weights in combine; level 2 is `ExpertRoute` over the G ranks of the group (each received row's
+assignments of this group to the local rank owning the expert, the receiver's own kept local). The
+bytes sent to other ranks per MoE layer call, forward and backward (`comm_stats`): across
+`deredundancy_across` rows x (4 H + 3 k) x 4 (tokens out and back and both gradients, the ids
+once, the weights and their gradient), within `deredundancy_within` rows x 4 H x 4, and the counts
+((M - 1) + (G - 1) E/P int32), against `alltoall_remote` x 4 H x 4 and (P - 1) E/P int32 for the
+one-level dispatcher (`routed_rows` counts the rows from a routing).
 
-Backward: every exchange is an `ExpertExchange` (the dim-0 all-to-all is its own adjoint), so
+GRAPH_MODE: static worst-case buffers (every shape known when the step compiles; said once in the
+log): the level-1 tokens [M, T, H], the router weights [M, T, k] beside them, the level-2 rows
+[G, M T k, H], the ids by all-gathers, every empty slot going to the null expert of `local`.
+What the two-level layout saves is the traffic *across* device groups: level 1 sends one row per
+(token, remote device group holding any of its experts) where `alltoall` sends one per (token,
+expert on a remote group). benchmarks/moe_dispatch_bench.py compares the measured rows and bytes
+with `routed_rows` and the analytic expectation for DeepSeek-V3's routing.
+
+Backward: every exchange is an `ExpertExchange` or a `VariableExchange` (each its own adjoint), so
 gradients return along the same routes; the ids need none.
 """
 
@@ -40,9 +51,10 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from mf_parallel.collectives import AllGather
+from mf_parallel.collectives import AllGather, AllToAllV
 from mf_parallel.errors import ParallelConfigError
-from mf_parallel.expert_parallel import ExpertExchange
+from mf_parallel.expert_exchange import ExpertRoute, VariableExchange, size_tensor
+from mf_parallel.expert_parallel import ExpertExchange, variable_exchange
 from mf_parallel.mesh import DeviceMesh, Group, make_group
 
 KEY = "parallelism.npu_nums_per_device"
@@ -127,10 +139,65 @@ class DeredundancyTokenDispatcher(nn.Cell):
         self.locals = ops.arange(0, self.g, dtype=ms.int32).reshape(self.g, 1)
         self.one = ms.Tensor(1, ms.int32)
         self.zero = ms.Tensor(0, ms.int32)
+        self.variable = variable_exchange("alltoall_deredundancy")
+        self.group_index = across.rank
+        self.across_counts = AllToAllV(across)
+        self.across_ids = AllToAllV(across)
+        self.v_across_tokens = VariableExchange(across)
+        self.v_across_weights = VariableExchange(across)
+        self.v_across_back = VariableExchange(across)
+        self.route = ExpertRoute(within, self.local_experts, local)
 
     def dispatch(self, x, topk_idx):
         """As the one-rank dispatcher: (rows, block_expert, handle, tokens_per_expert [E] of this
         rank's tokens, counts [2] = (dropped 0, padding rows computed here))."""
+        if self.variable:
+            return self._variable_dispatch(x, topk_idx)
+        return self._static_dispatch(x, topk_idx)
+
+    def combine(self, expert_rows, handle, topk_weights):
+        """expert_rows [nb*b, H] of the local experts -> this rank's tokens [T, H]."""
+        if self.variable:
+            return self._variable_combine(expert_rows, handle, topk_weights)
+        return self._static_combine(expert_rows, handle, topk_weights)
+
+    def _variable_dispatch(self, x, topk_idx):
+        tokens, k = topk_idx.shape
+        m, g, le = self.m, self.g, self.local_experts
+        load = ops.one_hot(topk_idx.reshape(tokens * k), self.num_experts, self.one, self.zero).sum(0)
+        idx = topk_idx.asnumpy().astype(np.int64)                  # the host sync the variable sizes need
+        device_group = idx // (le * g)                                                          # [T, k]
+        # level 1: one row per (token, device group holding any of its experts), by group, by token
+        hit = device_group[None, :, :] == np.arange(m)[:, None, None]                          # [M, T, k]
+        to_group, token = np.nonzero(hit.any(2))
+        send1 = np.bincount(to_group, minlength=m)
+        recv1, pad1 = self.across_counts.exchange_counts(send1.reshape(m, 1))
+        recv1 = recv1.reshape(m)
+        sizes1 = size_tensor(send1, recv1, pad1)
+        received = self.v_across_tokens(ops.gather(x, ms.Tensor(token.astype(np.int32)), 0), sizes1)   # [R1, H]
+        ids = np.where(hit[to_group, token], idx[token], -1).astype(np.int32)                  # [rows, k]
+        ids = self.across_ids(ms.Tensor(ids), send1.tolist(), recv1.tolist(), pad1).asnumpy()  # [R1, k]
+        # level 2: each received row's assignments of this group, to the local rank owning the expert
+        row, slot = np.nonzero(ids >= 0)
+        expert = ids[row, slot].astype(np.int64)
+        rows, block_expert, handle2, received2 = self.route.dispatch(received, row, (expert // le) % g, expert % le)
+        counts = ops.stack((ops.zeros((), ms.float32), ms.Tensor(rows.shape[0] - received2, ms.float32)))
+        handle = (handle2, sizes1, size_tensor(recv1, send1, pad1), ms.Tensor(token.astype(np.int32)),
+                  ms.Tensor((row * k + slot).astype(np.int32)), ms.Tensor(row.astype(np.int32)), int(recv1.sum()))
+        return rows, block_expert, handle, ops.stop_gradient(load.astype(ms.float32)), ops.stop_gradient(counts)
+
+    def _variable_combine(self, expert_rows, handle, topk_weights):
+        handle2, sizes1, back1, token, assignment, row, received1 = handle
+        tokens, k = topk_weights.shape
+        outputs = self.route.combine(expert_rows, handle2)                                   # [A2, H] float32
+        weights = self.v_across_weights(ops.gather(topk_weights, token, 0), sizes1)          # [R1, k]
+        weighted = outputs * ops.gather(weights.reshape(-1), assignment, 0).reshape(-1, 1)
+        # [R1, H] (one segment at least: a rank may receive no level-1 row at all)
+        partial = ops.unsorted_segment_sum(weighted, row, max(received1, 1))[:received1]
+        back = self.v_across_back(partial, back1)                                            # [rows sent, H]
+        return ops.unsorted_segment_sum(back, token, tokens).astype(expert_rows.dtype)
+
+    def _static_dispatch(self, x, topk_idx):
         tokens, hidden = x.shape
         k, m, g, le = self.top_k, self.m, self.g, self.local_experts
         n = tokens * k
@@ -161,8 +228,7 @@ class DeredundancyTokenDispatcher(nn.Cell):
         handle = (dest, ops.stop_gradient(fan), ops.stop_gradient(hit))
         return rows, block_expert, handle, ops.stop_gradient(load), ops.stop_gradient(counts)
 
-    def combine(self, expert_rows, handle, topk_weights):
-        """expert_rows [nb*b, H] of the local experts -> this rank's tokens [T, H]."""
+    def _static_combine(self, expert_rows, handle, topk_weights):
         dest, fan, hit = handle
         tokens, k = topk_weights.shape
         m, g, n = self.m, self.g, tokens * k

@@ -10,41 +10,68 @@ dp_replicate. Non-expert weights stay as FSDP/HSDP put them.
 `AllToAllTokenDispatcher` replaces a MoE layer's one-rank dispatcher with the same two calls:
 
     dispatch(tokens [T, H], topk_idx [T, k])
-        each assignment a = (token a // k, expert e_a) goes to the rank owning e_a: a send buffer
-        [P, N, H] (N = T k) whose slot [r, a] holds the token row if rank r owns e_a, else zeros;
-        one all-to-all, so rank r receives [P, N, H] (slot [s, a]: source s's assignment a, or
-        zeros); the expert ids travel once by an all-gather over ep. The received rows are laid
-        out for the local experts by the model's own one-rank dispatcher (`local`), with every
-        zero slot sent to one extra "null" expert, whose blocks run on zero rows.
+        PyNative (training on CPU, where every step runs eagerly): counts first, then variable
+        sizes (`ExpertRoute`, expert_exchange.py). Each assignment a = (token a // k, expert e_a)
+        goes to the rank owning e_a: the per-(destination, local expert) counts by one all-to-all,
+        then only the routed rows, sorted by destination and expert, by a variable all-to-all
+        (rows for this rank's own experts stay local). The receiver knows each row's expert from
+        the counts and lays the rows out for its experts with the model's one-rank dispatcher
+        (`local`).
+        GRAPH_MODE (shapes must be known when the step compiles): a static send buffer [P, N, H]
+        (N = T k) whose slot [r, a] holds the token row if rank r owns e_a, else zeros; one
+        all-to-all, so rank r receives [P, N, H]; the expert ids travel by an all-gather over ep
+        and every zero slot goes to one extra "null" expert of `local`, whose blocks run on zero
+        rows. That is the worst case on every step (P x the rows of the variable exchange when
+        routing is even, and the null expert's blocks); the dispatcher logs once that it uses it.
     combine(expert_rows, handle, topk_weights)
-        each received slot's output row, the reverse all-to-all, each assignment's row taken from
-        its owner's slot, weighted by the router and summed over a token's k experts, in the
-        one-rank dispatcher's order.
+        each assignment's output row back by the reverse exchange (variable: sizes swapped;
+        static: the reverse all-to-all, each assignment's row taken from its owner's slot),
+        weighted by the router and summed over a token's k experts, in the one-rank dispatcher's
+        order.
 
-Why a static [P, N, H] buffer instead of counts first and variable sizes: every shape is known
-when the step compiles (GRAPH_MODE), and on MindSpore's CPU backend the all-to-all is an emulated
-all-reduce of a zero-padded slot matrix anyway. The cost is the worst case on every step: P x the
-rows of a variable-size exchange that routes evenly, and the null expert's blocks of zero rows.
+Counted bytes (`comm_stats`) of the variable path, per MoE layer call: `all_to_all` the counts
+((P - 1) x E/P int32 to the other ranks), `all_to_all_v` the rows sent to other ranks x H x
+itemsize, four times per training step (tokens out and back, and both gradients).
 The routing statistics (`load`, the balance-loss counts and sums) are computed by the router on
 this rank's own tokens before anything moves, so summed over the data-parallel ranks they are
 exactly those of one process.
 
 Backward: the all-to-all of [P, ...] buffers along dim 0 is its own adjoint (`ExpertExchange`),
-so gradients return along the same routes; an expert's weight gradient gathers every rank's
+as is the variable one with the sizes swapped (`VariableExchange`), so gradients return along the
+same routes; an expert's weight gradient gathers every rank's
 tokens routed to it, and needs no reduction over ep.
 """
 
 from __future__ import annotations
 
+import logging
+
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
 from mf_parallel.collectives import AllGather, AllToAll
 from mf_parallel.errors import ParallelConfigError
+from mf_parallel.expert_exchange import ExpertRoute
 from mf_parallel.fsdp import fully_shard
 from mf_parallel.leaf import ensure_plan, plan_of
 from mf_parallel.mesh import DeviceMesh, Group
 from mf_parallel.tensor_parallel import _reslice
+
+log = logging.getLogger("mf_parallel")
+_STATIC_LOGGED: set[str] = set()
+
+
+def variable_exchange(kind: str) -> bool:
+    """Whether a dispatcher built now exchanges variable sizes (PyNative: sizes read on the host)
+    or static worst-case buffers (GRAPH_MODE: every shape fixed at compile time; said once)."""
+    if ms.get_context("mode") == ms.PYNATIVE_MODE:
+        return True
+    if kind not in _STATIC_LOGGED:
+        _STATIC_LOGGED.add(kind)
+        log.info("%s under GRAPH_MODE: static worst-case token buffers (every shape must be known when the step "
+                 "compiles); the counts-first variable-size exchange runs in PyNative mode (context.mode 1)", kind)
+    return False
 
 
 class ExpertExchange(nn.Cell):
@@ -88,10 +115,40 @@ class AllToAllTokenDispatcher(nn.Cell):
         self.ranks = ops.arange(0, group.size, dtype=ms.int32).reshape(group.size, 1)
         self.one = ms.Tensor(1, ms.int32)
         self.zero = ms.Tensor(0, ms.int32)
+        self.variable = variable_exchange("alltoall")
+        self.route = ExpertRoute(group, self.local_experts, local)
 
     def dispatch(self, x, topk_idx):
         """As the one-rank dispatcher: (rows, block_expert, handle, tokens_per_expert [E] of this
         rank's tokens, counts [2] = (dropped 0, padding rows computed here))."""
+        if self.variable:
+            return self._variable_dispatch(x, topk_idx)
+        return self._static_dispatch(x, topk_idx)
+
+    def combine(self, expert_rows, handle, topk_weights):
+        """expert_rows [nb*b, H] of the local experts -> this rank's tokens [T, H]."""
+        if self.variable:
+            return self._variable_combine(expert_rows, handle, topk_weights)
+        return self._static_combine(expert_rows, handle, topk_weights)
+
+    def _variable_dispatch(self, x, topk_idx):
+        tokens, k = topk_idx.shape
+        flat = topk_idx.reshape(tokens * k)
+        load = ops.one_hot(flat, self.num_experts, self.one, self.zero).sum(0).astype(ms.float32)
+        expert = flat.asnumpy().astype(np.int64)          # the host sync the variable sizes need
+        row = np.arange(expert.size) // k
+        rows, block_expert, handle, received = self.route.dispatch(
+            x, row, expert // self.local_experts, expert % self.local_experts)
+        counts = ops.stack((ops.zeros((), ms.float32), ms.Tensor(rows.shape[0] - received, ms.float32)))
+        return rows, block_expert, handle, ops.stop_gradient(load), ops.stop_gradient(counts)
+
+    def _variable_combine(self, expert_rows, handle, topk_weights):
+        tokens, k = topk_weights.shape
+        picked = self.route.combine(expert_rows, handle)                                 # [N, H]
+        weighted = picked * topk_weights.reshape(tokens * k, 1)
+        return weighted.reshape(tokens, k, -1).sum(1).astype(expert_rows.dtype)
+
+    def _static_dispatch(self, x, topk_idx):
         tokens, hidden = x.shape
         k, p = self.top_k, self.ep
         n = tokens * k
@@ -113,8 +170,7 @@ class AllToAllTokenDispatcher(nn.Cell):
         return (rows, block_expert, (dest, ops.stop_gradient(mask)), ops.stop_gradient(load),
                 ops.stop_gradient(counts))
 
-    def combine(self, expert_rows, handle, topk_weights):
-        """expert_rows [nb*b, H] of the local experts -> this rank's tokens [T, H]."""
+    def _static_combine(self, expert_rows, handle, topk_weights):
         dest, mask = handle
         tokens, k = topk_weights.shape
         p, n = self.ep, tokens * k
