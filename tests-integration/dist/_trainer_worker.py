@@ -90,10 +90,16 @@ CASES = {
     # switch loss is a per-micro-batch statistic: 2 accumulated micro-batches of 2 samples).
     # EP2 x TP2 on 4 ranks: non-expert weights under the TP plan with SP, experts split over the 2
     # data-parallel ranks of each tp rank and replicated over tp (each tp rank routes its own
-    # sequence shard: expert gradients all-reduced over tp). DeepSeek-V3 without the balance loss
-    # (a per-sequence statistic SP splits; refused under tp), the bias update on.
-    "moe_noaux_reference": ({}, {"local_batch_size": 4}, 1, 1),
-    "moe_noaux_ep2_tp2": ({"expert_parallel": 2, "tensor_parallel": 2}, {"local_batch_size": 2}, 1, 4),
+    # sequence shard: expert gradients all-reduced over tp, and its share of the balance loss taken
+    # from the whole sequences' counts), the bias update on.
+    "moe_ep2_tp2": ({"expert_parallel": 2, "tensor_parallel": 2}, {"local_batch_size": 2}, 1, 4),
+    # Sequences split over ranks with the balance loss on (each rank's share from the whole
+    # sequences' counts, summed over the ranks holding them): TP2 (sequence parallelism splits them
+    # after the embedding), CP2 (zigzag chunks), and CP2 x EP2 (the ep ranks are the cp ranks: each
+    # routes its own chunks' tokens through the exchange). PyNative, the 2-rank launch.
+    "moe_tp2": ({"tensor_parallel": 2}, {"local_batch_size": 4}, 1, 2),
+    "moe_cp2": ({"context_parallel": 2}, {"local_batch_size": 4}, 1, 2),
+    "moe_cp2_ep2": ({"context_parallel": 2, "expert_parallel": 2}, {"local_batch_size": 4}, 1, 2),
     "moe_mixtral_reference": ({}, {"local_batch_size": 2}, 1, 1),
     "moe_mixtral_ep2": ({"expert_parallel": 2}, {"local_batch_size": 2}, 1, 2),
     # Pipeline parallelism on the 4-layer model (reference4): 4 micro-batches of 1 sample per step.
@@ -155,7 +161,6 @@ MOE_MODEL = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "
              "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_nope_head_dim": 8,
              "qk_rope_head_dim": 4, "v_head_dim": 8, "aux_loss_alpha": 0.01, "seq_aux": True,
              "moe_router_bias_update_rate": 0.01}
-NOAUX_MODEL = {**MOE_MODEL, "aux_loss_alpha": 0.0}      # the moe_noaux_* cases (EP x TP)
 # The tiny Mixtral of the moe_mixtral_* cases: 4 experts, top-2 by softmax, no shared expert, the
 # switch balance loss on (output_router_logits) at 10x transformers' default weight.
 MIXTRAL_MODEL = {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32,
@@ -211,8 +216,7 @@ def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None =
         "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": LR, "warmup_steps": 2},
         "parallelism": parallelism,
         "train_dataset": train_dataset(workdir, base),
-        "model": MIXTRAL_MODEL if base.startswith("moe_mixtral") else NOAUX_MODEL if base.startswith("moe_noaux")
-        else MOE_MODEL if base.startswith("moe_") else {
+        "model": MIXTRAL_MODEL if base.startswith("moe_mixtral") else MOE_MODEL if base.startswith("moe_") else {
             "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
             "num_hidden_layers": LAYERS.get(base, 2), "num_attention_heads": 4, "num_key_value_heads": 2,
             "max_position_embeddings": 32, "tie_word_embeddings": True, "attention_bias": True,

@@ -14,10 +14,12 @@ Expert data parallelism: `moe_ep2_fsdp2` (in the 4-rank launch) runs ep 2 over 4
 ranks, each expert block FSDP-sharded over the 2 ranks holding it and its gradient reduced there,
 against the same one process; evaluation during training under EP2 gives one process's eval
 losses; a tiny Mixtral (softmax top-2 router, no shared expert, the switch balance loss) under EP2
-matches its own one-process reference (`moe_mixtral_*`). EP2 x TP2 (`moe_noaux_ep2_tp2`, 4 ranks:
+matches its own one-process reference (`moe_mixtral_*`). EP2 x TP2 (`moe_ep2_tp2`, 4 ranks:
 non-expert weights under the TP plan with SP, experts split over ep and replicated over tp, their
-gradients all-reduced over tp) matches one process on DeepSeek-V3 without the balance loss
-(refused under tp: sequence parallelism splits the sequences it is taken over), bias update on.
+gradients all-reduced over tp) matches the same one process. Sequences split over ranks keep the
+balance loss exact (each rank's share from the whole sequences' counts and its own tokens' score
+sums): TP2 (`moe_tp2`), CP2 (`moe_cp2`) and CP2 x EP2 (`moe_cp2_ep2`, the ep ranks being the cp
+ranks), in the 2-rank launch.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from _case_results import case_weights as _weights
 from _case_results import check_param_norms
 from _case_results import rel_err as _rel
 from _launches import WORLD4_CASES, run_one_process
-from _trainer_worker import CASES, MIXTRAL_MODEL, MOE_MODEL, MORE, NOAUX_MODEL, STEPS
+from _trainer_worker import CASES, MIXTRAL_MODEL, MOE_MODEL, MORE, STEPS
 
 RTOL = 1e-5
 
@@ -50,12 +52,12 @@ def _launched(request, case: str):
 # alltoall_deredundancy dispatcher in device groups of 2 ranks among them), and the Mixtral one under EP2.
 PARITY = [("moe_fsdp2", "moe_reference"), ("moe_ep2", "moe_reference"), ("moe_ep2_fsdp2", "moe_reference"),
           ("moe_ep4_deredundancy", "moe_reference"), ("moe_mixtral_ep2", "moe_mixtral_reference"),
-          ("moe_noaux_ep2_tp2", "moe_noaux_reference")]
+          ("moe_ep2_tp2", "moe_reference"), ("moe_tp2", "moe_reference"), ("moe_cp2", "moe_reference"),
+          ("moe_cp2_ep2", "moe_reference")]
 
 
 def _model(case: str) -> dict:
-    return (MIXTRAL_MODEL if case.startswith("moe_mixtral") else NOAUX_MODEL if case.startswith("moe_noaux")
-            else MOE_MODEL)
+    return MIXTRAL_MODEL if case.startswith("moe_mixtral") else MOE_MODEL
 
 
 @pytest.mark.parametrize("case, one_process", PARITY)     # not `reference`: that is the workdir fixture
@@ -67,10 +69,7 @@ def test_moe_training_matches_one_process(request, case, one_process):
                       *((k, got["moe"][k], ref["moe"][k]) for k in ("moe/aux_loss", "moe/max_imbalance"))):
         assert _rel(a, b) <= RTOL, f"{key}: {a} vs {b} (rel err {_rel(a, b):.2e})"
     check_param_norms(ref, got, RTOL)
-    if _model(case) is NOAUX_MODEL:                # no balance loss: what tensor parallelism allows
-        assert max(ref["moe"]["moe/aux_loss"]) == 0
-    else:
-        assert min(ref["moe"]["moe/aux_loss"]) > 0
+    assert min(ref["moe"]["moe/aux_loss"]) > 0      # the balance loss is on in every case
     want, have = _weights(runs, one_process), _weights(runs, case)
     assert set(have) == set(want)
     biases = [name for name in want if name.endswith("expert_bias")]
@@ -83,7 +82,7 @@ def test_moe_training_matches_one_process(request, case, one_process):
         np.testing.assert_allclose(have[name], want[name], rtol=RTOL, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("case", ["moe_ep2", "moe_ep2_fsdp2", "moe_mixtral_ep2", "moe_noaux_ep2_tp2"])
+@pytest.mark.parametrize("case", ["moe_ep2", "moe_ep2_fsdp2", "moe_mixtral_ep2", "moe_ep2_tp2"])
 def test_expert_parallel_dispatcher_moves_counts_then_the_routed_rows(request, case):
     """Per MoE layer and step (one micro-batch), PyNative: one all-to-all of the [ep, E/ep] int32
     counts (the row for the other rank: E/ep x 4 bytes), then four variable all-to-alls of H

@@ -102,6 +102,27 @@ def test_balance_losses_match_the_published_formulas(kind):
     assert got == pytest.approx(want, rel=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["sequence", "batch", "switch"])
+def test_shares_of_split_sequences_add_up_to_the_loss(kind):
+    """Ranks holding pieces of every sequence (sequence / context parallelism): each computes the
+    loss from the whole sequences' counts and its own tokens' score sums; the shares add up to the
+    loss of the whole sequences (zigzag pieces of uneven length, as context parallelism cuts them)."""
+    spec = RouterSpec(E, K, "softmax" if kind == "switch" else "sigmoid", expert_bias=kind != "switch")
+    rng = np.random.default_rng(7)
+    moe, _ = _moe(spec, 1)
+    x = rng.normal(size=(B, S, H)).astype(np.float32)
+    _, _, _, whole_counts, whole_sums = moe(ms.Tensor(x))
+    pieces = [np.r_[0:2, S - 2:S], np.r_[2:S // 2], np.r_[S // 2:S - 2]]
+    parts = [moe(ms.Tensor(np.ascontiguousarray(x[:, idx])))[3:] for idx in pieces]
+    counts = sum(c.asnumpy() for c, _ in parts)
+    np.testing.assert_array_equal(counts, whole_counts.asnumpy())
+    loss_spec = BalanceSpec(kind, 0.37)
+    want = float(balance_loss(loss_spec, E, K, S, whole_counts[None], whole_sums[None]).asnumpy())
+    shares = [float(balance_loss(loss_spec, E, K, S, ms.Tensor(counts[None]), p[None]).asnumpy()) for _, p in parts]
+    assert sum(shares) == pytest.approx(want, rel=1e-6)
+    assert all(abs(share) < abs(want) for share in shares)      # a share alone is not the loss
+
+
 def _router_inputs(model):
     """Hidden states entering each MoE router (PyNative forward pre-hooks)."""
     seen = []

@@ -98,7 +98,7 @@ class _Mesh:
         self.dims, self.tp_group = dims, tp_group
 
     def __getitem__(self, name):
-        assert name == "tp", name
+        assert name in ("tp", "cp_tp"), name     # cp_tp: the tp ranks when cp is 1
         return self.tp_group
 
 
@@ -182,14 +182,19 @@ def test_qwen3_moe_tp_splits_attention_and_dense_layers_keeps_moe_whole():
     np.testing.assert_array_equal(got["layers.1.attention.wv.bias"], _rows(full["layers.1.attention.wv.bias"], 0))
 
 
-@pytest.mark.parametrize("model_type, extra, key", [("deepseek_v3", dict(aux_loss_alpha=1e-3), "aux_loss_alpha"),
-                                                    ("mixtral", dict(output_router_logits=True), "output_router_logits")])
-def test_balance_loss_under_tensor_parallelism_is_refused(model_type, extra, key):
+@pytest.mark.parametrize("model_type, extra", [("deepseek_v3", dict(aux_loss_alpha=1e-3)),
+                                               ("mixtral", dict(output_router_logits=True))])
+def test_a_balance_loss_under_sequence_parallelism_takes_whole_sequence_counts(model_type, extra):
+    """Sequence parallelism splits the sequences a balance loss is taken over: the plan gives the
+    model the counts summed over the ranks holding them (the dist MoE cases prove the sum)."""
     model = _model(model_type, **extra)
-    group = Group(label="tp", ranks=(0, 1), rank=0, name="x", backend="mccl", is_world=False)
-    with pytest.raises(ValueError, match=rf"^parallelism.tensor_parallel: 2 with the balance loss \(model.{key}\) "
-                                         r"is not implemented"):
-        mf_models.parallelize_model(model, _Mesh(mp.ParallelDims(2, tp=2), group))
+    group = Group(label="tp", ranks=(0, 1), rank=0, name="mf_test_never_used", backend="mccl", is_world=False)
+    mf_models.parallelize_model(model, _Mesh(mp.ParallelDims(2, tp=2), group))
+    assert type(model.sequences).__name__ == "SplitSequences" and model.sequences.seq_parts == 1
+    assert model.sequences.sum.n == 2
+    plain = _model(model_type)          # no balance loss: whole-sequence counts are not needed
+    mf_models.parallelize_model(plain, _Mesh(mp.ParallelDims(2, tp=2), group))
+    assert type(plain.sequences).__name__ == "WholeSequences"
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -220,14 +225,6 @@ def test_bad_layouts_are_one_line_and_change_nothing(dims, options, message):
         mf_models.parallelize_model(model, _Mesh(dims, group), mf_models.ParallelOptions(**(options or {})))
     assert {n: p for n, p in model.parameters_and_names()} == before
     assert model.tie_word_embeddings and not hasattr(model, "output")
-
-
-def test_context_parallel_refuses_a_balance_loss():
-    model = _model("mixtral", output_router_logits=True)
-    group = Group(label="tp", ranks=(0,), rank=0, name="x", backend="mccl", is_world=False)
-    with pytest.raises(ValueError, match=r"parallelism.context_parallel: 2 with the balance loss "
-                                         r"\(model.output_router_logits\) is not implemented"):
-        mf_models.parallelize_model(model, _Mesh(mp.ParallelDims(2, cp=2), group), mf_models.ParallelOptions())
 
 
 def test_every_registered_model_has_a_plan():

@@ -66,10 +66,6 @@ CP_REFUSED = [
     ({"context_parallel": 2, "pipeline_parallel": 2}, {}, 4,
      "parallelism.context_parallel: 2 with pipeline_parallel 2 is not implemented (pipeline stages have no "
      "context-parallel attention); use one of them"),
-    ({"context_parallel": 2}, {"model": {"model_type": "mixtral", "num_key_value_heads": 2, "num_local_experts": 4,
-                                      "num_experts_per_tok": 2}}, 2,
-     "parallelism.context_parallel: 2 on the MoE model 'mixtral' is not implemented (its balance-loss statistics "
-     "count whole sequences); train it with context_parallel 1"),
     ({"context_parallel_method": "ulysses"}, {}, 2,
      "parallelism.context_parallel_method: 'ulysses' only acts with context_parallel > 1 (leave it at its default)"),
     ({"context_parallel": 2}, {}, 1,

@@ -31,9 +31,20 @@ def _lines(tmp_path, tiny_config, parallelism, world, model=None):
                                                 (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 2}, 2),
                                                 ({"expert_parallel": 2}, 4), ({"expert_parallel": 2}, 8),
                                                 ({"expert_parallel": 2, "tensor_parallel": 2}, 4),
-                                                ({"expert_parallel": 2, "tensor_parallel": 2}, 8)])
+                                                ({"expert_parallel": 2, "tensor_parallel": 2}, 8),
+                                                ({"expert_parallel": 2, "context_parallel": 2}, 2),
+                                                ({"expert_parallel": 4, "context_parallel": 2}, 4)])
 def test_expert_parallel_over_the_data_parallel_ranks_runs(tmp_path, tiny_config, parallelism, world):
     assert _lines(tmp_path, tiny_config, parallelism, world) == []
+
+
+@pytest.mark.parametrize("parallelism, world", [({"tensor_parallel": 2}, 2), ({"context_parallel": 2}, 2),
+                                                ({"expert_parallel": 2, "tensor_parallel": 2}, 4),
+                                                ({"expert_parallel": 2, "context_parallel": 2}, 2)])
+def test_a_balance_loss_runs_where_ranks_split_the_sequences(tmp_path, tiny_config, parallelism, world):
+    """Sequence / context parallelism split the sequences a balance loss is taken over: each rank's
+    share comes from the whole sequences' counts (mf_models' SplitSequences), so nothing is refused."""
+    assert _lines(tmp_path, tiny_config, parallelism, world, {**MIXTRAL, "output_router_logits": True}) == []
 
 
 LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -46,11 +57,9 @@ REFUSED = [
      "parallelism.expert_parallel: 3 does not divide model.num_local_experts = 4"),
     ({"expert_parallel": 4}, 2, None,
      "parallelism.expert_parallel: 4 does not divide data_parallel_shard x context_parallel = 2 x 1 = 2"),
-    ({"expert_parallel": 2, "context_parallel": 2}, 4, None,
-     "parallelism.expert_parallel: 2 with context_parallel 2 is not implemented (expert parallelism is proven beside "
-     "data and tensor parallelism only); set one of them to 1"),
-    ({"expert_parallel": 2, "tensor_parallel": 2}, 4, {**MIXTRAL, "output_router_logits": True},
-     "parallelism.tensor_parallel: 2 with the balance loss (model.output_router_logits) is not implemented"),
+    # The two-level dispatcher is proven over the data-parallel ranks only, not over cp ranks.
+    (DEREDUNDANCY | {"expert_parallel": 2, "context_parallel": 2, "npu_nums_per_device": 2}, 2, None,
+     "parallelism.moe_token_dispatcher_type: 'alltoall_deredundancy' with context_parallel 2 is not proven yet"),
     ({"expert_parallel": 2, "pipeline_parallel": 2}, 4, None, "parallelism.expert_parallel: 2 with pipeline_parallel 2 is not implemented"),
     ({"expert_parallel": 2, "data_parallel_shard": 2}, 4, None,
      "parallelism.expert_parallel: 2 with data-parallel replicas (HSDP: data_parallel_shard 2 of 4) is not proven"),

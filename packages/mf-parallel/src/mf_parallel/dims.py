@@ -8,8 +8,9 @@ arithmetic is testable anywhere and `mf_parallel.mesh` turns it into communicati
 Named groups are single axes ("tp", "dp_shard", ...) or flattened combinations the strategies
 need: "dp" (dp_replicate x dp_shard: who reads different data), "dp_shard_cp" (the FSDP shard
 group: context-parallel ranks hold the same parameters, so they shard them too), "dp_cp" (every
-rank whose loss contributes to the global mean), "ep" and "dp_shard_mod_ep" (expert parallel
-carved out of the flattened dp_shard x cp axis).
+rank whose loss contributes to the global mean), "cp_tp" (the ranks holding pieces of the same
+sequences: context-parallel chunks, each split again by sequence parallelism), "ep" and
+"dp_shard_mod_ep" (expert parallel carved out of the flattened dp_shard x cp axis).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ COMBINED: dict[str, tuple[str, ...]] = {
     "dp": ("dp_replicate", "dp_shard"),
     "dp_shard_cp": ("dp_shard", "cp"),
     "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+    "cp_tp": ("cp", "tp"),
 }
 EXPERT_GROUPS: tuple[str, ...] = ("ep", "dp_shard_mod_ep")
 GROUP_NAMES: tuple[str, ...] = (*AXES, *COMBINED, *EXPERT_GROUPS)

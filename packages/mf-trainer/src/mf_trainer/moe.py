@@ -81,16 +81,29 @@ class MoETraining:
         par = self.parallel
         return MoELMLoss(self.model, cross_entropy, par.loss_scale / (accumulation * par.dp))
 
-    def _summed_over_ranks(self, load: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Every rank routes its own tokens (data-parallel slices, sequence shards): the step's
-        routing is the sum over the world. One all-reduce of the concatenated counts."""
+    def _summed_over_ranks(self, aux: float, load: np.ndarray, counts: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """Every rank routes its own tokens (data-parallel slices, sequence shards) and holds its
+        share of the balance loss (ranks splitting sequences compute shares: mf_models'
+        `SplitSequences`): the step's routing and balance loss are sums over the world (the loss
+        divided back by FSDP's `loss_scale`). One all-reduce of the concatenated values."""
         if self._world_sum is None:
-            return load, counts
+            return aux, load, counts
         from mindspore import Tensor
 
-        flat = np.concatenate([load.reshape(-1), counts.reshape(-1)]).astype(np.float32)
+        flat = np.concatenate([[aux], load.reshape(-1), counts.reshape(-1)]).astype(np.float32)
         total = self._world_sum(Tensor(flat)).asnumpy()
-        return total[:load.size].reshape(load.shape), total[load.size:].reshape(counts.shape)
+        return (float(total[0]) / self.parallel.loss_scale, total[1:1 + load.size].reshape(load.shape),
+                total[1 + load.size:].reshape(counts.shape))
+
+    def step_loss(self, done, routing: dict) -> float:
+        """The step's loss (`ParallelContext.global_loss`). Under tensor parallelism the tp ranks
+        hold the same language-model loss but different shares of the balance loss (sequence
+        parallelism splits the sequences it is taken over): the language-model part is summed as
+        usual and the whole balance loss (`routing`'s, from `after_step`) added once."""
+        par = self.parallel
+        if not self.active or par.dims.tp == 1:
+            return par.global_loss(done.loss)
+        return par.global_loss(done.loss - float(np.asarray(done.extras[0]))) + routing[PREFIX + "aux_loss"]
 
     def after_step(self, step: int, done) -> dict:
         """The expert-bias update (when `done.applied`) and this step's `moe/` metrics."""
@@ -99,13 +112,13 @@ class MoETraining:
         import mf_models
 
         aux, load, counts = done.extras
-        load, counts = self._summed_over_ranks(np.asarray(load), np.asarray(counts))
+        aux, load, counts = self._summed_over_ranks(float(np.asarray(aux)), np.asarray(load), np.asarray(counts))
         if done.applied and self.rate > 0:
             mf_models.update_expert_bias(self.model, load, rate=self.rate,
                                          mesh=self.parallel.mesh if self.parallel.world > 1 else None)
         stats = mf_models.RoutingStats.from_outputs(self.model, load, counts)
         imbalance = stats.imbalance()
-        metrics = {PREFIX + "aux_loss": self.parallel.global_loss(float(np.asarray(aux))),
+        metrics = {PREFIX + "aux_loss": aux,
                    PREFIX + "max_imbalance": float(imbalance.max()),
                    PREFIX + "dropped": float(stats.dropped.sum()), PREFIX + "padded": float(stats.padded.sum())}
         if self.interval is not None and step % self.interval == 0:

@@ -409,7 +409,7 @@ class Trainer:
                 t0 = time.perf_counter()
                 done, compiling = self._run_step(micro, lr)
                 routing = self.moe.after_step(step, done)   # the expert-bias update belongs to the step
-                loss = self.parallel.global_loss(done.loss)
+                loss = self.moe.step_loss(done, routing)
                 seconds = time.perf_counter() - t0 - compiling
                 state.step = step
                 state.consumed_samples = self.loader.consumed_samples

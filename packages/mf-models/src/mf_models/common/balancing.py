@@ -18,6 +18,13 @@ L MoE layers):
 Each is the value for one forward (one micro-batch). The counts are not differentiated; the
 gradient reaches the gates through the score sums.
 
+Sequences split over ranks (sequence parallelism under tp, context parallelism): each loss is
+linear in the score sums p, so a rank holding part of every sequence computes its share from the
+whole sequences' counts c (summed over the ranks holding pieces of them) and its own tokens' sums;
+the shares add up to the loss, and each rank's share differentiates its own tokens' scores, as the
+one-process loss does. `WholeSequences` is the model's view of that layout: whole sequences here;
+a parallel plan that splits them replaces it (`mf_models.common.parallel.SplitSequences`).
+
 Aux-loss-free balancing (DeepSeek-V3 section 2.1.2): after each optimizer step, with the step's
 tokens per expert `load` of a layer, `expert_bias += rate * sign(mean(load) - load)`. The bias
 only moves the selection (common/router.py). `update_expert_bias` does it from the loads a
@@ -30,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from mindspore import Tensor, ops
+from mindspore import Tensor, nn, ops
 
 from ..errors import ModelConfigError
 
@@ -53,9 +60,21 @@ class BalanceSpec:
         return self.kind != "none"
 
 
+class WholeSequences(nn.Cell):
+    """How a forward's sequences lie over ranks, for the balance loss: each rank holds whole
+    sequences. `counts` [L, B, E] are then the whole sequences' counts, and the model's input length
+    is the sequence length (`seq_parts` = 1). See the module docstring for split sequences."""
+
+    seq_parts = 1
+
+    def construct(self, counts):
+        return counts
+
+
 def balance_loss(spec: BalanceSpec, num_experts: int, top_k: int, seq_len: int, counts, sums):
     """The loss `spec` names from counts / sums [L, B, E] of sequences of `seq_len` tokens
-    (graph-compatible: the kind is a Python constant). Kind "none" is 0."""
+    (graph-compatible: the kind is a Python constant). Kind "none" is 0. With `counts` of whole
+    sequences and `sums` of a rank's part of them, this rank's share of the loss."""
     tokens = counts.shape[1] * seq_len
     if spec.kind == "sequence":
         return sequence_balance_loss(spec.coef, num_experts, top_k, seq_len, counts, sums)

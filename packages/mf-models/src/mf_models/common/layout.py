@@ -45,13 +45,4 @@ def tensor_parallel_problems(args, tp: int, world_size: int) -> list[str]:
         return []
     heads, sizes = args.tensor_parallel_split()
     problems = [*head_problems(tp, world_size, *heads), *divisible_problems(tp, **sizes)]
-    key = args.balance_loss_key()
-    if key is not None:
-        # A balance loss is a product of per-sequence sums; under tensor (sequence) parallelism a
-        # rank's MoE sees a slice of each sequence, so it would differ from one process. The
-        # loads are additive and need no such care.
-        off = "0" if key == "aux_loss_alpha" else "false"
-        problems.append(f"parallelism.tensor_parallel: {tp} with the balance loss (model.{key}) is not implemented "
-                        f"(sequence parallelism splits the sequences its statistics are taken over); set model.{key} "
-                        f"to {off} or tensor_parallel to 1")
     return problems

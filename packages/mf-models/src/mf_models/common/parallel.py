@@ -149,16 +149,17 @@ def apply_fsdp(model: nn.Cell, mesh, options: ParallelOptions,
 
 def refuse_unimplemented(dims, model_type: str, expert_plan=None) -> None:
     """Expert parallelism needs a model with experts (its plan names them: `expert_plan`), and is
-    not proven beside context or pipeline parallelism: say so, naming the key. (Pipeline stages
-    are not a plan: the trainer cuts the planned model with `pipeline_stage`; context parallelism
-    is `apply_context_parallel`.) Beside tensor parallelism the MoE runs on each tp rank's sequence
-    shard (`moe_plan`): its experts split over ep, replicated over tp, gradients all-reduced there."""
+    not proven beside pipeline parallelism: say so, naming the key. (Pipeline stages are not a
+    plan: the trainer cuts the planned model with `pipeline_stage`.) Beside tensor parallelism the
+    MoE runs on each tp rank's sequence shard (`moe_plan`): its experts split over ep, replicated
+    over tp, gradients all-reduced there. Beside context parallelism the ep ranks are carved out of
+    dp_shard x cp: each routes the tokens of its own sequence chunks."""
     if not dims.ep_enabled:
         return
     if expert_plan is None:
         raise ModelConfigError(f"parallelism.expert_parallel: {dims.ep} > 1, but {model_type} has no routed experts; "
                                "set it to 1")
-    for axis, key in (("cp", "context_parallel"), ("pp", "pipeline_parallel")):
+    for axis, key in (("pp", "pipeline_parallel"),):
         if getattr(dims, axis) > 1:
             raise ModelConfigError(f"parallelism.expert_parallel: {dims.ep} with {key} {getattr(dims, axis)} is not "
                                    f"implemented (expert parallelism is proven beside data and tensor parallelism "
@@ -235,14 +236,6 @@ def check_context_parallel(model: nn.Cell, dims, options: ParallelOptions) -> mp
                 raise ModelConfigError(f"parallelism.{key}: {getattr(options, key)!r} only acts with context_parallel "
                                        f"> 1 ({dims.describe()}); leave it at its default")
         return settings
-    key = model.args.balance_loss_key()
-    if key is not None:
-        # As under sequence parallelism: a rank's MoE sees two chunks of each sequence, and the
-        # balance loss is a product of per-sequence sums (routing itself is per token: exact).
-        off = "0" if key == "aux_loss_alpha" else "false"
-        raise ModelConfigError(f"parallelism.context_parallel: {dims.cp} with the balance loss (model.{key}) is not "
-                               f"implemented (its statistics are taken over whole sequences); set model.{key} to {off} "
-                               "or context_parallel to 1")
     heads = model.args.num_attention_heads // dims.tp
     kv_heads = model.kv_cache_shapes()[0][0] // dims.tp
     mp.check_context_parallel(dims, settings, heads, kv_heads, model.args.seq_length)
@@ -277,6 +270,34 @@ def _context_parallel_construct(self, input_ids, position_ids=None, segment_ids=
     return self._mf_cp_base.construct(self, input_ids, position_ids, segment_ids, self.mf_cp_inputs)
 
 
+def _context_parallel_forward_train(self, input_ids, position_ids=None, segment_ids=None):
+    return self._mf_cp_base.trunk(self, input_ids, position_ids, segment_ids, self.mf_cp_inputs, True)[1:]
+
+
+class SplitSequences(nn.Cell):
+    """`CausalLM.sequences` when ranks hold pieces of every sequence (the `cp_tp` group: context-
+    parallel chunks, each split again by sequence parallelism under tp): the balance loss's
+    per-sequence counts are summed over those ranks (not differentiated), and the model's input is
+    one of `cp` chunks of the sequence (sequence parallelism splits after the embedding). Each rank
+    then computes its share of the balance loss (see common/balancing.py)."""
+
+    def __init__(self, group, cp: int) -> None:
+        super().__init__()
+        self.sum = mp.AllReduce(group)
+        self.seq_parts = cp
+
+    def construct(self, counts):
+        return self.sum(ops.stop_gradient(counts))
+
+
+def split_sequences(model: nn.Cell, mesh) -> None:
+    """Give a MoE model trained with a balance loss the whole sequences' counts when tensor
+    (sequence) or context parallelism splits its sequences over ranks."""
+    dims = mesh.dims
+    if model.moe_layer_ids() and model.balance.active and dims.cp * dims.tp > 1:
+        model.sequences = SplitSequences(mesh["cp_tp"], dims.cp)
+
+
 def apply_context_parallel(model: nn.Cell, mesh, settings: mp.ContextParallelSettings) -> None:
     """Replace every `CoreAttention` under `model` by the cp method (`mf_parallel.
     context_parallel_attention`) and make the model take (input_ids, position_ids, segment_ids) of
@@ -293,5 +314,6 @@ def apply_context_parallel(model: nn.Cell, mesh, settings: mp.ContextParallelSet
         setattr(cells[parent_path], attr, mp.context_parallel_attention(mesh, settings, scale=core.scale, inner=core))
     base = type(model)
     model.__class__ = type(f"ContextParallel{base.__name__}", (base,),
-                           {"construct": _context_parallel_construct, "_mf_cp_base": base})
+                           {"construct": _context_parallel_construct, "forward_train": _context_parallel_forward_train,
+                            "_mf_cp_base": base})
     model.mf_cp_inputs = ContextParallelInputs(mesh.dims.cp, mesh.dims.coordinate("cp", mesh.rank))

@@ -15,7 +15,7 @@ from mindspore import Tensor, nn, ops
 
 from .args import BaseArgs
 from .attention import causal_mask
-from .balancing import BalanceSpec, balance_loss
+from .balancing import BalanceSpec, WholeSequences, balance_loss
 from .layers import Embedding, Linear, RMSNorm, linear, resolve_compute_dtype, resolve_params_dtype
 from .moe import GroupedExperts
 from .rope import RotaryEmbedding, rope_frequencies
@@ -54,6 +54,7 @@ class CausalLM(nn.Cell):
         self.balance = BalanceSpec()
         self.num_experts = 0
         self.top_k = 0
+        self.sequences = WholeSequences()     # a plan splitting sequences over ranks replaces it
 
     def construct(self, input_ids, position_ids=None, attention_mask=None, cache=None):
         return self.head(self.hidden_states(input_ids, position_ids, attention_mask, cache))
@@ -101,9 +102,14 @@ class CausalLM(nn.Cell):
         logits = self.head(h)
         if not loads:
             return h, logits, ops.zeros((), ms.float32), ops.zeros((0, 1), ms.float32), ops.zeros((0, 2), ms.float32)
-        seq = input_ids.shape[1]
-        aux = balance_loss(self.balance, self.num_experts, self.top_k, seq, ops.stack(aux_counts), ops.stack(aux_sums))
-        return h, logits, aux, ops.stack(loads), ops.stack(counts)
+        return h, logits, self.balance_share(input_ids, aux_counts, aux_sums), ops.stack(loads), ops.stack(counts)
+
+    def balance_share(self, input_ids, aux_counts, aux_sums):
+        """The balance loss of the MoE layers whose per-sequence counts / score sums are listed
+        ([B, E] each), weighted: this rank's share when ranks split the sequences (`sequences`)."""
+        seq = input_ids.shape[1] * self.sequences.seq_parts
+        return balance_loss(self.balance, self.num_experts, self.top_k, seq, self.sequences(ops.stack(aux_counts)),
+                            ops.stack(aux_sums))
 
     def moe_layer_ids(self) -> list[int]:
         """Decoder layers with a routed MoE (the rows of `forward_train`'s statistics)."""

@@ -41,6 +41,7 @@ from ..common.parallel import (
     check_context_parallel,
     moe_plan,
     refuse_unimplemented,
+    split_sequences,
     untie_output,
 )
 from ..common.recompute_comm import apply_recompute_comm
@@ -107,7 +108,8 @@ def check_tp(model, dims) -> None:
 def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, block_plan=None, check=None,
                       inner_units=None, experts=None):
     """The fixed order for a decoder: TP (+SP), CP, EP (`experts(model)`: the model's expert plan,
-    MoE models only), recompute, FSDP per block then the root."""
+    MoE models only), the balance loss over split sequences, recompute, FSDP per block then the
+    root."""
     dims = mesh.dims
     refuse_unimplemented(dims, model_type, experts)
     # Every check before the first change to the model.
@@ -127,6 +129,7 @@ def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, bl
         apply_context_parallel(model, mesh, cp_settings)
     if dims.ep_enabled:
         apply_expert_parallel(model, mesh, options, experts(model))
+    split_sequences(model, mesh)                        # the balance loss's counts of whole sequences
     if options.recompute is not None:
         options.recompute(model)
     if dims.fsdp_enabled or dims.dp_replicate > 1:

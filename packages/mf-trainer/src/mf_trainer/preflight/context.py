@@ -7,9 +7,11 @@ reset_attention_mask or the compressed actual_seq_len, which preflight/data.py l
 under cp - as global segment ids), the model's plan replaces its attention cores by the cp method, and FSDP shards over
 dp_shard x cp (its reduce-scatter adds the cp ranks' gradients of their sequence chunks).
 Refused: settings mf-parallel rejects (method, mask type, async, Ulysses degree), a method the
-model's heads or the sequence length cannot split, cp with pipeline parallelism, cp on a MoE model
-(its balance-loss statistics are per sequence), cp with
-`no_shard` (the cp ranks' gradients are added by FSDP). Evaluation during training runs: each
+model's heads or the sequence length cannot split, cp with pipeline parallelism, cp with
+`no_shard` (the cp ranks' gradients are added by FSDP). MoE models train under cp: each rank routes
+its own chunks' tokens, and the balance loss takes the whole sequences' counts (summed over the cp
+ranks) with each rank's own score sums, so the ranks' shares add up to one process's loss
+(mf_models: `SplitSequences`). Evaluation during training runs: each
 rank evaluates its chunks of every sequence and the sums are added over cp (mf_trainer.evaluation).
 """
 
@@ -57,7 +59,7 @@ def context_parallel_settings(t):
 
 @check()
 def context_parallel_combinations(t):
-    """Context parallelism runs without pipeline stages, routed experts and no_shard."""
+    """Context parallelism runs without pipeline stages and no_shard."""
     par, cp = t.cfg.parallelism, _cp(t)
     if cp <= 1:
         return
@@ -65,10 +67,6 @@ def context_parallel_combinations(t):
         yield ("parallelism.context_parallel", f"{cp} with pipeline_parallel {par.pipeline_parallel} is not "
                                                "implemented (pipeline stages have no context-parallel attention); "
                                                "use one of them")
-    if has_routed_experts(t.model_args):
-        yield ("parallelism.context_parallel", f"{cp} on the MoE model {t.cfg.model.model_type!r} is not implemented "
-                                               "(its balance-loss statistics count whole sequences); train it with "
-                                               "context_parallel 1")
     if par.data_parallel_shard_strategy == "no_shard":
         yield ("parallelism.data_parallel_shard_strategy", "'no_shard' with context_parallel > 1: the cp ranks' "
                                                            "gradients are added by FSDP, which shards over "
