@@ -95,6 +95,11 @@ CASES = {
     "moe_noaux_ep2_tp2": ({"expert_parallel": 2, "tensor_parallel": 2}, {"local_batch_size": 2}, 1, 4),
     "moe_mixtral_reference": ({}, {"local_batch_size": 2}, 1, 1),
     "moe_mixtral_ep2": ({"expert_parallel": 2}, {"local_batch_size": 2}, 1, 2),
+    # MoE pipeline stages (the 3-layer DeepSeek-V3 of moe_reference3: dense layer 0 and MoE layer 1 on
+    # stage 0, MoE layer 2 on stage 1): each stage's balance loss in its own backward, the loads of
+    # both stages' layers summed for the bias update; 4 micro-batches of 1 sample, PyNative.
+    "moe_reference3": ({}, {"local_batch_size": 4}, 1, 1),
+    "moe_pp2": ({"pipeline_parallel": 2, "pipeline_parallel_layers_per_stage": [2, 1]}, {"local_batch_size": 1}, 1, 2),
     # Pipeline parallelism on the 4-layer model (reference4): 4 micro-batches of 1 sample per step.
     "reference4": ({}, {"local_batch_size": 4}, 1, 1),
     "pp2_1f1b": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 2),
@@ -155,6 +160,7 @@ MOE_MODEL = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "
              "qk_rope_head_dim": 4, "v_head_dim": 8, "aux_loss_alpha": 0.01, "seq_aux": True,
              "moe_router_bias_update_rate": 0.01}
 NOAUX_MODEL = {**MOE_MODEL, "aux_loss_alpha": 0.0}      # the moe_noaux_* cases (EP x TP)
+MOE_LAYERS = {"moe_reference3": 3, "moe_pp2": 3}        # a MoE layer on each pipeline stage
 # The tiny Mixtral of the moe_mixtral_* cases: 4 experts, top-2 by softmax, no shared expert, the
 # switch balance loss on (output_router_logits) at 10x transformers' default weight.
 MIXTRAL_MODEL = {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32,
@@ -211,7 +217,7 @@ def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None =
         "parallelism": parallelism,
         "train_dataset": train_dataset(workdir, base),
         "model": MIXTRAL_MODEL if base.startswith("moe_mixtral") else NOAUX_MODEL if base.startswith("moe_noaux")
-        else MOE_MODEL if base.startswith("moe_") else {
+        else {**MOE_MODEL, "num_hidden_layers": MOE_LAYERS.get(base, 2)} if base.startswith("moe_") else {
             "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
             "num_hidden_layers": LAYERS.get(base, 2), "num_attention_heads": 4, "num_key_value_heads": 2,
             "max_position_embeddings": 32, "tie_word_embeddings": True, "attention_bias": True,

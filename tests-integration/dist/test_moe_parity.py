@@ -17,6 +17,10 @@ matches its own one-process reference (`moe_mixtral_*`). EP2 x TP2 (`moe_noaux_e
 non-expert weights under the TP plan with SP, experts split over ep and replicated over tp, their
 gradients all-reduced over tp) matches one process on DeepSeek-V3 without the balance loss
 (refused under tp: sequence parallelism splits the sequences it is taken over), bias update on.
+Pipeline stages (`moe_pp2`, 2 ranks, 1f1b, 4 micro-batches of 1 sample): a 3-layer DeepSeek-V3
+(dense layer 0 and MoE layer 1 on stage 0, MoE layer 2 on stage 1) matches its one-process
+reference `moe_reference3`: each stage's balance loss enters the objective per micro-batch and is
+differentiated in that stage's backward, and both stages' loads reach the bias update of every layer.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from _case_results import case_weights as _weights
 from _case_results import check_param_norms
 from _case_results import rel_err as _rel
 from _launches import WORLD4_CASES, run_one_process
-from _trainer_worker import CASES, MIXTRAL_MODEL, MOE_MODEL, MORE, NOAUX_MODEL, STEPS
+from _trainer_worker import CASES, MIXTRAL_MODEL, MOE_LAYERS, MOE_MODEL, MORE, NOAUX_MODEL, STEPS
 
 RTOL = 1e-5
 
@@ -49,7 +53,7 @@ def _launched(request, case: str):
 # alltoall_deredundancy dispatcher in device groups of 2 ranks among them), and the Mixtral one under EP2.
 PARITY = [("moe_fsdp2", "moe_reference"), ("moe_ep2", "moe_reference"), ("moe_ep2_fsdp2", "moe_reference"),
           ("moe_ep4_deredundancy", "moe_reference"), ("moe_mixtral_ep2", "moe_mixtral_reference"),
-          ("moe_noaux_ep2_tp2", "moe_noaux_reference")]
+          ("moe_noaux_ep2_tp2", "moe_noaux_reference"), ("moe_pp2", "moe_reference3")]
 
 
 def _model(case: str) -> dict:
@@ -73,13 +77,19 @@ def test_moe_training_matches_one_process(request, case, one_process):
     want, have = _weights(runs, one_process), _weights(runs, case)
     assert set(have) == set(want)
     biases = [name for name in want if name.endswith("expert_bias")]
-    # DeepSeek-V3's aux-loss-free bias (its MoE layer 1); Mixtral's softmax router has none.
-    assert biases == ([] if _model(case) is MIXTRAL_MODEL else ["layers.1.moe.router.expert_bias"]), biases
+    # DeepSeek-V3's aux-loss-free bias (its MoE layers 1..); Mixtral's softmax router has none.
+    moe_layers = range(MOE_MODEL["first_k_dense_replace"], MOE_LAYERS.get(case, MOE_MODEL["num_hidden_layers"]))
+    assert biases == ([] if _model(case) is MIXTRAL_MODEL else
+                      [f"layers.{i}.moe.router.expert_bias" for i in moe_layers]), biases
     for bias in biases:
         assert np.abs(want[bias]).max() > 0          # the bias moved ...
         np.testing.assert_array_equal(have[bias], want[bias])     # ... by the same sign steps
     for name in want:
         np.testing.assert_allclose(have[name], want[name], rtol=RTOL, atol=1e-6, err_msg=name)
+    print(f"\n{case}: rel err loss {_rel(got['losses'], ref['losses']):.1e}, grad norm "
+          f"{_rel(got['grad_norms'], ref['grad_norms']):.1e}, aux loss "
+          f"{_rel(got['moe']['moe/aux_loss'], ref['moe']['moe/aux_loss']):.1e}; {got['seconds']:.0f} s on "
+          f"{CASES[case][3]} ranks")
 
 
 @pytest.mark.parametrize("case", ["moe_ep2", "moe_ep2_fsdp2", "moe_mixtral_ep2", "moe_noaux_ep2_tp2"])
