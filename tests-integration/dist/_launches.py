@@ -36,7 +36,7 @@ CP_TRAINER4_CASES = ("cp2_fsdp2", "cp2_tp2", "cp4_hybrid")
 WORLD2_CASES = ("fsdp2", "tp2", "tp2_rcomm", "fsdp2_accum_mean", *CP_TRAINER2_CASES, "moe_fsdp2", "moe_ep2",
                 "moe_mixtral_ep2", "fsdp2_muon", "fsdp2_muon_from_reference_muon", *PIPELINE2_CASES, "moe_pp2")
 WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", *CP_TRAINER4_CASES,
-                *PIPELINE4_CASES, "moe_ep4_deredundancy", "moe_ep2_fsdp2", "moe_noaux_ep2_tp2")
+                *PIPELINE4_CASES, "moe_ep4_deredundancy", "moe_ep2_fsdp2", "moe_noaux_ep2_tp2", "moe_pp2_ep2")
 # Context parallelism (_cp_worker.py): attention Cells first, then these model cases, at the end of
 # the 2- and 4-rank launches (after their Trainer cases: no msrun start-up of their own).
 # The tiny llama's CP layouts (colossal, ulysses, hybrid, x TP, x FSDP, packed) are proven through

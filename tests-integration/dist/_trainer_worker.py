@@ -100,6 +100,11 @@ CASES = {
     # both stages' layers summed for the bias update; 4 micro-batches of 1 sample, PyNative.
     "moe_reference3": ({}, {"local_batch_size": 4}, 1, 1),
     "moe_pp2": ({"pipeline_parallel": 2, "pipeline_parallel_layers_per_stage": [2, 1]}, {"local_batch_size": 1}, 1, 2),
+    # ... and each stage's experts split over its 2 data-parallel ranks (PP2 x EP2 on 4 ranks: the
+    # non-expert weights FSDP-sharded over the pair, tokens exchanged by the all-to-all dispatcher
+    # inside each stage); 2 micro-batches of 1 sample per data-parallel slice.
+    "moe_pp2_ep2": ({"pipeline_parallel": 2, "pipeline_parallel_layers_per_stage": [2, 1], "expert_parallel": 2},
+                    {"local_batch_size": 1}, 1, 4),
     # Pipeline parallelism on the 4-layer model (reference4): 4 micro-batches of 1 sample per step.
     "reference4": ({}, {"local_batch_size": 4}, 1, 1),
     "pp2_1f1b": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 2),
@@ -160,7 +165,7 @@ MOE_MODEL = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "
              "qk_rope_head_dim": 4, "v_head_dim": 8, "aux_loss_alpha": 0.01, "seq_aux": True,
              "moe_router_bias_update_rate": 0.01}
 NOAUX_MODEL = {**MOE_MODEL, "aux_loss_alpha": 0.0}      # the moe_noaux_* cases (EP x TP)
-MOE_LAYERS = {"moe_reference3": 3, "moe_pp2": 3}        # a MoE layer on each pipeline stage
+MOE_LAYERS = {"moe_reference3": 3, "moe_pp2": 3, "moe_pp2_ep2": 3}        # a MoE layer on each pipeline stage
 # The tiny Mixtral of the moe_mixtral_* cases: 4 experts, top-2 by softmax, no shared expert, the
 # switch balance loss on (output_router_logits) at 10x transformers' default weight.
 MIXTRAL_MODEL = {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32,

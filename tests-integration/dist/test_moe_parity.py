@@ -21,6 +21,9 @@ Pipeline stages (`moe_pp2`, 2 ranks, 1f1b, 4 micro-batches of 1 sample): a 3-lay
 (dense layer 0 and MoE layer 1 on stage 0, MoE layer 2 on stage 1) matches its one-process
 reference `moe_reference3`: each stage's balance loss enters the objective per micro-batch and is
 differentiated in that stage's backward, and both stages' loads reach the bias update of every layer.
+PP2 x EP2 (`moe_pp2_ep2`, 4 ranks): the same stages with each stage's experts split over its two
+data-parallel ranks (tokens exchanged inside the stage, non-expert weights FSDP-sharded over the
+pair, 2 micro-batches per slice) matches the same reference.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ def _launched(request, case: str):
 # alltoall_deredundancy dispatcher in device groups of 2 ranks among them), and the Mixtral one under EP2.
 PARITY = [("moe_fsdp2", "moe_reference"), ("moe_ep2", "moe_reference"), ("moe_ep2_fsdp2", "moe_reference"),
           ("moe_ep4_deredundancy", "moe_reference"), ("moe_mixtral_ep2", "moe_mixtral_reference"),
-          ("moe_noaux_ep2_tp2", "moe_noaux_reference"), ("moe_pp2", "moe_reference3")]
+          ("moe_noaux_ep2_tp2", "moe_noaux_reference"), ("moe_pp2", "moe_reference3"),
+          ("moe_pp2_ep2", "moe_reference3")]
 
 
 def _model(case: str) -> dict:

@@ -11,9 +11,11 @@ EP4 with deredundancy over groups of 2), for ep smaller than it (expert data par
 expert block FSDP-sharded over the dp_shard / ep ranks holding it, its gradient reduce-scattered
 there; EP2 x FSDP2 on 4 ranks), beside tensor parallelism (EP2 x TP2: experts replicated over tp,
 their gradients all-reduced there), and with evaluation during training (every rank evaluates
-every batch through the exchange; EP2). Refused, one keyed line each: a model without routed
-experts, an expert count ep does not divide, an npu_nums_per_device that does not divide ep under
-`alltoall_deredundancy` (or is set without it), ep beside context / pipeline parallelism, HSDP or
+every batch through the exchange; EP2), and in pipeline stages (PP2 x EP2 on 4 ranks: each
+stage's experts over its data-parallel ranks, alltoall; which pipeline layouts of a MoE model run
+is preflight/pipeline.py's). Refused, one keyed line each: a model without routed experts, an
+expert count ep does not divide, an npu_nums_per_device that does not divide ep under
+`alltoall_deredundancy` (or is set without it), ep beside context parallelism, HSDP or
 `no_shard`. That ep divides dp_shard x cp is ParallelDims' own check (the `layout` check reports
 it).
 """
@@ -75,13 +77,13 @@ def expert_parallel_dispatcher(t):
 
 @check(commands=TRAINING)
 def expert_parallel_combinations(t):
-    """Expert parallelism runs beside data and tensor parallelism (no cp, pp, no_shard)."""
+    """Expert parallelism runs beside data, tensor and pipeline parallelism (no cp, no_shard)."""
     par, ep = t.cfg.parallelism, _ep(t)
     if ep <= 1:
         return
-    if par.context_parallel > 1:    # pipeline stages: preflight/pipeline.py
+    if par.context_parallel > 1:
         yield KEY, (f"{ep} with context_parallel {par.context_parallel} is not implemented (expert parallelism is "
-                    "proven beside data and tensor parallelism only); set one of them to 1")
+                    "proven beside data, tensor and pipeline parallelism only); set one of them to 1")
     if par.data_parallel_shard_strategy == "no_shard":
         yield ("parallelism.data_parallel_shard_strategy", f"'no_shard' with expert_parallel {ep}: the ep ranks are "
                                                            "carved out of the FSDP shard ranks; use "
@@ -92,7 +94,7 @@ def expert_parallel_combinations(t):
 def expert_parallel_layout(t):
     """ep over the FSDP shard ranks, any divisor of them (expert data parallelism); HSDP beside EP is not proven."""
     dims, ep = t.dims, _ep(t)
-    if ep <= 1 or dims is None or dims.cp > 1 or dims.pp > 1:
+    if ep <= 1 or dims is None or dims.cp > 1:
         return
     if dims.dp_replicate > 1:
         yield KEY, (f"{ep} with data-parallel replicas (HSDP: data_parallel_shard {dims.dp_shard} of {dims.dp}) is not "

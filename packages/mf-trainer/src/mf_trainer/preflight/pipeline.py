@@ -15,10 +15,6 @@ from __future__ import annotations
 from mf_trainer.preflight.context import has_routed_experts
 from mf_trainer.preflight.registry import check, split_line
 
-# Degrees that do not combine with pipeline stages yet, and why.
-NOT_WITH_PIPELINE = {
-    "expert_parallel": "the stages' MoE layers are not wired for the all-to-all dispatcher yet",
-}
 # FSDP and TP stages run under every schedule and with evaluation during training: proven against
 # one process on 4 ranks (tests-integration/dist: pp2_fsdp2, pp2_tp2, pp2_gpipe_tp2,
 # pp2_interleaved_split_fsdp2, pp2_zbv_fsdp2, pp2_zbv_tp2). Data-parallel replicas are not yet.
@@ -91,11 +87,6 @@ def pipeline_combinations(t):
     """What pipeline stages do not combine with yet."""
     if _pp(t) <= 1:
         return
-    par = t.cfg.parallelism
-    for key, why in NOT_WITH_PIPELINE.items():
-        if getattr(par, key) > 1:
-            yield (f"parallelism.{key}", f"{getattr(par, key)} with pipeline_parallel {par.pipeline_parallel} is not "
-                                         f"implemented ({why}); set one of them to 1")
     yield from _moe_stages(t)
 
 
@@ -121,13 +112,21 @@ def _moe_stages(t):
 
 @check(needs=("world",))
 def pipeline_moe_data_parallel(t):
-    """MoE stages run with one rank per stage (the layout proven against one process)."""
-    if _pp(t) <= 1 or t.dims is None or t.dims.dp == 1 or not has_routed_experts(t.model_args):
+    """MoE stages run with one rank per stage, or with their experts split over every data-parallel
+    rank of the stage (expert_parallel = the FSDP shard ranks, alltoall): the layouts proven."""
+    dims = t.dims
+    if _pp(t) <= 1 or dims is None or dims.dp == 1 or not has_routed_experts(t.model_args):
+        return
+    if dims.ep == dims.dp_shard and dims.dp_replicate == 1:
+        if t.cfg.parallelism.moe_token_dispatcher_type != "alltoall":
+            yield ("parallelism.moe_token_dispatcher_type",
+                   f"{t.cfg.parallelism.moe_token_dispatcher_type!r} in MoE pipeline stages is not proven against "
+                   "one process yet (MoE stages are proven with the 'alltoall' dispatcher); use 'alltoall'")
         return
     yield ("parallelism.pipeline_parallel",
-           f"{_pp(t)} with data-parallel ranks ({t.dims.describe()}) in a MoE model is not proven against one "
-           "process yet (MoE stages are proven with one rank per stage); run it on pipeline_parallel ranks or "
-           "set pipeline_parallel: 1")
+           f"{_pp(t)} with data-parallel ranks ({dims.describe()}) in a MoE model is not proven against one process "
+           f"yet (MoE stages are proven with one rank per stage, or with expert_parallel over all {dims.dp} "
+           f"data-parallel ranks of a stage); set expert_parallel: {dims.dp} or pipeline_parallel: 1")
 
 
 @check(needs=("world",))
