@@ -8,7 +8,13 @@ tensor parallelism (the stage's layers under the TP plan, vocabulary-split logit
 stage) under every schedule (gpipe, 1f1b, interleaved, the dx/dw split, zbv) and with evaluation
 during training, and with DDP replicas (`no_shard`: each stage's gradients all-reduced over its dp
 group) under 1f1b: proven against one process in the dist tests. DDP stages under the other
-schedules or with evaluation, and HSDP stages, stay refused, one keyed line each."""
+schedules or with evaluation, and HSDP stages, stay refused, one keyed line each.
+
+MoE models (each stage's balance loss in its own backward, every stage's loads in the bias
+update): proven with one rank per stage (PP2, `moe_pp2`) and with each stage's experts over all of
+its data-parallel ranks (PP2 x EP2, `moe_pp2_ep2`, alltoall). Refused: transformers' switch loss
+(it does not split into stages), MoE stages beside tensor parallelism, and other data-parallel
+layouts of MoE stages (FSDP / DDP stages without EP, expert data parallelism, deredundancy)."""
 
 from __future__ import annotations
 
