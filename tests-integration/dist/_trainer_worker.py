@@ -151,7 +151,8 @@ EVAL_INTERVAL = 4
 EVAL_SAMPLES = 8
 # Under EP2 (moe_ep2); EP2 x FSDP2's eval gave one process's too (3.8e-8, ad hoc: 16 one-sample
 # batches through the exchange cost ~100 s of the 4-rank launch on a loaded machine).
-EVAL_CASES = ("reference", "tp2", "cp2", "reference4", "pp2_1f1b", "pp2_fsdp2", "pp2_tp2", "moe_reference", "moe_ep2")
+EVAL_CASES = ("reference", "tp2", "cp2", "reference4", "pp2_1f1b", "pp2_fsdp2", "pp2_tp2", "moe_reference", "moe_ep2",
+              "moe_reference3", "moe_pp2")
 # Decoder layers per case (2 unless named): every virtual pipeline stage needs a layer.
 LAYERS = {**{name: 4 for name in CASES if name.startswith("pp2")}, "reference4": 4, "reference6": 6,
           "pp4_1f1b_uneven": 6}

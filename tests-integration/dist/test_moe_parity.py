@@ -151,6 +151,12 @@ def test_evaluation_during_training_under_expert_parallelism_matches_one_process
     assert_same_evaluations(_result(runs, "moe_ep2"), _result(runs, "moe_reference"))
 
 
+def test_evaluation_during_training_in_moe_pipeline_stages_matches_one_process(runs):
+    """eval_dataset under PP2 on the 3-layer DeepSeek-V3: forward only through the MoE stages (the
+    chunks' balance loss and routing counts left out), one process's eval loss and accuracy."""
+    assert_same_evaluations(_result(runs, "moe_pp2"), _result(runs, "moe_reference3"))
+
+
 @pytest.fixture(scope="module")
 def ep_back_to_one_process(runs):
     """One process continues 2 steps from its own checkpoint and from the EP2 one (one start-up)."""

@@ -107,8 +107,14 @@ DDP = {"pipeline_parallel": 2, "data_parallel_shard_strategy": "no_shard"}
      "2 with MoE pipeline stages is not proven"),
     (4, {"pipeline_parallel": 2}, MOE_SECTIONS, "parallelism.pipeline_parallel",
      "2 with data-parallel ranks (world=4 pp=2"),
+    (4, {"pipeline_parallel": 2, "expert_parallel": 2}, {**MOE_SECTIONS, "eval_dataset": "EVAL"}, "eval_dataset",
+     "evaluation during training in MoE pipeline stages with expert parallelism is not proven"),
 ])
 def test_what_cannot_run_is_one_keyed_line(tmp_path, tiny_config, world, parallelism, sections, key, reason):
+    if sections.get("eval_dataset") == "EVAL":             # held-out batches from the training corpus
+        train = tiny_config(tmp_path, tmp_path / "none")["train_dataset"]["dataloader"]
+        sections = {**sections, "eval_dataset": {"dataloader": dict(train, sizes=[0, 50, 0]), "eval_interval": 2,
+                                                 "eval_iters": 2}}
     report = _report(tmp_path, tiny_config, world, parallelism, **sections)
     lines = [line for line in report.lines() if line.startswith(key + ":")]
     assert len(lines) == 1 and reason in lines[0], report.lines()

@@ -128,6 +128,12 @@ def pipeline_moe_data_parallel(t):
             yield ("parallelism.moe_token_dispatcher_type",
                    f"{t.cfg.parallelism.moe_token_dispatcher_type!r} in MoE pipeline stages is not proven against "
                    "one process yet (MoE stages are proven with the 'alltoall' dispatcher); use 'alltoall'")
+        if t.cfg.eval_dataset is not None:
+            # Proven: evaluation in MoE stages of one rank each (moe_pp2) and under EP without stages
+            # (moe_ep2); both at once would cost the 4-rank launch its eval batches through the exchange.
+            yield ("eval_dataset", "evaluation during training in MoE pipeline stages with expert parallelism is not "
+                                   "proven against one process yet (it is with one rank per stage); drop "
+                                   "eval_dataset (eval_dataset=null) or evaluate the checkpoints with mf eval")
         return
     yield ("parallelism.pipeline_parallel",
            f"{_pp(t)} with data-parallel ranks ({dims.describe()}) in a MoE model is not proven against one process "
