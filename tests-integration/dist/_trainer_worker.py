@@ -102,9 +102,10 @@ CASES = {
     "moe_pp2": ({"pipeline_parallel": 2, "pipeline_parallel_layers_per_stage": [2, 1]}, {"local_batch_size": 1}, 1, 2),
     # ... and each stage's experts split over its 2 data-parallel ranks (PP2 x EP2 on 4 ranks: the
     # non-expert weights FSDP-sharded over the pair, tokens exchanged by the all-to-all dispatcher
-    # inside each stage); 2 micro-batches of 1 sample per data-parallel slice.
+    # inside each stage); one micro-batch of 2 samples per data-parallel slice (moe_pp2 covers the
+    # micro-batch sums; 2 micro-batches of 1 took twice as long: stage 0 recomputes each forward).
     "moe_pp2_ep2": ({"pipeline_parallel": 2, "pipeline_parallel_layers_per_stage": [2, 1], "expert_parallel": 2},
-                    {"local_batch_size": 1}, 1, 4),
+                    {"local_batch_size": 2}, 1, 4),
     # Pipeline parallelism on the 4-layer model (reference4): 4 micro-batches of 1 sample per step.
     "reference4": ({}, {"local_batch_size": 4}, 1, 1),
     "pp2_1f1b": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 2),

@@ -23,7 +23,7 @@ reference `moe_reference3`: each stage's balance loss enters the objective per m
 differentiated in that stage's backward, and both stages' loads reach the bias update of every layer.
 PP2 x EP2 (`moe_pp2_ep2`, 4 ranks): the same stages with each stage's experts split over its two
 data-parallel ranks (tokens exchanged inside the stage, non-expert weights FSDP-sharded over the
-pair, 2 micro-batches per slice) matches the same reference.
+pair, one micro-batch of 2 samples per slice) matches the same reference.
 """
 
 from __future__ import annotations
