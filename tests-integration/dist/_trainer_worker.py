@@ -12,7 +12,7 @@ batch as the reference and saves a checkpoint at step STEPS; `reference` is the 
 checkpoint written under another layout: `*_from_reference` (one process -> FSDP2 x TP2),
 `reference_from_fsdp2_tp2` (FSDP2 x TP2 -> one process), `reference_from_cp2` (CP2 -> one
 process), `moe_reference_from_moe_ep2` (EP2 -> one process, against
-`moe_reference_from_moe_reference`); `reference_muon` and `fsdp2_muon` are the same with optimizer.type Muon.
+`moe_reference_from_moe_reference`), `moe_reference3_from_moe_pp2` (MoE PP2 -> one process); `reference_muon` and `fsdp2_muon` are the same with optimizer.type Muon.
 """
 
 from __future__ import annotations
