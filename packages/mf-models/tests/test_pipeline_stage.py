@@ -135,14 +135,16 @@ MOE_CFG = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "in
            "qk_rope_head_dim": 4, "v_head_dim": 8, "aux_loss_alpha": 0.1, "seq_aux": True}
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_moe_chunks_add_their_balance_loss_and_routing_counts(split):
+@pytest.mark.parametrize("split, alpha", [(False, 0.1), (True, 0.1), (False, 0.0)])
+def test_moe_chunks_add_their_balance_loss_and_routing_counts(split, alpha):
     """A MoE model's chunks (dense + MoE layer on the first, MoE layer on the last) run by the
     executor give the whole model's objective (LM loss + weighted balance loss), its gradients and
-    its routing counts: each chunk's balance loss is differentiated in its own backward."""
+    its routing counts: each chunk's balance loss is differentiated in its own backward. Without a
+    balance loss (alpha 0) the side loss is a constant 0 and the counts still add up."""
+    cfg = {**MOE_CFG, "aux_loss_alpha": alpha}
     weight = 0.5
     mbs = _mbs(3)
-    ref_model = mf_models.build_model(MOE_CFG, seed=0)
+    ref_model = mf_models.build_model(cfg, seed=0)
     params = ref_model.trainable_params()
     ref_loss, ref_aux, ref_load, ref = 0.0, 0.0, 0.0, {p.name: 0.0 for p in params}
     for mb in mbs:
@@ -156,16 +158,16 @@ def test_moe_chunks_add_their_balance_loss_and_routing_counts(split):
         grads = vjp_fn((ops.ones_like(out), ops.zeros_like(aux), ops.zeros_like(load)))[1]
         for p, g in zip(params, grads):
             ref[p.name] = ref[p.name] + g.asnumpy()
-    assert ref_aux > 0
+    assert (ref_aux > 0) == (alpha > 0)
     spec = PipelineSpec(1, "interleaved_1f1b", 2, split_backward=split)
     layout = mp.StageLayout.build(spec, [[0, 1], [2]])
-    stage = mf_models.pipeline_stage(mf_models.build_model(MOE_CFG, seed=0), layout, 0)
+    stage = mf_models.pipeline_stage(mf_models.build_model(cfg, seed=0), layout, 0)
     stage.train_routing(weight)
     assert [c.moe_rows for c in stage.chunks] == [(0,), (1,)] and all(c.side_outputs for c in stage.chunks)
     executor = mp.PipelineExecutor(mp.build_schedule(spec, 3), stage.chunks, make_group("pp", [0]))
     result = executor.step(mbs, _loss)
     assert result.loss == pytest.approx(ref_loss, rel=1e-6)
-    assert result.side_loss == pytest.approx(ref_aux, rel=1e-6)
+    assert result.side_loss == pytest.approx(ref_aux, rel=1e-6, abs=0 if alpha else 1e-12)
     load = np.concatenate([stats[0].asnumpy() for stats in result.stats])
     np.testing.assert_array_equal(load, ref_load)
     assert sorted(p.name for p in executor.params) == sorted(ref)
