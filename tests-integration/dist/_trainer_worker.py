@@ -13,7 +13,8 @@ checkpoint written under another layout: `*_from_reference` (one process -> FSDP
 `reference_from_fsdp2_tp2` (FSDP2 x TP2 -> one process), `reference_from_cp2` (CP2 -> one
 process), `moe_reference_from_moe_ep2` (EP2 -> one process, against
 `moe_reference_from_moe_reference`), `moe_ep2_from_moe_ep4_deredundancy` (EP4 with the two-level
-dispatcher -> EP2, against the same); `reference_muon` and `fsdp2_muon` are the same with optimizer.type Muon.
+dispatcher -> EP2, against the same), `moe_reference3_from_moe_pp2` (MoE PP2 -> one process);
+`reference_muon` and `fsdp2_muon` are the same with optimizer.type Muon.
 """
 
 from __future__ import annotations
@@ -102,6 +103,17 @@ CASES = {
     "moe_cp2_ep2": ({"context_parallel": 2, "expert_parallel": 2}, {"local_batch_size": 4}, 1, 2),
     "moe_mixtral_reference": ({}, {"local_batch_size": 2}, 1, 1),
     "moe_mixtral_ep2": ({"expert_parallel": 2}, {"local_batch_size": 2}, 1, 2),
+    # MoE pipeline stages (the 3-layer DeepSeek-V3 of moe_reference3: dense layer 0 and MoE layer 1 on
+    # stage 0, MoE layer 2 on stage 1): each stage's balance loss in its own backward, the loads of
+    # both stages' layers summed for the bias update; 4 micro-batches of 1 sample, PyNative.
+    "moe_reference3": ({}, {"local_batch_size": 4}, 1, 1),
+    "moe_pp2": ({"pipeline_parallel": 2, "pipeline_parallel_layers_per_stage": [2, 1]}, {"local_batch_size": 1}, 1, 2),
+    # ... and each stage's experts split over its 2 data-parallel ranks (PP2 x EP2 on 4 ranks: the
+    # non-expert weights FSDP-sharded over the pair, tokens exchanged by the all-to-all dispatcher
+    # inside each stage); one micro-batch of 2 samples per data-parallel slice (moe_pp2 covers the
+    # micro-batch sums; 2 micro-batches of 1 took twice as long: stage 0 recomputes each forward).
+    "moe_pp2_ep2": ({"pipeline_parallel": 2, "pipeline_parallel_layers_per_stage": [2, 1], "expert_parallel": 2},
+                    {"local_batch_size": 2}, 1, 4),
     # Pipeline parallelism on the 4-layer model (reference4): 4 micro-batches of 1 sample per step.
     "reference4": ({}, {"local_batch_size": 4}, 1, 1),
     "pp2_1f1b": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 2),
@@ -148,7 +160,8 @@ EVAL_INTERVAL = 4
 EVAL_SAMPLES = 8
 # Under EP2 (moe_ep2); EP2 x FSDP2's eval gave one process's too (3.8e-8, ad hoc: 16 one-sample
 # batches through the exchange cost ~100 s of the 4-rank launch on a loaded machine).
-EVAL_CASES = ("reference", "tp2", "cp2", "reference4", "pp2_1f1b", "pp2_fsdp2", "pp2_tp2", "moe_reference", "moe_ep2")
+EVAL_CASES = ("reference", "tp2", "cp2", "reference4", "pp2_1f1b", "pp2_fsdp2", "pp2_tp2", "moe_reference", "moe_ep2",
+              "moe_reference3", "moe_pp2")
 # Decoder layers per case (2 unless named): every virtual pipeline stage needs a layer.
 LAYERS = {**{name: 4 for name in CASES if name.startswith("pp2")}, "reference4": 4, "reference6": 6,
           "pp4_1f1b_uneven": 6}
@@ -161,6 +174,7 @@ MOE_MODEL = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "
              "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_nope_head_dim": 8,
              "qk_rope_head_dim": 4, "v_head_dim": 8, "aux_loss_alpha": 0.01, "seq_aux": True,
              "moe_router_bias_update_rate": 0.01}
+MOE_LAYERS = {"moe_reference3": 3, "moe_pp2": 3, "moe_pp2_ep2": 3}        # a MoE layer on each pipeline stage
 # The tiny Mixtral of the moe_mixtral_* cases: 4 experts, top-2 by softmax, no shared expert, the
 # switch balance loss on (output_router_logits) at 10x transformers' default weight.
 MIXTRAL_MODEL = {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32,
@@ -216,7 +230,8 @@ def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None =
         "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": LR, "warmup_steps": 2},
         "parallelism": parallelism,
         "train_dataset": train_dataset(workdir, base),
-        "model": MIXTRAL_MODEL if base.startswith("moe_mixtral") else MOE_MODEL if base.startswith("moe_") else {
+        "model": MIXTRAL_MODEL if base.startswith("moe_mixtral")
+        else {**MOE_MODEL, "num_hidden_layers": MOE_LAYERS.get(base, 2)} if base.startswith("moe_") else {
             "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
             "num_hidden_layers": LAYERS.get(base, 2), "num_attention_heads": 4, "num_key_value_heads": 2,
             "max_position_embeddings": 32, "tie_word_embeddings": True, "attention_bias": True,

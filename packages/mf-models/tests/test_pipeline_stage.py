@@ -124,3 +124,66 @@ def test_executor_on_the_chunks_matches_the_whole_model(split):
     for p, g in zip(executor.params, result.grads):
         scale = float(np.max(np.abs(ref[p.name])))
         assert float(np.max(np.abs(g.asnumpy() - ref[p.name]))) <= 1e-5 * scale, p.name
+
+
+# A tiny DeepSeek-V3 of 3 layers: dense layer 0, MoE layers 1 and 2 (sequence-wise balance loss).
+MOE_CFG = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+           "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
+           "max_position_embeddings": 32, "moe_intermediate_size": 16, "n_routed_experts": 4,
+           "num_experts_per_tok": 2, "n_group": 2, "topk_group": 2, "n_shared_experts": 1,
+           "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_nope_head_dim": 8,
+           "qk_rope_head_dim": 4, "v_head_dim": 8, "aux_loss_alpha": 0.1, "seq_aux": True}
+
+
+@pytest.mark.parametrize("split, alpha", [(False, 0.1), (True, 0.1), (False, 0.0)])
+def test_moe_chunks_add_their_balance_loss_and_routing_counts(split, alpha):
+    """A MoE model's chunks (dense + MoE layer on the first, MoE layer on the last) run by the
+    executor give the whole model's objective (LM loss + weighted balance loss), its gradients and
+    its routing counts: each chunk's balance loss is differentiated in its own backward. Without a
+    balance loss (alpha 0) the side loss is a constant 0 and the counts still add up."""
+    cfg = {**MOE_CFG, "aux_loss_alpha": alpha}
+    weight = 0.5
+    mbs = _mbs(3)
+    ref_model = mf_models.build_model(cfg, seed=0)
+    params = ref_model.trainable_params()
+    ref_loss, ref_aux, ref_load, ref = 0.0, 0.0, 0.0, {p.name: 0.0 for p in params}
+    for mb in mbs:
+        def objective(mb=mb):
+            logits, aux, load, counts = ref_model.forward_train(mb["input_ids"])
+            return _loss(logits, mb) + aux * weight, aux * weight, load
+        (out, aux, load), vjp_fn = ms.vjp(objective, weights=params)
+        ref_loss += float(out.asnumpy())
+        ref_aux += float(aux.asnumpy())
+        ref_load = ref_load + load.asnumpy()
+        grads = vjp_fn((ops.ones_like(out), ops.zeros_like(aux), ops.zeros_like(load)))[1]
+        for p, g in zip(params, grads):
+            ref[p.name] = ref[p.name] + g.asnumpy()
+    assert (ref_aux > 0) == (alpha > 0)
+    spec = PipelineSpec(1, "interleaved_1f1b", 2, split_backward=split)
+    layout = mp.StageLayout.build(spec, [[0, 1], [2]])
+    stage = mf_models.pipeline_stage(mf_models.build_model(cfg, seed=0), layout, 0)
+    stage.train_routing(weight)
+    assert [c.moe_rows for c in stage.chunks] == [(0,), (1,)] and all(c.side_outputs for c in stage.chunks)
+    executor = mp.PipelineExecutor(mp.build_schedule(spec, 3), stage.chunks, make_group("pp", [0]))
+    result = executor.step(mbs, _loss)
+    assert result.loss == pytest.approx(ref_loss, rel=1e-6)
+    assert result.side_loss == pytest.approx(ref_aux, rel=1e-6, abs=0 if alpha else 1e-12)
+    load = np.concatenate([stats[0].asnumpy() for stats in result.stats])
+    np.testing.assert_array_equal(load, ref_load)
+    assert sorted(p.name for p in executor.params) == sorted(ref)
+    for p, g in zip(executor.params, result.grads):
+        scale = float(np.max(np.abs(ref[p.name])))
+        assert float(np.max(np.abs(g.asnumpy() - ref[p.name]))) <= 1e-5 * scale, p.name
+    # The gate's gradient comes from the balance loss (and the selection's weights): not zero.
+    gate = [g for p, g in zip(executor.params, result.grads) if p.name == "layers.1.moe.router.gate.weight"]
+    assert gate and float(np.abs(gate[0].asnumpy()).max()) > 0
+
+
+def test_switch_balance_loss_does_not_split_into_stages():
+    cfg = {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "max_position_embeddings": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+           "output_router_logits": True, "router_aux_loss_coef": 0.01}
+    layout = mp.StageLayout.build(mp.resolve_pipeline(2), [[0], [1]])
+    with pytest.raises(mf_models.ModelConfigError, match="switch balance loss"):
+        mf_models.pipeline_stage(mf_models.build_model(cfg, seed=0), layout, 0)

@@ -105,6 +105,53 @@ def test_one_rank_two_chunks_match_autodiff(schedule, split, m):
         np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
 
 
+class SideChunk(Chunk):
+    """A chunk with side outputs (as a MoE stage's balance loss and routing counts): a scalar
+    term of the objective and a statistic that is summed, not differentiated."""
+
+    side_outputs = True
+
+    def construct(self, x, mb):
+        out = super().construct(x, mb)
+        return out, (out ** 2).mean() * 0.1, ops.stop_gradient((out > 0).astype(ms.float32).sum(0))
+
+
+@pytest.mark.parametrize("schedule, split", [("interleaved_1f1b", False), ("interleaved_1f1b", True), ("zbv", True)])
+def test_side_losses_are_differentiated_in_their_own_chunks_and_stats_summed(schedule, split):
+    """Each chunk's side loss is a term of the step's objective, differentiated in that chunk's
+    backward (the first chunk's too, whose output gradient comes from the next stage); the stats
+    come from the forwards only (recomputed forwards do not count twice)."""
+    m, mbs = 3, _micro_batches(3)
+    ref_chunks = [SideChunk(0, True), SideChunk(1, False)]
+    params = [p for c in ref_chunks for p in c.trainable_params()]
+    ref_loss, ref_side, ref_stats, ref = 0.0, 0.0, [0.0, 0.0], {p.name: 0.0 for p in params}
+    for mb in mbs:
+        def f(mb=mb):
+            h, side0, _ = ref_chunks[0](None, mb)
+            out, side1, _ = ref_chunks[1](h, mb)
+            return _loss(out, mb) + side0 + side1
+        out, vjp_fn = ms.vjp(f, weights=params)
+        ref_loss += float(out.asnumpy())
+        for p, g in zip(params, vjp_fn(ops.ones_like(out))[1]):
+            ref[p.name] = ref[p.name] + g.asnumpy()
+        h, side0, stat0 = ref_chunks[0](None, mb)
+        _, side1, stat1 = ref_chunks[1](h, mb)
+        ref_side += float(side0.asnumpy()) + float(side1.asnumpy())
+        ref_stats = [ref_stats[0] + stat0.asnumpy(), ref_stats[1] + stat1.asnumpy()]
+    chunks = [SideChunk(0, True), SideChunk(1, False)]
+    executor = mp.PipelineExecutor(build_schedule(PipelineSpec(1, schedule, 2, split_backward=split), m), chunks,
+                                   make_group("pp", [0]))
+    assert len(executor.keep_tape) < 2 * m                   # some backwards recompute their forward
+    result = executor.step(mbs, _loss)
+    assert result.loss == pytest.approx(ref_loss, rel=1e-6)
+    assert result.side_loss == pytest.approx(ref_side, rel=1e-6) and ref_side > 0
+    assert result.local_side_loss == result.side_loss        # one pipeline rank holds every chunk
+    for got, want in zip(result.stats, ref_stats):
+        np.testing.assert_array_equal(got[0].asnumpy(), want)
+    for p, g in zip(executor.params, result.grads):
+        np.testing.assert_allclose(g.asnumpy(), ref[p.name], rtol=1e-5, atol=1e-7, err_msg=p.name)
+
+
 def test_deferred_weight_gradient_is_the_unsplit_one_bit_for_bit():
     block = Block(5, bias=True)
     x = Tensor(np.random.default_rng(1).standard_normal((6, H)).astype(np.float32))

@@ -191,3 +191,32 @@ def test_recompute_comm_estimate_drops_the_gathered_inputs(tmp_path, tiny_config
     assert base.ranks[0].activations - some.ranks[0].activations == 3 * (seq - seq // tp) * hidden * batch * fp32
     assert any(n.startswith("recompute_comm: 3 sequence-parallel all-gathered inputs") for n in some.notes)
     assert some.ranks[0].parameters == base.ranks[0].parameters
+
+
+def test_moe_pipeline_stages_hold_what_the_stages_keep(tmp_path, tiny_config):
+    """The tiny DeepSeek-V3 in two pipeline stages (dense layer 0 + embedding, MoE layer 1 + head):
+    each stage's parameters are the elements `pipeline_stage` keeps of the built model, its
+    expert_bias included. Under PP2 x EP2 (4 ranks) each rank of the MoE stage stores as many
+    rows as FSDP2 gives it but keeps its 2 experts whole (nothing of them gathered); the dense
+    stage is FSDP's alone (`mf plan` prints these per stage)."""
+    import mf_models
+    import mf_parallel as mp
+
+    section = mf_models.tiny_model_section("deepseek_v3")
+    plan = _plan(tmp_path, tiny_config, world=2, model=section, parallelism={"pipeline_parallel": 2})
+    layout = mp.StageLayout.build(mp.resolve_pipeline(2), [[0], [1]])
+    for rank, planned in enumerate(plan.ranks):
+        stage = mf_models.pipeline_stage(mf_models.build_model(section, init=False), layout, rank)
+        assert planned.parameters == sum(p.size for p in stage.get_parameters()) * 4
+    batch = {"global_batch_size": 8}
+    fsdp = _plan(tmp_path, tiny_config, world=4, model=section, training=batch,
+                 parallelism={"pipeline_parallel": 2}).ranks
+    ep = _plan(tmp_path, tiny_config, world=4, model=section, training=batch,
+               parallelism={"pipeline_parallel": 2, "expert_parallel": 2}).ranks
+    assert [r.parameters for r in ep] == [r.parameters for r in fsdp]
+    weights = 3 * 16 * 32                                        # w1/w2/w3 of one expert
+    assert ep[0].fsdp_gathered == fsdp[0].fsdp_gathered
+    # The 4 experts are no longer gathered; the largest full gradient before its reduce-scatter
+    # (FSDP2: the router + experts unit) shrinks to the next largest unit, by at most the same.
+    saved = fsdp[1].fsdp_gathered - ep[1].fsdp_gathered
+    assert 4 * weights * 4 <= saved <= 2 * (4 * weights + 4 + 4 * 32) * 4

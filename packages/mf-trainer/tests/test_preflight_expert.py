@@ -33,7 +33,8 @@ def _lines(tmp_path, tiny_config, parallelism, world, model=None):
                                                 ({"expert_parallel": 2, "tensor_parallel": 2}, 4),
                                                 ({"expert_parallel": 2, "tensor_parallel": 2}, 8),
                                                 ({"expert_parallel": 2, "context_parallel": 2}, 2),
-                                                ({"expert_parallel": 4, "context_parallel": 2}, 4)])
+                                                ({"expert_parallel": 4, "context_parallel": 2}, 4),
+                                                ({"expert_parallel": 2, "pipeline_parallel": 2}, 4)])
 def test_expert_parallel_over_the_data_parallel_ranks_runs(tmp_path, tiny_config, parallelism, world):
     assert _lines(tmp_path, tiny_config, parallelism, world) == []
 
@@ -60,7 +61,11 @@ REFUSED = [
     # The two-level dispatcher is proven over the data-parallel ranks only, not over cp ranks.
     (DEREDUNDANCY | {"expert_parallel": 2, "context_parallel": 2, "npu_nums_per_device": 2}, 2, None,
      "parallelism.moe_token_dispatcher_type: 'alltoall_deredundancy' with context_parallel 2 is not proven yet"),
-    ({"expert_parallel": 2, "pipeline_parallel": 2}, 4, None, "parallelism.expert_parallel: 2 with pipeline_parallel 2 is not implemented"),
+    # MoE pipeline stages with their experts over every data-parallel rank of a stage, alltoall only.
+    ({"expert_parallel": 2, "pipeline_parallel": 2}, 8, None,
+     "parallelism.pipeline_parallel: 2 with data-parallel ranks (world=8 pp=2 dp_replicate=1 dp_shard=4"),
+    (DEREDUNDANCY | {"expert_parallel": 2, "pipeline_parallel": 2, "npu_nums_per_device": 2}, 4, None,
+     "parallelism.moe_token_dispatcher_type: 'alltoall_deredundancy' in MoE pipeline stages is not proven"),
     ({"expert_parallel": 2, "data_parallel_shard": 2}, 4, None,
      "parallelism.expert_parallel: 2 with data-parallel replicas (HSDP: data_parallel_shard 2 of 4) is not proven"),
     ({"expert_parallel": 2, "data_parallel_shard": 2, "tensor_parallel": 2}, 8, None,

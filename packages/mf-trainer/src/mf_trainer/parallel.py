@@ -9,7 +9,7 @@ With more ranks (started by `mf launch` or msrun):
 * layout: `ParallelDims.from_config(parallelism, world)`; `data_parallel_shard_strategy:
   no_shard` makes every data-parallel rank a replica (DDP); `optim_grads_params` (ZeRO-3, the
   default) shards parameters, gradients and optimizer states. What cannot run (expert
-  parallelism, pipeline stages with cp/ep, with HSDP stages or with DDP stages outside 1f1b,
+  parallelism beside cp, pipeline stages with cp, with HSDP stages or with DDP stages outside 1f1b,
   ZeRO-1/2, degrees that do not fit the world) is refused by the preflight; pipeline stages are
   pipeline_step.py.
 * the model: its own plan (`mf_models.parallelize_model`: TP + SP, recompute, FSDP/HSDP), applied

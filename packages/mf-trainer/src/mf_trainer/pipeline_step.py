@@ -36,6 +36,14 @@ The Trainer keeps its one loop; this module swaps what differs:
   reads its own micro-batches; the Trainer sums the loss over dp. DDP stages (`no_shard`) are the
   same plan with a shard group of one: each micro-batch's backward all-reduces the stage's
   gradients over its dp group (`dp_replicate`), so every replica applies the same summed gradient.
+* MoE models: each chunk holding routed layers adds their balance loss to the step's objective per
+  micro-batch, weighted as the one-process `MoELMLoss` weights it (loss_scale / (accumulation x
+  dp)), and differentiates it in its own backward (mf_models' `train_routing`, mf-parallel's side
+  outputs). The step's `extras` are the one-process ones: this rank's share of the balance loss
+  (its chunks'), and the whole model's tokens per expert [L, E] and dispatch counts [L, 2], each
+  stage filling its own layers' rows (summed over micro-batches); `MoETraining.after_step` adds
+  them up over the world (the other stages' rows are theirs, the other dp slices' tokens theirs),
+  so every rank updates every layer's expert bias from the same loads, its own layers' included.
 * checkpoints: each stage saves its parameters under their global names; the tied copy is saved
   as a replica (replica_id > 0), so a checkpoint holds one `tok_embeddings.weight` and loads into
   one process, or into another pipeline layout, unchanged (mf-ckpt reshards on load).
@@ -145,7 +153,7 @@ class PipelineStepRunner:
         # The executor's loss is the whole step's (summed over the pipeline ranks); the Trainer adds
         # the data-parallel shares, so each pipeline rank reports it as its data-parallel slice's.
         return StepResult(result.loss, float(norm.asnumpy()), applied, tokens, float(local.asnumpy()),
-                          param_norms=param_norms_of(per_param[0] if per_param else None))
+                          self.plan.routing_extras(result), param_norms=param_norms_of(per_param[0] if per_param else None))
 
 
 class PipelineShardedState(ShardedState):
@@ -183,6 +191,9 @@ class PipelinePlan:
                                                   sequence_shards=parallel.dims.tp)
         except mf_models.ModelConfigError as exc:
             raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
+        self.moe_layers = len(model.moe_layer_ids())
+        if self.moe_layers:            # before the executor: it reads which chunks have side outputs
+            self.stage.train_routing(parallel.loss_scale / (accumulation * parallel.dp))
         self.executor = mp.PipelineExecutor(self.schedule, self.stage.chunks, mesh["pp"], tied=self.stage.tied,
                                             tied_ranks=self.layout.tied_ranks, overlap_p2p=self.spec.overlap_p2p)
         # The tied table's copy on a rank that does not hold the embedding: another rank counts it.
@@ -190,6 +201,22 @@ class PipelinePlan:
         self.copies = set() if holds_embedding else {id(p) for p in self.stage.tied}
         log.info("pipeline: %s, %d micro-batches per step; this is pipeline rank %d of %d:\n%s",
                  self.spec.describe(), accumulation, self.pp_rank, self.spec.pp, self.layout.describe())
+
+    def routing_extras(self, result) -> tuple:
+        """A MoE step's extras as the one-process step returns them: (this rank's share of the
+        balance loss: its chunks', tokens per expert [L, E], dispatch counts [L, 2]) with this
+        rank's layers' rows filled (the other rows and shares are the other stages'; MoETraining
+        sums them over the world). () for a dense model."""
+        if not self.moe_layers:
+            return ()
+        load = np.zeros((self.moe_layers, self.model.num_experts), np.float32)
+        counts = np.zeros((self.moe_layers, 2), np.float32)
+        for chunk, stats in zip(self.stage.chunks, result.stats):
+            if stats:
+                rows = list(chunk.moe_rows)
+                load[rows] += stats[0].asnumpy()
+                counts[rows] += stats[1].asnumpy()
+        return np.float32(result.local_side_loss), load, counts
 
     def clip(self, params, max_norm: float):
         return mp.GlobalNormClip(self.stage, params, self.parallel.mesh, max_norm,

@@ -149,21 +149,17 @@ def apply_fsdp(model: nn.Cell, mesh, options: ParallelOptions,
 
 def refuse_unimplemented(dims, model_type: str, expert_plan=None) -> None:
     """Expert parallelism needs a model with experts (its plan names them: `expert_plan`), and is
-    not proven beside pipeline parallelism: say so, naming the key. (Pipeline stages are not a
-    plan: the trainer cuts the planned model with `pipeline_stage`.) Beside tensor parallelism the
-    MoE runs on each tp rank's sequence shard (`moe_plan`): its experts split over ep, replicated
-    over tp, gradients all-reduced there. Beside context parallelism the ep ranks are carved out of
-    dp_shard x cp: each routes the tokens of its own sequence chunks."""
+    nothing else: say so, naming the key. Beside tensor parallelism the MoE runs on each tp rank's
+    sequence shard (`moe_plan`): its experts split over ep, replicated over tp, gradients
+    all-reduced there. Beside context parallelism the ep ranks are carved out of dp_shard x cp: each
+    routes the tokens of its own sequence chunks. Pipeline stages are not a plan: the trainer cuts
+    the planned model with `pipeline_stage`, and each stage's MoE layers exchange tokens within the
+    stage's own ep group (which pipeline layouts are proven is the trainer's preflight)."""
     if not dims.ep_enabled:
         return
     if expert_plan is None:
         raise ModelConfigError(f"parallelism.expert_parallel: {dims.ep} > 1, but {model_type} has no routed experts; "
                                "set it to 1")
-    for axis, key in (("pp", "pipeline_parallel"),):
-        if getattr(dims, axis) > 1:
-            raise ModelConfigError(f"parallelism.expert_parallel: {dims.ep} with {key} {getattr(dims, axis)} is not "
-                                   f"implemented (expert parallelism is proven beside data and tensor parallelism "
-                                   "only); set one of them to 1")
 
 
 # The stacked expert weights of the one MoE layer (common/moe.py): dim 0 is the expert axis.

@@ -17,6 +17,15 @@ name (`tok_embeddings.weight`) and value; the executor sums the two copies' grad
 the two ranks after each backward (`tied`), so they take identical optimizer steps and stay equal.
 The model definition itself is untouched.
 
+MoE models (routed layers in some stages): `stage.train_routing(aux_weight)` makes every chunk
+holding a routed layer return `(output, aux, tokens_per_expert, dispatch_counts)` (mf-parallel's
+side outputs): `aux` is the balance loss of the chunk's own MoE layers for the micro-batch, times
+`aux_weight`, which the executor adds to the step's objective and differentiates in that chunk's
+backward; the routing counts [rows, E] / [rows, 2] are the chunk's rows (`chunk.moe_rows`) of the
+whole model's `forward_train` statistics. This is exact for balance losses that are sums over
+layers (DeepSeek-V3's sequence- and batch-wise ones, or none); transformers' switch loss pools
+every layer's statistics before one product, so it cannot be split into stages and is refused.
+
 Under a parallel plan (tensor parallelism, FSDP/DDP: `mf_models.parallelize_model` before the
 cut) the chunks run the planned leaves as they are: FSDP gathers and reduce-scatters each stage's
 parameters over its own data-parallel group, TP splits the stage's layers. The plan has already
@@ -30,7 +39,7 @@ the rank's sequence shard [B, S / tp, H].
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn
+from mindspore import Parameter, Tensor, nn, ops
 
 from ..errors import ModelConfigError
 from . import parallel as _parallel  # noqa: F401  (registers Linear's backward split, which the chunks defer)
@@ -84,6 +93,11 @@ class PipelineChunk(nn.Cell):
                 # under another attribute would rename its parameter).
                 self.tok_embeddings = parts["tok_embeddings"]
         object.__setattr__(self, "blocks", self.layers.blocks())
+        moe_ids = model.moe_layer_ids()
+        # Rows of the whole model's routing statistics that this chunk's MoE layers produce.
+        self.moe_rows = tuple(moe_ids.index(i) for i in info.layers if i in moe_ids)
+        self.side_outputs = False           # set by PipelineStage.train_routing
+        self.aux_weight = 1.0
 
     def activation_spec(self, mb) -> tuple:
         batch, seq = mb["input_ids"].shape
@@ -99,10 +113,24 @@ class PipelineChunk(nn.Cell):
         ids = mb["input_ids"]
         cos, sin, mask = self._model.rotary_and_mask(ids, mb.get("position_ids"), mb.get("attention_mask"))
         h = self.tok_embeddings(ids).astype(self.compute_dtype) if self.first else x
+        loads, counts, aux_counts, aux_sums = [], [], [], []
         for block in self.blocks:
-            h = block(h, cos, sin, mask, None)
-        if not self.last:
-            return h
+            if getattr(block, "moe_enabled", False):
+                h, load, count, aux_count, aux_sum = block(h, cos, sin, mask, None)
+                loads.append(load)
+                counts.append(count)
+                aux_counts.append(aux_count)
+                aux_sums.append(aux_sum)
+            else:
+                h = block(h, cos, sin, mask, None)
+        out = self._head(h) if self.last else h
+        if not self.side_outputs:
+            return out
+        # The balance loss of this chunk's layers (a sum over layers: see the module doc).
+        aux = self._model.balance_share(ids, aux_counts, aux_sums) * self.aux_weight
+        return out, aux, ops.stack(loads), ops.stack(counts)
+
+    def _head(self, h):
         h = self.norm(h)
         if hasattr(self, "output"):
             return self.output(h).astype(ms.float32)
@@ -118,12 +146,11 @@ class PipelineStage(nn.Cell):
         if layout.num_layers != model.args.num_hidden_layers:
             raise ModelConfigError(f"parallelism.pipeline_parallel_layers_per_stage: the layout places "
                                    f"{layout.num_layers} layers, model.num_hidden_layers is {model.args.num_hidden_layers}")
-        if any(getattr(layer, "moe_enabled", False) for layer in model.layers):
-            # A MoE block also returns its routing statistics and balance-loss terms, which would
-            # have to travel with the hidden states and reach the last stage's loss.
-            raise ModelConfigError("parallelism.pipeline_parallel: pipeline stages of a MoE model are not "
-                                   "implemented yet (its routing statistics and balance loss do not travel "
-                                   "between stages); use expert/data/tensor parallelism for it")
+        if model.moe_layer_ids() and model.balance.kind == "switch":
+            raise ModelConfigError("parallelism.pipeline_parallel: pipeline stages of a MoE model trained with "
+                                   "transformers' switch balance loss (output_router_logits) are not implemented: "
+                                   "the loss pools every layer's routing before one product, so it does not split "
+                                   "into stages; set output_router_logits: false or pipeline_parallel: 1")
         infos = layout.chunks(pp_rank)
         first = any(i.first for i in infos)
         last = any(i.last for i in infos)
@@ -148,6 +175,14 @@ class PipelineStage(nn.Cell):
         self.pp_rank = pp_rank
         # References, not sub-Cells: the parameters above already carry the global names.
         object.__setattr__(self, "chunks", [PipelineChunk(model, info, parts, sequence_shards) for info in infos])
+
+    def train_routing(self, aux_weight: float) -> None:
+        """Chunks holding routed MoE layers return their weighted balance loss and routing counts
+        beside their output (see the module doc); `aux_weight` multiplies the model's own
+        (already `aux_loss_alpha`-weighted) balance loss, as the one-process training loss does."""
+        for chunk in self.chunks:
+            chunk.side_outputs = bool(chunk.moe_rows)
+            chunk.aux_weight = float(aux_weight)
 
 
 def pipeline_stage(model, layout, pp_rank: int, sequence_shards: int = 1) -> PipelineStage:

@@ -16,6 +16,15 @@ and the last virtual stage's output goes through `loss_fn(output, mb) -> scalar`
 is the sum of those scalars (normalise them by the global token count in `loss_fn`), returned on
 every pipeline rank. mf-models builds such chunks from a CausalLM (`mf_models.pipeline_stage`).
 
+Side outputs (a MoE stage's balance loss and routing counts): a chunk whose `side_outputs` is true
+returns `(output, side_loss, *stats)`. `side_loss` (a scalar) is a term of the step's objective
+that belongs to this chunk: it is added to the step's loss and differentiated in the chunk's own
+backward (cotangent 1 beside the received output gradient), whichever stage the chunk is. `stats`
+(Tensors) are not differentiated: they are summed over the micro-batches, per local chunk, into
+`StepResult.stats` (taken from each micro-batch's forward, never from a backward's recompute).
+`StepResult.side_loss` is the step's sum of side losses over every pipeline rank (`local_side_loss`:
+this rank's chunks' share of it).
+
 Backward through `mindspore.vjp`. MindSpore 2.10 keeps PyNative's recorded forwards as a stack:
 a vjp function can only be called for the newest outstanding forward (measured: calling the
 oldest first fails with "Can not find top cell for backward", and forwards without tensor inputs
@@ -86,6 +95,9 @@ def _tapes_kept(actions) -> set[tuple]:
 class StepResult:
     loss: float                                  # sum of the micro-batch losses, on every pipeline rank
     grads: tuple                                 # summed over the micro-batches, aligned with executor.params
+    side_loss: float = 0.0                       # the chunks' side losses (part of `loss`), every pipeline rank
+    local_side_loss: float = 0.0                 # ... of this rank's chunks only
+    stats: tuple = ()                            # per local chunk: its side stats summed over micro-batches
     compute_seconds: float = 0.0                 # inside F / B / W
     comm_seconds: float = 0.0                    # inside Comms: waiting for the peer and moving data
     span_seconds: float = 0.0                    # first computation's start .. last one's end
@@ -148,6 +160,7 @@ class PipelineExecutor:
                     params.append(p)
         self.params = tuple(params)
         self._chunk_params = [tuple(c.trainable_params()) for c in self.chunks]
+        self._side = [bool(getattr(c, "side_outputs", False)) for c in self.chunks]
         self._index = {id(p): i for i, p in enumerate(self.params)}
         # Every group this rank needs, created in one global order (every rank walks the same sorted
         # list and creates its own): safe where group creation is collective among the members.
@@ -210,6 +223,8 @@ class PipelineExecutor:
         self.inbox: dict[tuple, Any] = {}
         self.outbox: dict[tuple, Any] = {}
         self.losses: list[Any] = []
+        self.side_losses: list[Any] = []
+        self.stats: list[Any] = [None] * len(self.chunks)
         self.stash.clear()
         result = StepResult(loss=0.0, grads=())
         start = time.perf_counter()
@@ -239,12 +254,16 @@ class PipelineExecutor:
         for p in self.tied:
             i = self._index[id(p)]
             grads[i] = self.tied_sum(grads[i])
-        local = sum(float(x.asnumpy()) for x in self.losses)
-        total = self.loss_sum(ms.Tensor([local], ms.float32)) if self.group.size > 1 else ms.Tensor([local], ms.float32)
-        result.loss = float(total.asnumpy()[0])
+        # One all-reduce of (loss, side loss): every pipeline rank gets the step's totals.
+        local = ms.Tensor([sum(float(x.asnumpy()) for x in self.losses),
+                           sum(float(x.asnumpy()) for x in self.side_losses)], ms.float32)
+        total = (self.loss_sum(local) if self.group.size > 1 else local).asnumpy()
+        result.loss, result.side_loss = float(total[0]), float(total[1])
+        result.local_side_loss = float(local.asnumpy()[1])
         result.grads = tuple(grads)
+        result.stats = tuple(() if s is None else tuple(s) for s in self.stats)
         result.span_seconds = (last - first) if first is not None else 0.0
-        self.mbs, self.losses = [], []
+        self.mbs, self.losses, self.side_losses = [], [], []
         return result
 
     # ------------------------------------------------------------------------------------- forward only
@@ -269,6 +288,8 @@ class PipelineExecutor:
                 if owner == self.rank:
                     _, chunk = self.placement.owner(stage)
                     out = self.chunks[chunk](held, mb)
+                    if self._side[chunk]:
+                        out = out[0]                       # evaluation: no balance loss, no routing counts
                     if stage == stages - 1:
                         part = ops.cast(out_fn(out, mb), ms.float32)
                         total = part if total is None else total + part
@@ -304,28 +325,54 @@ class PipelineExecutor:
                 self._accumulate(p, dw)
 
     def _run_fn(self, c: Compute):
+        """The function differentiated for (c.mb, c.stage): the stage output (the loss on the last
+        stage); with side outputs `((output, side_loss) | loss + side_loss, (side_loss, *stats))`,
+        the second part returned beside the gradient (vjp's has_aux)."""
         chunk, mb = self.chunks[c.chunk], self.mbs[c.mb]
         last = c.stage == self.placement.virtual_stages - 1
+        side = self._side[c.chunk]
 
         def run(*xs):
             out = chunk(xs[0] if xs else None, mb)
-            return self.loss_fn(out, mb) if last else out
+            if not side:
+                return self.loss_fn(out, mb) if last else out
+            out, side_loss, *stats = out
+            value = self.loss_fn(out, mb) + side_loss if last else (out, side_loss)
+            return value, (side_loss, *stats)
 
         return run
+
+    def _vjp(self, c: Compute, inputs):
+        """(value, vjp_fn, side outputs or None) of (c.mb, c.stage) under a recorded tape."""
+        if self._side[c.chunk]:
+            return ms.vjp(self._run_fn(c), *inputs, weights=self._chunk_params[c.chunk], has_aux=True)
+        return (*ms.vjp(self._run_fn(c), *inputs, weights=self._chunk_params[c.chunk]), None)
+
+    def _record_side(self, c: Compute, side) -> None:
+        """A forward's side loss (a term of the step's loss) and its stats, summed per chunk."""
+        side_loss, *stats = side
+        self.side_losses.append(side_loss)
+        held = self.stats[c.chunk]
+        self.stats[c.chunk] = stats if held is None else [a + b for a, b in zip(held, stats)]
 
     def _forward(self, c: Compute) -> None:
         last = c.stage == self.placement.virtual_stages - 1
         inputs = () if c.stage == 0 else (self.inbox.pop(("act", c.mb, c.stage - 1)),)
-        run = self._run_fn(c)
         if (c.mb, c.stage) in self.keep_tape:
-            out, vjp_fn = ms.vjp(run, *inputs, weights=self._chunk_params[c.chunk])
+            out, vjp_fn, side = self._vjp(c, inputs)
             self.tapes[(c.mb, c.stage)] = (vjp_fn, out)
         else:
-            out = run(*inputs)                   # no tape: the backward recomputes (see the module doc)
+            out = self._run_fn(c)(*inputs)       # no tape: the backward recomputes (see the module doc)
+            out, side = out if self._side[c.chunk] else (out, None)
             self.tapes[(c.mb, c.stage)] = (None, inputs)
+        if side is not None:
+            self._record_side(c, side)
         if last:
             self.losses.append(out)
             return
+        if side is not None:
+            self.losses.append(out[1])           # this stage's side loss is a term of the step's loss
+            out = out[0]
         key = ("act", c.mb, c.stage)
         if self.placement.rank_of(c.stage + 1) == self.rank:
             self.inbox[key] = out
@@ -335,11 +382,13 @@ class PipelineExecutor:
     def _backward(self, c: Compute) -> None:
         vjp_fn, held = self.tapes.pop((c.mb, c.stage))
         if vjp_fn is None:
-            out, vjp_fn = ms.vjp(self._run_fn(c), *held, weights=self._chunk_params[c.chunk])
+            out, vjp_fn, _ = self._vjp(c, held)  # the recompute's side outputs were counted by the forward
         else:
             out = held
         last = c.stage == self.placement.virtual_stages - 1
         dy = _ONES_LIKE(out) if last else self.inbox.pop(("grad", c.mb, c.stage))
+        if self._side[c.chunk] and not last:
+            dy = (dy, _ONES_LIKE(out[1]))        # the side loss's own cotangent
         if self.schedule.split_backward:
             with self.stash.collect((c.mb, c.stage)):
                 input_grads, weight_grads = vjp_fn(dy)

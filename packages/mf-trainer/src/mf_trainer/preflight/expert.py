@@ -11,11 +11,13 @@ EP4 with deredundancy over groups of 2), for ep smaller than it (expert data par
 expert block FSDP-sharded over the dp_shard / ep ranks holding it, its gradient reduce-scattered
 there; EP2 x FSDP2 on 4 ranks), beside tensor parallelism (EP2 x TP2: experts replicated over tp,
 their gradients all-reduced there), beside context parallelism (CP2 x EP2: the ep ranks are the
-cp ranks, each routing its own sequence chunks), and with evaluation during training (every rank
-evaluates every batch through the exchange; EP2). Refused, one keyed line each: a model without
-routed experts, an expert count ep does not divide, an npu_nums_per_device that does not divide ep
-under `alltoall_deredundancy` (or is set without it), deredundancy beside tp or cp, ep beside
-pipeline parallelism, HSDP or `no_shard`. That ep divides dp_shard x cp is ParallelDims' own check (the `layout` check reports
+cp ranks, each routing its own sequence chunks), with evaluation during training (every rank
+evaluates every batch through the exchange; EP2), and in pipeline stages (PP2 x EP2 on 4 ranks:
+each stage's experts over its data-parallel ranks, alltoall; which pipeline layouts of a MoE model
+run is preflight/pipeline.py's). Refused, one keyed line each: a model without routed experts, an
+expert count ep does not divide, an npu_nums_per_device that does not divide ep under
+`alltoall_deredundancy` (or is set without it), deredundancy beside tp or cp, HSDP or `no_shard`.
+That ep divides dp_shard x cp is ParallelDims' own check (the `layout` check reports
 it).
 """
 
@@ -76,8 +78,8 @@ def expert_parallel_dispatcher(t):
 
 @check(commands=TRAINING)
 def expert_parallel_combinations(t):
-    """Expert parallelism runs beside data, tensor and context parallelism (no no_shard; pipeline
-    stages: preflight/pipeline.py)."""
+    """Expert parallelism runs beside data, tensor, context and pipeline parallelism (no no_shard;
+    which pipeline stages: preflight/pipeline.py)."""
     par, ep = t.cfg.parallelism, _ep(t)
     if ep <= 1:
         return
@@ -91,7 +93,7 @@ def expert_parallel_combinations(t):
 def expert_parallel_layout(t):
     """ep over the FSDP shard ranks, any divisor of them (expert data parallelism); HSDP beside EP is not proven."""
     dims, ep = t.dims, _ep(t)
-    if ep <= 1 or dims is None or dims.pp > 1:
+    if ep <= 1 or dims is None:
         return
     if dims.dp_replicate > 1:
         yield KEY, (f"{ep} with data-parallel replicas (HSDP: data_parallel_shard {dims.dp_shard} of {dims.dp}) is not "

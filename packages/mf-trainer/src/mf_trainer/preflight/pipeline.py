@@ -8,18 +8,19 @@ tensor parallelism (the stage's layers under the TP plan, vocabulary-split logit
 stage) under every schedule (gpipe, 1f1b, interleaved, the dx/dw split, zbv) and with evaluation
 during training, and with DDP replicas (`no_shard`: each stage's gradients all-reduced over its dp
 group) under 1f1b: proven against one process in the dist tests. DDP stages under the other
-schedules or with evaluation, and HSDP stages, stay refused, one keyed line each."""
+schedules or with evaluation, and HSDP stages, stay refused, one keyed line each.
+
+MoE models (each stage's balance loss in its own backward, every stage's loads in the bias
+update): proven with one rank per stage (PP2, `moe_pp2`) and with each stage's experts over all of
+its data-parallel ranks (PP2 x EP2, `moe_pp2_ep2`, alltoall). Refused: transformers' switch loss
+(it does not split into stages), MoE stages beside tensor parallelism, and other data-parallel
+layouts of MoE stages (FSDP / DDP stages without EP, expert data parallelism, deredundancy)."""
 
 from __future__ import annotations
 
+from mf_trainer.preflight.context import has_routed_experts
 from mf_trainer.preflight.registry import check, split_line
 
-# Model keys that make a model MoE (mixtral, qwen3_moe / qwen2_moe, deepseek_v3).
-MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
-# Degrees that do not combine with pipeline stages yet, and why.
-NOT_WITH_PIPELINE = {
-    "expert_parallel": "the stages' MoE layers are not wired for the all-to-all dispatcher yet",
-}
 # FSDP and TP stages run under every schedule and with evaluation during training: proven against
 # one process on 4 ranks (tests-integration/dist: pp2_fsdp2, pp2_tp2, pp2_gpipe_tp2,
 # pp2_interleaved_split_fsdp2, pp2_zbv_fsdp2, pp2_zbv_tp2). Data-parallel replicas are not yet.
@@ -92,16 +93,52 @@ def pipeline_combinations(t):
     """What pipeline stages do not combine with yet."""
     if _pp(t) <= 1:
         return
-    cfg, par = t.cfg, t.cfg.parallelism
-    for key, why in NOT_WITH_PIPELINE.items():
-        if getattr(par, key) > 1:
-            yield (f"parallelism.{key}", f"{getattr(par, key)} with pipeline_parallel {par.pipeline_parallel} is not "
-                                         f"implemented ({why}); set one of them to 1")
-    experts = [k for k in MOE_KEYS if (cfg.model.extra.get(k) or 0) > 0]
-    if experts:
+    yield from _moe_stages(t)
+
+
+def _moe_stages(t):
+    """MoE pipeline stages: each stage's balance loss in its own backward, the routing loads summed
+    over stages for the expert-bias update (pipeline_step.py). Proven against one process on the
+    tiny DeepSeek-V3 (sequence-wise balance loss, bias update) under PP2 1f1b (`moe_pp2`);
+    transformers' switch loss cannot be split into stages, and the layouts beside other axes are
+    not run against one process yet."""
+    args, par = t.model_args, t.cfg.parallelism
+    if not has_routed_experts(args):
+        return
+    if getattr(args, "output_router_logits", False):
         yield ("parallelism.pipeline_parallel",
-               f"pipeline stages of a MoE model ({experts[0]}: {cfg.model.extra[experts[0]]}) are not implemented "
-               "yet (its routing statistics and balance loss do not travel between stages); set it to 1")
+               f"{par.pipeline_parallel} with model.output_router_logits true is not implemented: transformers' "
+               "switch balance loss pools every MoE layer's routing before one product, so it does not split "
+               "into pipeline stages; set output_router_logits: false or pipeline_parallel: 1")
+    if par.tensor_parallel > 1:
+        yield ("parallelism.tensor_parallel",
+               f"{par.tensor_parallel} with MoE pipeline stages is not proven against one process yet (MoE stages "
+               "are proven without tensor parallelism); set tensor_parallel: 1 or pipeline_parallel: 1")
+
+
+@check(needs=("world",))
+def pipeline_moe_data_parallel(t):
+    """MoE stages run with one rank per stage, or with their experts split over every data-parallel
+    rank of the stage (expert_parallel = the FSDP shard ranks, alltoall): the layouts proven."""
+    dims = t.dims
+    if _pp(t) <= 1 or dims is None or dims.dp == 1 or not has_routed_experts(t.model_args):
+        return
+    if dims.ep == dims.dp_shard and dims.dp_replicate == 1:
+        if t.cfg.parallelism.moe_token_dispatcher_type != "alltoall":
+            yield ("parallelism.moe_token_dispatcher_type",
+                   f"{t.cfg.parallelism.moe_token_dispatcher_type!r} in MoE pipeline stages is not proven against "
+                   "one process yet (MoE stages are proven with the 'alltoall' dispatcher); use 'alltoall'")
+        if t.cfg.eval_dataset is not None:
+            # Proven: evaluation in MoE stages of one rank each (moe_pp2) and under EP without stages
+            # (moe_ep2); both at once would cost the 4-rank launch its eval batches through the exchange.
+            yield ("eval_dataset", "evaluation during training in MoE pipeline stages with expert parallelism is not "
+                                   "proven against one process yet (it is with one rank per stage); drop "
+                                   "eval_dataset (eval_dataset=null) or evaluate the checkpoints with mf eval")
+        return
+    yield ("parallelism.pipeline_parallel",
+           f"{_pp(t)} with data-parallel ranks ({dims.describe()}) in a MoE model is not proven against one process "
+           f"yet (MoE stages are proven with one rank per stage, or with expert_parallel over all {dims.dp} "
+           f"data-parallel ranks of a stage); set expert_parallel: {dims.dp} or pipeline_parallel: 1")
 
 
 @check(needs=("world",))
