@@ -54,7 +54,7 @@ from mindspore import nn, ops
 from mf_parallel.collectives import AllGather, AllToAllV
 from mf_parallel.errors import ParallelConfigError
 from mf_parallel.expert_exchange import ExpertRoute, VariableExchange, size_tensor
-from mf_parallel.expert_parallel import ExpertExchange, variable_exchange
+from mf_parallel.expert_parallel import ExpertExchange, TwoPathDispatcher, variable_exchange
 from mf_parallel.mesh import DeviceMesh, Group, make_group
 
 KEY = "parallelism.npu_nums_per_device"
@@ -109,7 +109,7 @@ def routed_rows(topk_idx: np.ndarray, num_experts: int, ep: int, group_size: int
             "deredundancy_within": int((owner != receiver).sum())}
 
 
-class DeredundancyTokenDispatcher(nn.Cell):
+class DeredundancyTokenDispatcher(TwoPathDispatcher):
     """`dispatch` / `combine` of a MoE layer whose `num_experts` experts are split over the ep
     ranks of the `within` x `across` groups (`two_level_groups`; see the module docstring). `local`
     is a one-rank dispatcher for `num_experts / P + 1` experts and top-1 (the last one is the null
@@ -147,19 +147,6 @@ class DeredundancyTokenDispatcher(nn.Cell):
         self.v_across_weights = VariableExchange(across)
         self.v_across_back = VariableExchange(across)
         self.route = ExpertRoute(within, self.local_experts, local)
-
-    def dispatch(self, x, topk_idx):
-        """As the one-rank dispatcher: (rows, block_expert, handle, tokens_per_expert [E] of this
-        rank's tokens, counts [2] = (dropped 0, padding rows computed here))."""
-        if self.variable:
-            return self._variable_dispatch(x, topk_idx)
-        return self._static_dispatch(x, topk_idx)
-
-    def combine(self, expert_rows, handle, topk_weights):
-        """expert_rows [nb*b, H] of the local experts -> this rank's tokens [T, H]."""
-        if self.variable:
-            return self._variable_combine(expert_rows, handle, topk_weights)
-        return self._static_combine(expert_rows, handle, topk_weights)
 
     def _variable_dispatch(self, x, topk_idx):
         tokens, k = topk_idx.shape

@@ -74,6 +74,26 @@ def variable_exchange(kind: str) -> bool:
     return False
 
 
+class TwoPathDispatcher(nn.Cell):
+    """The two calls of an expert-parallel dispatcher, on the path chosen when it was built
+    (`variable_exchange`): counts first and variable sizes, or static worst-case buffers. A
+    subclass gives `_variable_dispatch` / `_variable_combine` and `_static_dispatch` /
+    `_static_combine`, and sets `self.variable`."""
+
+    def dispatch(self, x, topk_idx):
+        """As the one-rank dispatcher: (rows, block_expert, handle, tokens_per_expert [E] of this
+        rank's tokens, counts [2] = (dropped 0, padding rows computed here))."""
+        if self.variable:
+            return self._variable_dispatch(x, topk_idx)
+        return self._static_dispatch(x, topk_idx)
+
+    def combine(self, expert_rows, handle, topk_weights):
+        """expert_rows [nb*b, H] of the local experts -> this rank's tokens [T, H]."""
+        if self.variable:
+            return self._variable_combine(expert_rows, handle, topk_weights)
+        return self._static_combine(expert_rows, handle, topk_weights)
+
+
 class ExpertExchange(nn.Cell):
     """All-to-all of a [P, ...] buffer along dim 0 over `group` (slot j goes to rank j, slot s of
     the result came from rank s). It is its own adjoint: the backward exchanges the gradient."""
@@ -93,7 +113,7 @@ class ExpertExchange(nn.Cell):
         return (self.backward_a2a(dout),)
 
 
-class AllToAllTokenDispatcher(nn.Cell):
+class AllToAllTokenDispatcher(TwoPathDispatcher):
     """`dispatch` / `combine` of a MoE layer whose `num_experts` experts are split over `group`
     (see the module docstring). `local` is a one-rank dispatcher for `num_experts / P + 1` experts
     and top-1 (the last one is the null expert of empty slots); no parameters."""
@@ -117,19 +137,6 @@ class AllToAllTokenDispatcher(nn.Cell):
         self.zero = ms.Tensor(0, ms.int32)
         self.variable = variable_exchange("alltoall")
         self.route = ExpertRoute(group, self.local_experts, local)
-
-    def dispatch(self, x, topk_idx):
-        """As the one-rank dispatcher: (rows, block_expert, handle, tokens_per_expert [E] of this
-        rank's tokens, counts [2] = (dropped 0, padding rows computed here))."""
-        if self.variable:
-            return self._variable_dispatch(x, topk_idx)
-        return self._static_dispatch(x, topk_idx)
-
-    def combine(self, expert_rows, handle, topk_weights):
-        """expert_rows [nb*b, H] of the local experts -> this rank's tokens [T, H]."""
-        if self.variable:
-            return self._variable_combine(expert_rows, handle, topk_weights)
-        return self._static_combine(expert_rows, handle, topk_weights)
 
     def _variable_dispatch(self, x, topk_idx):
         tokens, k = topk_idx.shape
