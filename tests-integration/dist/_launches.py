@@ -39,7 +39,7 @@ WORLD2_CASES = ("fsdp2", "tp2", "tp2_rcomm", "fsdp2_accum_mean", *CP_TRAINER2_CA
                 "moe_ep2_from_moe_ep4_deredundancy", "moe_mixtral_ep2", "moe_tp2", "moe_cp2", "moe_cp2_ep2", "fsdp2_muon",
                 "fsdp2_muon_from_reference_muon", *PIPELINE2_CASES, "moe_pp2")
 WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", *CP_TRAINER4_CASES,
-                *PIPELINE4_CASES, "moe_ep4_deredundancy", "moe_ep2_fsdp2", "moe_ep2_tp2", "moe_pp2_ep2")
+                *PIPELINE4_CASES, "moe_ep4_deredundancy", "moe_ep2_fsdp2", "moe_ep2_tp2", "moe_pp2_ep2", "moe_pp2_tp2")
 # Context parallelism (_cp_worker.py): attention Cells first, then these model cases, at the end of
 # the 2- and 4-rank launches (after their Trainer cases: no msrun start-up of their own).
 # The tiny llama's CP layouts (colossal, ulysses, hybrid, x TP, x FSDP, packed) are proven through

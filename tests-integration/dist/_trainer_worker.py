@@ -114,6 +114,11 @@ CASES = {
     # micro-batch sums; 2 micro-batches of 1 took twice as long: stage 0 recomputes each forward).
     "moe_pp2_ep2": ({"pipeline_parallel": 2, "pipeline_parallel_layers_per_stage": [2, 1], "expert_parallel": 2},
                     {"local_batch_size": 2}, 1, 4),
+    # ... and the stages' layers under the TP plan (PP2 x TP2 on 4 ranks): each tp rank routes its
+    # sequence shard and takes its share of its stage's balance loss from the whole sequences'
+    # counts; 2 micro-batches of 2 samples.
+    "moe_pp2_tp2": ({"pipeline_parallel": 2, "pipeline_parallel_layers_per_stage": [2, 1], "tensor_parallel": 2},
+                    {"local_batch_size": 2}, 1, 4),
     # Pipeline parallelism on the 4-layer model (reference4): 4 micro-batches of 1 sample per step.
     "reference4": ({}, {"local_batch_size": 4}, 1, 1),
     "pp2_1f1b": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 2),
@@ -174,7 +179,7 @@ MOE_MODEL = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "
              "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_nope_head_dim": 8,
              "qk_rope_head_dim": 4, "v_head_dim": 8, "aux_loss_alpha": 0.01, "seq_aux": True,
              "moe_router_bias_update_rate": 0.01}
-MOE_LAYERS = {"moe_reference3": 3, "moe_pp2": 3, "moe_pp2_ep2": 3}        # a MoE layer on each pipeline stage
+MOE_LAYERS = {"moe_reference3": 3, "moe_pp2": 3, "moe_pp2_ep2": 3, "moe_pp2_tp2": 3}        # a MoE layer on each pipeline stage
 # The tiny Mixtral of the moe_mixtral_* cases: 4 experts, top-2 by softmax, no shared expert, the
 # switch balance loss on (output_router_logits) at 10x transformers' default weight.
 MIXTRAL_MODEL = {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32,

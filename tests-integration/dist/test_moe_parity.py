@@ -61,7 +61,8 @@ def _launched(request, case: str):
 PARITY = [("moe_fsdp2", "moe_reference"), ("moe_ep2", "moe_reference"), ("moe_ep2_fsdp2", "moe_reference"),
           ("moe_ep4_deredundancy", "moe_reference"), ("moe_mixtral_ep2", "moe_mixtral_reference"),
           ("moe_ep2_tp2", "moe_reference"), ("moe_tp2", "moe_reference"), ("moe_cp2", "moe_reference"),
-          ("moe_cp2_ep2", "moe_reference"), ("moe_pp2", "moe_reference3"), ("moe_pp2_ep2", "moe_reference3")]
+          ("moe_cp2_ep2", "moe_reference"), ("moe_pp2", "moe_reference3"), ("moe_pp2_ep2", "moe_reference3"),
+          ("moe_pp2_tp2", "moe_reference3")]
 
 
 def _model(case: str) -> dict:

@@ -96,12 +96,13 @@ class MoETraining:
                 total[1 + load.size:].reshape(counts.shape))
 
     def step_loss(self, done, routing: dict) -> float:
-        """The step's loss (`ParallelContext.global_loss`). Under tensor parallelism the tp ranks
-        hold the same language-model loss but different shares of the balance loss (sequence
-        parallelism splits the sequences it is taken over): the language-model part is summed as
-        usual and the whole balance loss (`routing`'s, from `after_step`) added once."""
+        """The step's loss. Each rank's `done.loss` is its language-model share plus its share of
+        the balance loss; the language-model shares add up over the data-parallel ranks
+        (`ParallelContext.global_loss`: tensor-parallel and pipeline ranks hold the same one), the
+        balance-loss shares over every rank (tp ranks and pipeline stages hold different ones):
+        `routing`'s total, from `after_step`."""
         par = self.parallel
-        if not self.active or par.dims.tp == 1:
+        if not self.active:
             return par.global_loss(done.loss)
         return par.global_loss(done.loss - float(np.asarray(done.extras[0]))) + routing[PREFIX + "aux_loss"]
 

@@ -152,7 +152,11 @@ class PipelineStepRunner:
             self.optimizer.step += 1
         # The executor's loss is the whole step's (summed over the pipeline ranks); the Trainer adds
         # the data-parallel shares, so each pipeline rank reports it as its data-parallel slice's.
-        return StepResult(result.loss, float(norm.asnumpy()), applied, tokens, float(local.asnumpy()),
+        # A MoE step's balance loss is the exception: each rank reports its own chunks' share beside
+        # the language-model loss (MoETraining.step_loss adds the shares up over the world, as it
+        # does where tensor or context parallelism split the sequences).
+        loss = result.loss - result.side_loss + result.local_side_loss
+        return StepResult(loss, float(norm.asnumpy()), applied, tokens, float(local.asnumpy()),
                           self.plan.routing_extras(result), param_norms=param_norms_of(per_param[0] if per_param else None))
 
 

@@ -99,9 +99,10 @@ def pipeline_combinations(t):
 def _moe_stages(t):
     """MoE pipeline stages: each stage's balance loss in its own backward, the routing loads summed
     over stages for the expert-bias update (pipeline_step.py). Proven against one process on the
-    tiny DeepSeek-V3 (sequence-wise balance loss, bias update) under PP2 1f1b (`moe_pp2`);
-    transformers' switch loss cannot be split into stages, and the layouts beside other axes are
-    not run against one process yet."""
+    tiny DeepSeek-V3 (sequence-wise balance loss, bias update) under PP2 1f1b (`moe_pp2`), and
+    with the stages under tensor parallelism (`moe_pp2_tp2`: each tp rank's share of its stage's
+    balance loss from the whole sequences' counts); transformers' switch loss cannot be split into
+    stages."""
     args, par = t.model_args, t.cfg.parallelism
     if not has_routed_experts(args):
         return
@@ -110,10 +111,6 @@ def _moe_stages(t):
                f"{par.pipeline_parallel} with model.output_router_logits true is not implemented: transformers' "
                "switch balance loss pools every MoE layer's routing before one product, so it does not split "
                "into pipeline stages; set output_router_logits: false or pipeline_parallel: 1")
-    if par.tensor_parallel > 1:
-        yield ("parallelism.tensor_parallel",
-               f"{par.tensor_parallel} with MoE pipeline stages is not proven against one process yet (MoE stages "
-               "are proven without tensor parallelism); set tensor_parallel: 1 or pipeline_parallel: 1")
 
 
 @check(needs=("world",))
