@@ -26,7 +26,8 @@ PIPELINE2_CASES = ("pp2_1f1b", "pp2_gpipe", "pp2_interleaved", "pp2_1f1b_split",
 # under both, gpipe once. Interleaved x TP adds no mechanism zbv x TP lacks (checked once by hand:
 # 5.8e-7 / 3.2e-7).
 SHARDED_STAGE_CASES = ("pp2_gpipe_tp2", "pp2_interleaved_split_fsdp2", "pp2_zbv_fsdp2", "pp2_zbv_tp2")
-PIPELINE4_CASES = ("pp4_1f1b_uneven", "pp2_fsdp2", "pp2_ddp2", "pp2_tp2", *SHARDED_STAGE_CASES)
+# `pp2_tp2_from_reference4` continues the one-process checkpoint under PP2 x TP2 (2 steps).
+PIPELINE4_CASES = ("pp4_1f1b_uneven", "pp2_fsdp2", "pp2_ddp2", "pp2_tp2", *SHARDED_STAGE_CASES, "pp2_tp2_from_reference4")
 # one process, one after another (`reference_packed`: the packed-document data of `cp2_packed`)
 REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "reference_muon", "reference_packed",
               "moe_mixtral_reference", "moe_reference3")

@@ -11,8 +11,9 @@ schedules: gpipe x TP2, interleaved (2 chunks, each with its own FSDP units) wit
 x FSDP2 (deferred weight gradients reduce-scattered when W runs), zbv x FSDP2 and x TP2 (the V
 placement, split backward: embedding, head, loss and both uses of the tied table on rank 0).
 Evaluation during training under PP2 1f1b, PP2 x FSDP2 and PP2 x TP2 against one process.
-Checkpoints: a PP2 checkpoint continues in one process, and a one-process checkpoint under PP2,
-with the losses of the one-process run resumed from its own checkpoint.
+Checkpoints: a PP2 and a PP2 x TP2 checkpoint continue in one process, and a one-process checkpoint
+under PP2 and under PP2 x TP2, with the losses of the one-process run resumed from its own
+checkpoint (so a checkpoint moves PP2 -> one process -> PP2 x TP2 and back unchanged).
 
 The cases run in the shared launches of conftest.py (world 2 and world 4, after the other Trainer
 cases) plus one one-process continuation; step times go to the RESULT summary (`-s` prints them).
@@ -49,8 +50,8 @@ def runs(reference, world2, world4):
 
 @pytest.fixture(scope="module")
 def pp2_to_one_process(runs):
-    """PP2 1f1b's checkpoint continued by one process."""
-    proc = run_one_process(runs, "reference4_from_pp2_1f1b")
+    """PP2 1f1b's and PP2 x TP2's checkpoints continued by one process (one start-up)."""
+    proc = run_one_process(runs, "reference4_from_pp2_1f1b", "reference4_from_pp2_tp2")
     if proc.returncode != 0:
         pytest.fail(f"one-process continuation failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return _result(runs, "reference4_from_pp2_1f1b")
@@ -96,8 +97,9 @@ def test_interleaved_asked_for_graph_mode_and_says_why_it_runs_pynative(runs, wo
     assert "the pipeline executor differentiates each micro-batch" in world2.logs[0]
 
 
-@pytest.mark.parametrize("source", ["reference4_from_pp2_1f1b", "pp2_1f1b_from_reference4"])
-def test_checkpoints_continue_between_pp2_and_one_process(runs, pp2_to_one_process, source):
+@pytest.mark.parametrize("source", ["reference4_from_pp2_1f1b", "pp2_1f1b_from_reference4", "reference4_from_pp2_tp2",
+                                    "pp2_tp2_from_reference4"])
+def test_checkpoints_continue_between_pipeline_layouts_and_one_process(runs, pp2_to_one_process, source):
     want = _result(runs, "reference4")["continued"]
     got = _result(runs, source)
     assert got["start_step"] == STEPS and len(got["losses"]) == MORE == len(want)

@@ -162,16 +162,26 @@ class PipelineStepRunner:
 
 class PipelineShardedState(ShardedState):
     """ShardedState of a stage; the last stage's copy of a tied table (and its moments) is saved as
-    a replica, so the checkpoint holds the table once under its global name."""
+    a replica under the table's global name (`global_names`: id -> the whole model's name), so the
+    checkpoint holds the table once under its global name. (Under tensor parallelism the copy is
+    the plan's `output` leaf sharing the table: its stage name `output.weight` is not the table's.)"""
 
-    def __init__(self, ctx, model, optimizer, held=None, *, copies: set[int] = frozenset(), offset: int = 1):
+    def __init__(self, ctx, model, optimizer, held=None, *, copies: set[int] = frozenset(), offset: int = 1,
+                 global_names: dict[int, str] | None = None):
         super().__init__(ctx, model, optimizer, held)
+        global_names = global_names or {}
         names = {name for name, p in model.parameters_and_names() if id(p) in copies}
+        # Stage name -> checkpoint name, for the copies whose stage path is not the table's name.
+        self.rename = {name: global_names[id(p)] for name, p in model.parameters_and_names()
+                       if id(p) in copies and global_names.get(id(p), name) != name}
 
         def replica(lay):
             return dataclasses.replace(lay, replica_id=lay.replica_id + offset)
 
-        self.layouts = {k: replica(v) if k in names else v for k, v in self.layouts.items()}
+        self.layouts = {self.rename.get(k, k): replica(v) if k in names else v for k, v in self.layouts.items()}
+        self.params = {self.rename.get(k, k): p for k, p in self.params.items()}
+        # The optimizer keys moments by the Parameter's own name, which is the table's global one.
+        names |= set(self.rename.values())
         self.moment_layouts = {k: replica(v) if k.split(".", 1)[1] in names else v
                                for k, v in self.moment_layouts.items()}
 
@@ -232,9 +242,17 @@ class PipelinePlan:
         return PipelineStepRunner(self, optimizer, max_norm, local_norm=local_norm, global_tokens=par.global_tokens,
                                   loss_scale=par.loss_scale, positions=positions)
 
+    @property
+    def global_names(self) -> dict[int, str]:
+        """id(parameter) -> its name in the whole model (a shared table: its first name)."""
+        names: dict[int, str] = {}
+        for name, p in self.model.parameters_and_names():
+            names.setdefault(id(p), name)
+        return names
+
     def sharded_state(self, optimizer, held=None) -> PipelineShardedState:
         return PipelineShardedState(self.parallel, self.stage, optimizer, held, copies=self.copies,
-                                    offset=self.parallel.world)
+                                    offset=self.parallel.world, global_names=self.global_names)
 
     def full_state(self) -> dict[str, np.ndarray]:
         """Every weight of the whole model as its full array, on every rank (a collective)."""
