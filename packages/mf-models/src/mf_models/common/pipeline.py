@@ -44,6 +44,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from ..errors import ModelConfigError
 from . import parallel as _parallel  # noqa: F401  (registers Linear's backward split, which the chunks defer)
 from .layers import linear
+from .transformer import run_blocks
 
 
 class _Layers(nn.Cell):
@@ -113,16 +114,7 @@ class PipelineChunk(nn.Cell):
         ids = mb["input_ids"]
         cos, sin, mask = self._model.rotary_and_mask(ids, mb.get("position_ids"), mb.get("attention_mask"))
         h = self.tok_embeddings(ids).astype(self.compute_dtype) if self.first else x
-        loads, counts, aux_counts, aux_sums = [], [], [], []
-        for block in self.blocks:
-            if getattr(block, "moe_enabled", False):
-                h, load, count, aux_count, aux_sum = block(h, cos, sin, mask, None)
-                loads.append(load)
-                counts.append(count)
-                aux_counts.append(aux_count)
-                aux_sums.append(aux_sum)
-            else:
-                h = block(h, cos, sin, mask, None)
+        h, loads, counts, aux_counts, aux_sums = run_blocks(self.blocks, h, cos, sin, mask, None)
         out = self._head(h) if self.last else h
         if not self.side_outputs:
             return out

@@ -22,6 +22,23 @@ from .rope import RotaryEmbedding, rope_frequencies
 from .router import TopKRouter
 
 
+def run_blocks(blocks, h, cos, sin, mask, cache):
+    """Decoder blocks in order: (hidden states, and per MoE block its tokens per expert, dispatch
+    counts, balance-loss counts and score sums, as lists). The whole model's trunk and a pipeline
+    chunk's run the same loop."""
+    loads, counts, aux_counts, aux_sums = [], [], [], []
+    for block in blocks:
+        if block.moe_enabled:
+            h, load, count, aux_count, aux_sum = block(h, cos, sin, mask, cache)
+            loads.append(load)
+            counts.append(count)
+            aux_counts.append(aux_count)
+            aux_sums.append(aux_sum)
+        else:
+            h = block(h, cos, sin, mask, cache)
+    return h, loads, counts, aux_counts, aux_sums
+
+
 class CausalLM(nn.Cell):
     """`model(input_ids, position_ids=None, attention_mask=None) -> logits [B, S, V] float32`;
     `model.forward_train(...)` adds the balance loss and the routing statistics (see there).
@@ -86,16 +103,7 @@ class CausalLM(nn.Cell):
         a Python constant (the logits and statistics are built only when it is True)."""
         cos, sin, mask = self.rotary_and_mask(input_ids, position_ids, attention_mask, cache)
         h = self.tok_embeddings(input_ids).astype(self.compute_dtype)
-        loads, counts, aux_counts, aux_sums = [], [], [], []
-        for layer in self.layers:
-            if layer.moe_enabled:
-                h, load, count, aux_count, aux_sum = layer(h, cos, sin, mask, cache)
-                loads.append(load)
-                counts.append(count)
-                aux_counts.append(aux_count)
-                aux_sums.append(aux_sum)
-            else:
-                h = layer(h, cos, sin, mask, cache)
+        h, loads, counts, aux_counts, aux_sums = run_blocks(self.layers, h, cos, sin, mask, cache)
         h = self.norm(h)
         if not train:
             return h, None, None, None, None
