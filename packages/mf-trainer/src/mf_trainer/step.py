@@ -28,13 +28,15 @@ import mindspore as ms
 import numpy as np
 from mindspore import ParameterTuple, Tensor, nn, ops
 
+from mf_parallel import sum_of_squares
+
 CLIP_EPS = 1e-6
 
 
 def _global_norm(grads):
-    total = ops.square(grads[0]).sum()
+    total = sum_of_squares(grads[0])
     for i in range(1, len(grads)):
-        total = total + ops.square(grads[i]).sum()
+        total = total + sum_of_squares(grads[i])
     return ops.sqrt(total)
 
 
@@ -66,7 +68,7 @@ class GradNorm(nn.Cell):
         parts = ()
         for i in positions:
             if i >= 0:
-                parts = parts + (ops.square(grads[i]).sum().reshape((1,)),)
+                parts = parts + (sum_of_squares(grads[i]).reshape((1,)),)
             else:
                 parts = parts + (ops.zeros((1,), ms.float32),)
         return ops.sqrt(ops.concat(parts))
