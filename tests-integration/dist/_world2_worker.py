@@ -1,7 +1,8 @@
 """The 2-rank launch: the 2-rank Trainer cases, then the context-parallel checks (attention Cells
-against float64 numpy, then the model cases). One msrun start-up instead of two.
+against float64 numpy, then the model cases), then FSDP gather prefetch (_prefetch_check.py).
+One msrun start-up instead of three.
 
-Usage: _world2_worker.py WORKDIR CASE [CASE ...] [--cp CP_CASE ...]
+Usage: _world2_worker.py WORKDIR CASE [CASE ...] [--cp CP_CASE ...] [--prefetch]
   CASE: Trainer cases (see _trainer_worker.CASES); CP_CASE: model cases (_cp_worker.MODEL_CASES).
 A case that raises ends the launch (its peers would wait in a collective forever).
 """
@@ -13,11 +14,13 @@ import sys
 from pathlib import Path
 
 import _cp_worker as cp
+import _prefetch_check as prefetch
 import _trainer_worker as trainer
 
 
 def split_cases(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(Trainer cases, CP model cases) of `CASE ... [--cp CP_CASE ...]`."""
+    """(Trainer cases, CP model cases) of `CASE ... [--cp CP_CASE ...] [--prefetch]`."""
+    argv = [a for a in argv if a != "--prefetch"]
     if "--cp" not in argv:
         return argv, []
     at = argv.index("--cp")
@@ -32,6 +35,8 @@ def run_cases(argv: list[str]) -> None:
         trainer.run(Path(argv[1]), case)
     if "--cp" in argv:
         cp.main(cp_cases)
+    if "--prefetch" in argv:
+        prefetch.main()
 
 
 if __name__ == "__main__":

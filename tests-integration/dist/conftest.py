@@ -153,7 +153,7 @@ def world4(dist_run, reference):
 @pytest.fixture(scope="session")
 def world2(dist_run, reference, world4):
     """After world4: `moe_ep2_from_moe_ep4_deredundancy` continues the EP4 checkpoint written there."""
-    result = dist_run(WORLD2_WORKER, 2, str(reference), *WORLD2_CASES, "--cp", *CP_WORLD2_CASES)
+    result = dist_run(WORLD2_WORKER, 2, str(reference), *WORLD2_CASES, "--cp", *CP_WORLD2_CASES, "--prefetch")
     if result.rc != 0:
         pytest.fail(result.failure_report())
     return result

@@ -12,6 +12,7 @@ Apply tensor parallelism first: FSDP then shards each rank's TP-local tensor (FS
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -100,6 +101,7 @@ class FSDPParams:
     reshard_after_forward: bool
     reduce_dtype: object
     divide_by: int
+    unit: int = 0   # which `fully_shard` call owns the leaf (gather prefetch works unit by unit)
     shards: dict[str, FSDPShard] = field(default_factory=dict)
 
     def passes_param(self, name: str) -> bool:
@@ -115,7 +117,10 @@ class FSDPParams:
 
 class ShardGather(nn.Cell):
     """Forward: all-gather the dim-0 shards and drop the padding. Backward: pad, cast to the reduce
-    dtype, reduce-scatter over the shard group, all-reduce over the replicas, divide, cast back."""
+    dtype, reduce-scatter over the shard group, all-reduce over the replicas, divide, cast back.
+
+    `regather` is the backward's gather of a resharded leaf: the same collective through its own
+    Cell (`regather_op`), so a prefetcher can tell the forward's gathers from the backward's."""
 
     def __init__(self, shard_group: Group, replicate_group: Group, spec: FSDPShard, reduce_dtype, divide_by: int,
                  param_dtype) -> None:
@@ -127,6 +132,7 @@ class ShardGather(nn.Cell):
             self.shard_reduce = AllReduce(shard_group)
         else:
             self.gather = AllGather(shard_group, 0)
+            self.regather_op = AllGather(shard_group, 0)
             self.scatter = ReduceScatter(shard_group, 0)
         self.replicas = AllReduce(replicate_group)
         self.cast = reduce_dtype != param_dtype
@@ -136,7 +142,14 @@ class ShardGather(nn.Cell):
     def construct(self, shard):
         if self.replicated:
             return shard
-        full = self.gather(shard)
+        return self._unpad(self.gather(shard))
+
+    def regather(self, shard):
+        if self.replicated:
+            return shard
+        return self._unpad(self.regather_op(shard))
+
+    def _unpad(self, full):
         if self.pad > 0:
             full = _narrow(full, 0, 0, self.dim0)
         return full
@@ -187,6 +200,7 @@ def _shard_parameter(param: Parameter, group: Group) -> tuple[Parameter, FSDPSha
 
 
 SHARD_GROUPS = ("dp_shard_cp", "dp_shard_mod_ep")
+_UNITS = itertools.count(1)
 
 
 def fully_shard(cell: nn.Cell, mesh: DeviceMesh, *, reshard_after_forward: bool = True,
@@ -213,13 +227,14 @@ def fully_shard(cell: nn.Cell, mesh: DeviceMesh, *, reshard_after_forward: bool 
     shard_group, replicate_group = mesh[group], mesh["dp_replicate"]
     divide_by = 1 if disable_gradient_division else mesh["dp_shard_cp"].size * replicate_group.size
     count = 0
+    unit = next(_UNITS)
     leaves = [leaf for _, leaf in cell.cells_and_names() if any(p is not None for p in leaf._params.values())]
     for leaf in leaves:
         existing = plan_of(leaf)
         if existing is not None and existing.fsdp is not None:
             continue  # an inner unit owns it
         plan = ensure_plan(leaf)
-        fsdp = FSDPParams(shard_group, replicate_group, reshard_after_forward, reduce_dtype, divide_by)
+        fsdp = FSDPParams(shard_group, replicate_group, reshard_after_forward, reduce_dtype, divide_by, unit)
         for name in plan.names:
             new, spec = _shard_parameter(getattr(leaf, name), shard_group)
             setattr(leaf, name, new)

@@ -160,6 +160,9 @@ class _Identity(nn.Cell):
     def construct(self, x):
         return x
 
+    def regather(self, x):
+        return x
+
     def backward(self, x, dout):
         return dout
 
@@ -174,6 +177,10 @@ class _ParamPipeline(nn.Cell):
 
     def construct(self, p):
         return self.sync(self.gather(p))
+
+    def regather(self, p):
+        """The backward's gather of a resharded leaf (FSDP's `ShardGather.regather`), then the sync."""
+        return self.sync(self.gather.regather(p))
 
     def backward(self, p, dout):
         """The adjoint of construct, without running the forward collectives again."""
@@ -299,6 +306,13 @@ class _RecomputeBase(nn.Cell):
             ready = ready + (self._core.body_pipes[i](params[i]),)
         return ready
 
+    def _refull(self, params):
+        """`_full` in the backward: the same gathers through their backward Cells."""
+        ready = ()
+        for i in range(len(params)):
+            ready = ready + (self._core.body_pipes[i].regather(params[i]),)
+        return ready
+
     def run(self, *flat):
         n = self._core.n
         return self._core.apply_fn(flat[:n], flat[n:])
@@ -323,7 +337,7 @@ class _RecomputeBase(nn.Cell):
         shards = ()
         for i in range(n):
             shards = shards + (ops.depend(flat[i], dout),)
-        full = self._full(shards)
+        full = self._refull(shards)
         fresh = ()
         for i in range(n):
             fresh = fresh + ((self.copy(full[i]) if self._core.passes_param[i] else full[i]),)

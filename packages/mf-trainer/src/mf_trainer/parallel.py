@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 
+import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
@@ -74,6 +75,7 @@ class ParallelContext:
         self.cp_rank = dims.coordinate("cp", self.rank)
         self._cp_sum = None                                       # evaluation's sums over cp (sequence_sum)
         self.comm = mp.Communicator() if self.world > 1 else None   # mf-ckpt's collective interface
+        self.prefetcher = None     # FSDP gather prefetch, where it pays off (parallelize)
         if self.world > 1:
             log.info("parallel layout: %s; rank %d reads data-parallel slice %d of %d", dims.describe(), self.rank,
                      self.dp_rank, self.dp)
@@ -122,6 +124,10 @@ class ParallelContext:
             mf_models.parallelize_model(model, self.mesh, self.options(recompute, len(model.layers)))
         except (mp.ParallelConfigError, mf_models.ModelConfigError) as exc:
             raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
+        # FSDP gathers one unit ahead where that overlaps them with compute (asynchronous devices in
+        # PyNative); on CPU ranks every collective is synchronous and it would only cost memory.
+        if self.enabled and mp.gather_prefetch_pays_off(ms.get_context("device_target"), ms.get_context("mode")):
+            self.prefetcher = mp.enable_gather_prefetch(model)
 
     def clip(self, model, params, max_norm: float) -> nn.Cell:
         return mp.GlobalNormClip(model, params, self.mesh, max_norm)
