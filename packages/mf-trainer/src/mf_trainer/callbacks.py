@@ -82,6 +82,10 @@ def register_callback(cls_or_name: type[Callback] | str | None = None):
 
 
 def _resolve(type_name: str, path: str) -> type[Callback]:
+    # The built-ins register themselves where they are defined; import it, or a built-in named in
+    # `callbacks` before the Trainer was imported reads as "unknown callback".
+    import mf_trainer.monitor  # noqa: F401
+
     if type_name in BUILT_IN_ALWAYS_ON:
         raise TrainerConfigError(f"{path}.type: {type_name} is built in and always on; {BUILT_IN_ALWAYS_ON[type_name]}")
     if type_name in CALLBACKS:
