@@ -66,7 +66,12 @@ class CoreAttention(nn.Cell):
         k = repeat_kv(k, n_rep)
         v = repeat_kv(v, n_rep)
         scores = self.matmul_qk(q, k).astype(ms.float32) * self.scale
-        scores = ops.masked_fill(scores, mask, _MASK_VALUE)
+        # Adding -FLT_MAX where masked is masked_fill's forward bit for bit (a score plus -FLT_MAX
+        # rounds to -FLT_MAX; plus -0.0 is the score) at a fraction of the cost on CPU: MaskedFill
+        # over the [B, H, S, T] scores was 30 ms of a 20M llama's step. Only a row with every key
+        # masked differs in backward (its uniform probabilities pass gradient, as in HF's eager
+        # attention, which adds its mask too).
+        scores = scores + ops.cast(mask, ms.float32) * _MASK_VALUE
         probs = ops.softmax(scores, -1).astype(v.dtype)
         return self.matmul_pv(probs, v)
 
