@@ -55,7 +55,7 @@ def build_parser(prog: str = "mf-data") -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive_int, default=1, help="encoding processes (default 1)")
     p.add_argument("--strict", action="store_true", help="stop at the first bad line instead of skipping it")
     p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
-    p.add_argument("--chunk-lines", type=_positive_int, default=128, help="lines per work unit (default 128)")
+    p.add_argument("--chunk-lines", type=_positive_int, default=512, help="lines per work unit (default 512)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     s = sub.add_parser("preprocess-sft", help="tokenize chat/instruction jsonl(.gz) into <prefix>_sft_document "
