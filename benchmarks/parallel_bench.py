@@ -8,7 +8,9 @@ global-norm clip) must equal the count derived here from the architecture alone 
 the strategy's rules); a mismatch exits non-zero. Step times are medians of compiled (GRAPH_MODE)
 steps measured in the same run as the one-process reference; the machine is shared, so they are
 noisy, and on CPU every "parallel" rank competes for the same two cores: the ratio shows the cost
-of the communication and the emulation, not a speed-up.
+of the communication and the emulation, not a speed-up. Each rank runs its kernels on (cores this
+process may use) // ranks threads (`mindspore.device_context.cpu.op_tuning.threads_num`; 1 each for
+2 ranks on 2 cores; MF_BENCH_RANK_THREADS overrides), the one process on all of them.
 
 Output lines: `name: ours X, reference Y, ratio Z`.
 """
@@ -42,7 +44,7 @@ import mf_parallel as mp
 
 ARGS = TinyArgs(vocab=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, hidden=384, seq=64)
 GLOBAL_BATCH = 8
-WARMUP, TIMED = 2, 6
+WARMUP, TIMED = 3, 20
 F32 = 4
 # name -> (ParallelDims keywords, reshard policy)
 STRATEGIES = {
@@ -141,9 +143,40 @@ def reference_step_time() -> float:
     return _time_steps(TrainStep(ReferenceLoss(model), ReferenceClip(1.0)), _data(slice(None)))
 
 
+def rank_compute_alone() -> None:
+    """What one rank's share costs without any communication: one process, a 2-rank data-parallel
+    share of the global batch, the threads a rank gets (MF_BENCH_ALONE). Prints one BENCH line."""
+    from mindspore.device_context.cpu import op_tuning
+
+    op_tuning.threads_num(int(os.environ["MF_BENCH_ALONE"]))
+    ms.set_context(mode=ms.GRAPH_MODE)
+    model = build(ARGS, 0)
+    seconds = _time_steps(TrainStep(ReferenceLoss(model), ReferenceClip(1.0)), _data(slice(0, GLOBAL_BATCH // 2)))
+    print("BENCH " + json.dumps({"alone": seconds}), flush=True)
+
+
+def _alone_seconds(threads: int) -> float:
+    import subprocess
+
+    out = subprocess.run([sys.executable, __file__], env={**os.environ, "MF_BENCH_ALONE": str(threads)},
+                         capture_output=True, text=True, check=True).stdout
+    return next(json.loads(line.split("BENCH ", 1)[1]) for line in out.splitlines() if "BENCH " in line)["alone"]
+
+
+def rank_threads(world: int) -> int:
+    """Kernel threads per rank: the cores this process may use, shared out among the ranks (so 2
+    ranks on 2 cores take 1 each and do not oversubscribe them); MF_BENCH_RANK_THREADS overrides."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return int(os.environ.get("MF_BENCH_RANK_THREADS", max(1, cores // world)))
+
+
 def worker() -> None:
+    from mindspore.device_context.cpu import op_tuning
+
     ms.set_context(mode=ms.GRAPH_MODE)
     world = mp.init_distributed()[1]
+    threads = rank_threads(world)
+    op_tuning.threads_num(threads)
     for name, (kwargs, policy) in STRATEGIES.items():
         dims = mp.ParallelDims(world, **kwargs)
         mesh = mp.init_mesh(dims)
@@ -158,7 +191,7 @@ def worker() -> None:
         loss, _ = step(*data[0])
         loss.asnumpy()
         print("BENCH " + json.dumps({"name": name, "seconds": seconds, "comm": mp.comm_stats().snapshot(),
-                                     "dp": dims.dp, "tp": dims.tp}), flush=True)
+                                     "dp": dims.dp, "tp": dims.tp, "threads": threads}), flush=True)
 
 
 def main() -> int:
@@ -185,15 +218,24 @@ def main() -> int:
                 ratio = ours / ref if ref else float("nan")
                 mismatches += ours != ref
                 print(f"{name} {key} {field}/step: ours {ours}, reference {ref} (analytic), ratio {ratio:.3f}")
-        print(f"{name} step time (2 ranks, GRAPH_MODE): ours {res['seconds'] * 1e3:.1f} ms, reference "
+        print(f"{name} step time (2 ranks x {res['threads']} kernel thread(s), GRAPH_MODE): ours "
+              f"{res['seconds'] * 1e3:.1f} ms, reference "
               f"{ref_seconds * 1e3:.1f} ms (1 process, same global batch), ratio {res['seconds'] / ref_seconds:.2f}")
+    if results:
+        threads = results[0]["threads"]
+        alone = _alone_seconds(threads)
+        print(f"rank compute alone (1 process, half the global batch, {threads} kernel thread(s), no communication): "
+              f"{alone * 1e3:.1f} ms, reference {ref_seconds * 1e3:.1f} ms, ratio {alone / ref_seconds:.2f} "
+              f"(for information: the floor of the ratios above; the rest is collectives and waits)")
     print(f"(step times measured on a shared 2-core machine under load: noisy; {len(results)} strategies, "
           f"{mismatches} byte-count mismatches)")
     return 1 if mismatches or len(results) != len(STRATEGIES) else 0
 
 
 if __name__ == "__main__":
-    if os.environ.get("MF_BENCH_WORKER"):
+    if os.environ.get("MF_BENCH_ALONE"):
+        rank_compute_alone()
+    elif os.environ.get("MF_BENCH_WORKER"):
         worker()
     else:
         sys.exit(main())
