@@ -1,12 +1,14 @@
 """mf-parallel: communication volume per step against the analytic count, and step time on 2 CPU
 ranks against one process.
 
-    python benchmarks/parallel_bench.py          # launches itself on 2 ranks with mf_parallel.launch
+    python benchmarks/parallel_bench.py          # launches itself on 2, then 4 ranks (mf_parallel.launch)
 
 For each strategy the counter's bytes per collective kind in one training step (forward, backward,
 global-norm clip) must equal the count derived here from the architecture alone (shapes, batch,
 the strategy's rules); a mismatch exits non-zero. Step times are medians of compiled (GRAPH_MODE)
-steps measured in the same run as the one-process reference; the machine is shared, so they are
+steps, or of PyNative steps for layouts with two parallel axes (which CPU ranks cannot compile:
+`mf_parallel.graph_mode_blocker`; compared with one process in PyNative too), measured in the same
+run as the one-process reference; the machine is shared, so they are
 noisy, and on CPU every "parallel" rank competes for the same two cores: the ratio shows the cost
 of the communication and the emulation, not a speed-up. Each rank runs its kernels on (cores this
 process may use) // ranks threads (`mindspore.device_context.cpu.op_tuning.threads_num`; 1 each for
@@ -46,28 +48,39 @@ ARGS = TinyArgs(vocab=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, hidden=
 GLOBAL_BATCH = 8
 WARMUP, TIMED = 3, 20
 F32 = 4
-# name -> (ParallelDims keywords, reshard policy)
+# name -> (world size, ParallelDims keywords, reshard policy). On CPU a layout with two parallel
+# axes runs PyNative (mf_parallel.graph_mode_blocker): it is compared with one process in PyNative.
 STRATEGIES = {
-    "fsdp2_always": (dict(dp_shard=2), "always"),
-    "fsdp2_never": (dict(dp_shard=2), "never"),
-    "tp2": (dict(tp=2), "default"),
+    "fsdp2_always": (2, dict(dp_shard=2), "always"),
+    "fsdp2_never": (2, dict(dp_shard=2), "never"),
+    "tp2": (2, dict(tp=2), "default"),
+    "hsdp2x2": (4, dict(dp_replicate=2, dp_shard=2), "default"),
+    "fsdp2_tp2": (4, dict(dp_shard=2, tp=2), "default"),
 }
+TARGETS = {2: 1.5, 4: 2.5}
 
 
 # ----------------------------------------------------------------------------- analytic counts
-def _param_shapes(a: TinyArgs) -> dict[str, tuple[int, ...]]:
+COLWISE = ("wq", "wk", "wv", "w1", "w3")
+ROWWISE = ("wo", "w2")
+
+
+def _param_shapes(a: TinyArgs, tp: int = 1) -> dict[str, tuple[int, ...]]:
+    """Every parameter's shape on one rank before FSDP: split by `tp_plan` (column-parallel and
+    vocab-parallel along dim 0, row-parallel weights along dim 1; norms and row biases whole)."""
     hd = a.dim // a.n_heads
-    shapes = {"tok_embeddings.embedding_table": (a.vocab, a.dim), "norm.weight": (a.dim,),
-              "output.weight": (a.vocab, a.dim)}
+    shapes = {"tok_embeddings.embedding_table": (a.vocab // tp, a.dim), "norm.weight": (a.dim,),
+              "output.weight": (a.vocab // tp, a.dim)}
     for i in range(a.n_layers):
         p = f"layers.{i}."
         shapes.update({
             p + "attention_norm.weight": (a.dim,), p + "ffn_norm.weight": (a.dim,),
-            p + "attention.wq.weight": (a.n_heads * hd, a.dim), p + "attention.wq.bias": (a.n_heads * hd,),
-            p + "attention.wk.weight": (a.n_kv_heads * hd, a.dim), p + "attention.wv.weight": (a.n_kv_heads * hd, a.dim),
-            p + "attention.wo.weight": (a.dim, a.n_heads * hd), p + "attention.wo.bias": (a.dim,),
-            p + "feed_forward.w1.weight": (a.hidden, a.dim), p + "feed_forward.w2.weight": (a.dim, a.hidden),
-            p + "feed_forward.w3.weight": (a.hidden, a.dim),
+            p + "attention.wq.weight": (a.n_heads * hd // tp, a.dim), p + "attention.wq.bias": (a.n_heads * hd // tp,),
+            p + "attention.wk.weight": (a.n_kv_heads * hd // tp, a.dim),
+            p + "attention.wv.weight": (a.n_kv_heads * hd // tp, a.dim),
+            p + "attention.wo.weight": (a.dim, a.n_heads * hd // tp), p + "attention.wo.bias": (a.dim,),
+            p + "feed_forward.w1.weight": (a.hidden // tp, a.dim), p + "feed_forward.w2.weight": (a.dim, a.hidden // tp),
+            p + "feed_forward.w3.weight": (a.hidden // tp, a.dim),
         })
     return shapes
 
@@ -79,42 +92,61 @@ def _add(table, key, calls, payload, issued):
     entry["issued_bytes"] += issued
 
 
-def analytic_fsdp(a: TinyArgs, n: int, policy: str) -> dict:
-    """ZeRO-3 on one n-rank world group: gather every shard before use (again in backward when the
-    unit reshards), reduce-scatter every padded fp32 gradient; plus the clip's scalar all-reduce.
-    MCCL: all_gather native on the world group, reduce_scatter emulated as all_reduce + slice."""
-    table: dict = {}
-    for name, shape in _param_shapes(a).items():
+def _gather_key(group: int, world: int) -> tuple[str, int]:
+    """(counter key, issued bytes per payload byte) of an all-gather on MCCL: native on the world
+    group only, elsewhere emulated by an all-reduce of group-size slots."""
+    return ("all_gather/native", 1) if group == world else ("all_gather/emulated", group)
+
+
+def analytic_fsdp(table: dict, a: TinyArgs, dims: mp.ParallelDims, policy: str) -> None:
+    """ZeRO-3 over the dp_shard ranks, on the TP-local shapes: gather every shard before use (again
+    in backward when the unit reshards), reduce-scatter every padded fp32 gradient (MCCL: emulated
+    as all_reduce + slice), and under HSDP all-reduce the scattered shard over the replicas."""
+    n = dims.dp_shard
+    key, factor = _gather_key(n, dims.world_size)
+    for name, shape in _param_shapes(a, dims.tp).items():
         rest = math.prod(shape[1:])
         chunk = math.ceil(shape[0] / n)
         shard, padded = chunk * rest * F32, n * chunk * rest * F32
         layer = name.split(".")[1] if name.startswith("layers.") else None
         last = layer is None or int(layer) == a.n_layers - 1
-        reshard = mp.reshard_after_forward_for(policy, last=last)
-        _add(table, "all_gather/native", 1 + reshard, shard * (1 + reshard), shard * (1 + reshard))
+        gathers = 1 + mp.reshard_after_forward_for(policy, last=last)
+        _add(table, key, gathers, gathers * shard, gathers * shard * factor)
         _add(table, "reduce_scatter/emulated", 1, padded, padded)
-    _add(table, "all_reduce/native", 1, F32, F32)
-    return table
+        if dims.dp_replicate > 1:
+            _add(table, "all_reduce/native", 1, shard, shard)
 
 
-def analytic_tp(a: TinyArgs, tp: int, batch: int) -> dict:
-    """Megatron TP with sequence parallelism on a tp-rank world group. Per block: all-gather the
-    sequence before attention and before the MLP, reduce-scatter after wo and w2 (each reversed in
+def analytic_tp(table: dict, a: TinyArgs, dims: mp.ParallelDims, batch: int) -> None:
+    """Megatron TP with sequence parallelism over the tp ranks. Per block: all-gather the sequence
+    before attention and before the MLP, reduce-scatter after wo and w2 (each reversed in
     backward); embedding reduce-scatter and output all-gather likewise; gradients of replicated
     norm weights and of wo's bias all-reduced; vocab-parallel loss: max (emulated on MCCL: slots of
-    tp payloads), sum of exponentials and picked logit all-reduced; the clip's scalar."""
-    table: dict = {}
+    tp payloads), sum of exponentials and picked logit all-reduced."""
+    tp = dims.tp
+    key, factor = _gather_key(tp, dims.world_size)
     full = batch * a.seq * a.dim * F32
     shard = full // tp
     gathers = 2 * a.n_layers + 1            # attention and MLP inputs, output projection input
     scatters = 2 * a.n_layers + 1           # wo and w2 outputs, embedding output
-    _add(table, "all_gather/native", gathers + scatters, (gathers + scatters) * shard, (gathers + scatters) * shard)
-    _add(table, "reduce_scatter/emulated", gathers + scatters, (gathers + scatters) * full, (gathers + scatters) * full)
+    moved = gathers + scatters
+    _add(table, key, moved, moved * shard, moved * shard * factor)
+    _add(table, "reduce_scatter/emulated", moved, moved * full, moved * full)
     synced = 3 * a.n_layers + 1             # attention_norm, ffn_norm, wo.bias per block; final norm
     tokens = batch * a.seq * F32
-    _add(table, "all_reduce/native", synced + 2 + 1, synced * a.dim * F32 + 2 * tokens + F32,
-         synced * a.dim * F32 + 2 * tokens + F32)
+    _add(table, "all_reduce/native", synced + 2, synced * a.dim * F32 + 2 * tokens, synced * a.dim * F32 + 2 * tokens)
     _add(table, "all_reduce/emulated", 1, tokens, tp * tokens)
+
+
+def analytic(a: TinyArgs, dims: mp.ParallelDims, policy: str, batch: int) -> dict:
+    """Bytes and calls per collective kind in one step of `dims`, from the architecture alone; plus
+    the clip's scalar all-reduce over the world."""
+    table: dict = {}
+    if dims.tp > 1:
+        analytic_tp(table, a, dims, batch)
+    if dims.dp_shard > 1 or dims.dp_replicate > 1:
+        analytic_fsdp(table, a, dims, policy)
+    _add(table, "all_reduce/native", 1, F32, F32)
     return table
 
 
@@ -137,10 +169,17 @@ def _data(rows: slice):
     return out
 
 
-def reference_step_time() -> float:
-    ms.set_context(mode=ms.GRAPH_MODE)
+def reference_step_time(mode: int) -> float:
+    ms.set_context(mode=mode)
+    if mode == ms.PYNATIVE_MODE:
+        ms.set_context(pynative_synchronize=True)      # as the Trainer runs PyNative
     model = build(ARGS, 0)
     return _time_steps(TrainStep(ReferenceLoss(model), ReferenceClip(1.0)), _data(slice(None)))
+
+
+def _mode_of(world: int, kwargs: dict) -> int:
+    blocked = mp.graph_mode_blocker(mp.ParallelDims(world, **kwargs), backend="mccl")
+    return ms.PYNATIVE_MODE if blocked else ms.GRAPH_MODE
 
 
 def rank_compute_alone() -> None:
@@ -173,11 +212,16 @@ def rank_threads(world: int) -> int:
 def worker() -> None:
     from mindspore.device_context.cpu import op_tuning
 
-    ms.set_context(mode=ms.GRAPH_MODE)
     world = mp.init_distributed()[1]
     threads = rank_threads(world)
     op_tuning.threads_num(threads)
-    for name, (kwargs, policy) in STRATEGIES.items():
+    for name, (size, kwargs, policy) in STRATEGIES.items():
+        if size != world:
+            continue
+        mode = _mode_of(world, kwargs)
+        ms.set_context(mode=mode)
+        if mode == ms.PYNATIVE_MODE:
+            ms.set_context(pynative_synchronize=True)
         dims = mp.ParallelDims(world, **kwargs)
         mesh = mp.init_mesh(dims)
         model = parallelize(build(ARGS, 0), ARGS, mesh, policy)
@@ -191,26 +235,36 @@ def worker() -> None:
         loss, _ = step(*data[0])
         loss.asnumpy()
         print("BENCH " + json.dumps({"name": name, "seconds": seconds, "comm": mp.comm_stats().snapshot(),
-                                     "dp": dims.dp, "tp": dims.tp, "threads": threads}), flush=True)
+                                     "dp": dims.dp, "world": world, "mode": mode, "threads": threads}), flush=True)
+
+
+def _launch(world: int) -> tuple[int, list[dict], str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        quiet = open(os.devnull, "w")
+        rc = mp.launch(world, [__file__], Path(tmp) / "logs", env={**os.environ, "MF_BENCH_WORKER": "1"},
+                       console=quiet, cwd=tmp)
+        log = (Path(tmp) / "logs" / "worker_0.log").read_text(errors="replace")
+    return rc, [json.loads(line.split("BENCH ", 1)[1]) for line in log.splitlines() if "BENCH " in line], log
+
+
+MODE_NAMES = {ms.GRAPH_MODE: "GRAPH_MODE", ms.PYNATIVE_MODE: "PyNative"}
 
 
 def main() -> int:
-    ref_seconds = reference_step_time()
-    with tempfile.TemporaryDirectory() as tmp:
-        quiet = open(os.devnull, "w")
-        rc = mp.launch(2, [__file__], Path(tmp) / "logs", env={**os.environ, "MF_BENCH_WORKER": "1"},
-                       console=quiet, cwd=tmp)
-        log = (Path(tmp) / "logs" / "worker_0.log").read_text(errors="replace")
-    if rc != 0:
-        print(log[-3000:])
-        return rc
-    results = [json.loads(line.split("BENCH ", 1)[1]) for line in log.splitlines() if "BENCH " in line]
+    modes = sorted({_mode_of(world, kwargs) for world, kwargs, _ in STRATEGIES.values()})
+    references = {mode: reference_step_time(mode) for mode in modes}
+    results = []
+    for world in sorted({world for world, _, _ in STRATEGIES.values()}):
+        rc, found, log = _launch(world)
+        if rc != 0:
+            print(log[-3000:])
+            return rc
+        results += found
     mismatches = 0
     for res in results:
-        name = res["name"]
-        kwargs, policy = STRATEGIES[name]
-        want = (analytic_fsdp(ARGS, 2, policy) if "dp_shard" in kwargs
-                else analytic_tp(ARGS, 2, GLOBAL_BATCH // res["dp"]))
+        name, mode = res["name"], res["mode"]
+        world, kwargs, policy = STRATEGIES[name]
+        want = analytic(ARGS, mp.ParallelDims(world, **kwargs), policy, GLOBAL_BATCH // res["dp"])
         got = res["comm"]
         for key in sorted(set(want) | set(got)):
             for field in ("payload_bytes", "issued_bytes", "calls"):
@@ -218,16 +272,19 @@ def main() -> int:
                 ratio = ours / ref if ref else float("nan")
                 mismatches += ours != ref
                 print(f"{name} {key} {field}/step: ours {ours}, reference {ref} (analytic), ratio {ratio:.3f}")
-        print(f"{name} step time (2 ranks x {res['threads']} kernel thread(s), GRAPH_MODE): ours "
-              f"{res['seconds'] * 1e3:.1f} ms, reference "
-              f"{ref_seconds * 1e3:.1f} ms (1 process, same global batch), ratio {res['seconds'] / ref_seconds:.2f}")
-    if results:
-        threads = results[0]["threads"]
+        ref_seconds = references[mode]
+        print(f"{name} step time ({world} ranks x {res['threads']} kernel thread(s), {MODE_NAMES[mode]}): ours "
+              f"{res['seconds'] * 1e3:.1f} ms, reference {ref_seconds * 1e3:.1f} ms (1 process, same global batch, "
+              f"{MODE_NAMES[mode]}), ratio {res['seconds'] / ref_seconds:.2f} (target <= {TARGETS[world]})")
+    two = [r for r in results if r["world"] == 2]
+    if two:
+        threads = two[0]["threads"]
         alone = _alone_seconds(threads)
+        ref_seconds = references[ms.GRAPH_MODE]
         print(f"rank compute alone (1 process, half the global batch, {threads} kernel thread(s), no communication): "
               f"{alone * 1e3:.1f} ms, reference {ref_seconds * 1e3:.1f} ms, ratio {alone / ref_seconds:.2f} "
-              f"(for information: the floor of the ratios above; the rest is collectives and waits)")
-    print(f"(step times measured on a shared 2-core machine under load: noisy; {len(results)} strategies, "
+              f"(for information: the floor of the 2-rank ratios above; the rest is collectives and waits)")
+    print(f"(step times measured on a 2-core machine, possibly shared: noisy; {len(results)} strategies, "
           f"{mismatches} byte-count mismatches)")
     return 1 if mismatches or len(results) != len(STRATEGIES) else 0
 
