@@ -1,5 +1,6 @@
 """FSDP gather prefetch on 2 CPU ranks (the end of the 2-rank launch, _prefetch_check.py): the same
-training bit for bit, the same collectives, and the order of issued gathers one unit ahead."""
+training bit for bit, the same bytes in fewer all-gathers (one per unit run), and the order of
+issued gathers one unit ahead."""
 
 from __future__ import annotations
 

@@ -72,8 +72,9 @@ def test_first_pass_records_then_each_run_of_a_unit_prefetches_the_next():
     ]
     backward = [(what, label) for what, phase, label in pf.trace if phase == "backward"]
     assert backward == [
-        ("issue", "b1.o"), ("issue", "b0.o"), ("issue", "b0.q"), ("use", "b1.o"),   # block 0 before block 1's
-        ("issue", "b1.q"), ("use", "b1.q"), ("use", "b0.o"), ("use", "b0.q"),       # backward computes
+        ("issue", "b1.o"), ("issue", "b1.q"),                 # block 1's run at its first use,
+        ("issue", "b0.o"), ("issue", "b0.q"), ("use", "b1.o"),  # block 0's before block 1's backward
+        ("use", "b1.q"), ("use", "b0.o"), ("use", "b0.q"),
     ]
     second = list(pf.trace)
     pf.trace.clear()
@@ -129,7 +130,32 @@ def test_one_rank_gathers_are_left_alone():
     assert pf.sources == {"forward": {}, "backward": {}}
 
 
-def test_prefetch_pays_off_only_where_ops_launch_asynchronously():
-    assert mp.gather_prefetch_pays_off("Ascend", ms.PYNATIVE_MODE)
-    assert not mp.gather_prefetch_pays_off("CPU", ms.PYNATIVE_MODE)       # synchronous collectives
-    assert not mp.gather_prefetch_pays_off("Ascend", ms.GRAPH_MODE)       # the compiler orders them
+def test_prefetch_pays_off_in_pynative_only():
+    assert mp.gather_prefetch_pays_off(ms.PYNATIVE_MODE)
+    assert not mp.gather_prefetch_pays_off(ms.GRAPH_MODE)       # the compiler orders the collectives
+
+
+def test_each_run_travels_as_one_bucketed_collective():
+    shards = {label: Shard(label) for label, _ in FORWARD}
+    single, buckets = [], []
+
+    def issue(shard):
+        single.append(shard.name)
+        return (shard.name, shard.version)
+
+    def bucket_gather(key, members):
+        buckets.append((key, [m.name for m in members]))
+        return [(m.name, m.version) for m in members]
+
+    sources = {"forward": {label: GatherSource(label, unit, shards[label], issue, bucket="fp32")
+                           for label, unit in FORWARD}, "backward": {}}
+    pf = GatherPrefetcher(sources, bucket_gather=bucket_gather)
+    for _ in range(3):
+        run_pass(pf, shards, "forward", [label for label, _ in FORWARD])
+        for shard in shards.values():
+            shard.version += 1
+    assert single[:6] == [label for label, _ in FORWARD]      # the recording pass: one by one
+    # then per pass: block 0 as one collective ahead of emb, block 1 ahead of block 0 (one-gather
+    # runs, emb and head, go alone: nothing to bucket)
+    assert buckets == 2 * [("fp32", ["b0.q", "b0.o"]), ("fp32", ["b1.q", "b1.o"])]
+    assert single.count("emb") == 3 and single.count("head") == 3 and pf.buckets == 4 and pf.wasted == 0

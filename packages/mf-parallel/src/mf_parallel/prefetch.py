@@ -10,6 +10,9 @@ resharded units redo (`reshard_after_forward`): the unit whose backward comes ne
 while the current one differentiates. Two units' full parameters are alive at a time (FSDP2's
 default of one unit ahead).
 
+Each run's gathers travel as one collective (a bucket: the same shard group and dtype), as FSDP2's
+flat all-gather does: one call per unit run instead of one per parameter.
+
 How the order is known: the first pass of each phase (forward, backward) runs as before and
 records which gather each leaf makes, in order; it ends when its first gather comes round again.
 From then on the recorded order, cut into runs of one unit, says what comes next. When a pass
@@ -20,7 +23,7 @@ Why a kept result is never stale: parameters change only between steps (the opti
 step begins with the forward's first gather; that call drops everything kept. Prefetching is Python
 run between ops, so it needs PyNative mode; a GRAPH_MODE graph's collective order is its
 compiler's (`enable_gather_prefetch` refuses it). On a synchronous backend (CPU ranks) it changes
-the order of the collectives and nothing else, which is what the tests check.
+the order of the collectives and their count (fewer, larger calls), which is what the tests check.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mindspore as ms
-from mindspore import nn
+from mindspore import nn, ops
 
 from mf_parallel.errors import ParallelConfigError
 
@@ -48,6 +51,7 @@ class GatherSource:
     unit: int                        # the owning fully_shard call
     shard: Any                       # the stored (sharded) Parameter
     issue: Callable[[Any], Any]      # the collective: shard -> gathered (padded) tensor
+    bucket: Any = None               # gathers with equal keys may travel as one collective (group, dtype)
 
 
 @dataclass
@@ -67,14 +71,17 @@ class GatherPrefetcher:
     receives its parameter, i.e. right before it computes with it.
     """
 
-    def __init__(self, sources: dict[str, dict[str, GatherSource]], tracing: bool = False) -> None:
+    def __init__(self, sources: dict[str, dict[str, GatherSource]], tracing: bool = False,
+                 bucket_gather: Callable[[Any, list], list] | None = None) -> None:
         self.sources = sources
+        self.bucket_gather = bucket_gather   # (bucket key, shards) -> their gathered tensors, one collective
         self.phases = {phase: _Phase() for phase in PHASES}
         self.kept: dict[tuple[str, str], Any] = {}
         self.tracing = tracing
         self.trace: list[tuple[str, str, str]] = []
         self.prefetched = 0     # gathers issued ahead of their use
         self.wasted = 0         # of those, dropped before use (a pass that left the recorded order)
+        self.buckets = 0        # bucketed collectives issued (each replacing two or more gathers)
 
     # ------------------------------------------------------------------ what the leaves call
     def take(self, phase: str, label: str, shard):
@@ -89,16 +96,19 @@ class GatherPrefetcher:
         group = state.group_of.get(label)
         if group == 0 and label == state.groups[0][0]:
             self._new_pass(phase, state)
+        if group is not None and state.ahead <= group:
+            # This run's gathers (one bucketed collective where they share a bucket), then the next
+            # run's, before this leaf computes.
+            state.ahead = group + 1
+            self._issue_run(phase, [x for x in state.groups[group] if x != label and (phase, x) not in self.kept],
+                            first=(label, shard))
+            if group + 1 < len(state.groups):
+                ahead = [x for x in state.groups[group + 1] if (phase, x) not in self.kept]
+                self._issue_run(phase, ahead)
+                self.prefetched += len(ahead)
         out = self.kept.pop((phase, label), None)
         if out is None:
             out = self._issue(phase, label, shard)
-        if group is not None and state.ahead <= group:
-            state.ahead = group + 1
-            if group + 1 < len(state.groups):
-                for nxt in state.groups[group + 1]:
-                    if (phase, nxt) not in self.kept:
-                        self.kept[(phase, nxt)] = self._issue(phase, nxt, self.sources[phase][nxt].shard)
-                        self.prefetched += 1
         self._log("use", phase, label)
         return out
 
@@ -106,6 +116,25 @@ class GatherPrefetcher:
     def _issue(self, phase: str, label: str, shard):
         self._log("issue", phase, label)
         return self.sources[phase][label].issue(shard)
+
+    def _issue_run(self, phase: str, labels: list[str], first: tuple[str, Any] | None = None) -> None:
+        """Gather `labels` (and `first`, whose shard is the one the leaf passed) into `kept`: one
+        collective per bucket of two or more (`bucket_gather`), the others one by one."""
+        items = ([first] if first is not None and (phase, first[0]) not in self.kept else [])
+        items += [(label, self.sources[phase][label].shard) for label in labels]
+        buckets: dict[Any, list[tuple[str, Any]]] = {}
+        for label, shard in items:
+            buckets.setdefault(self.sources[phase][label].bucket, []).append((label, shard))
+        for key, members in buckets.items():
+            for label, _ in members:
+                self._log("issue", phase, label)
+            if key is not None and len(members) > 1 and self.bucket_gather is not None:
+                outs = self.bucket_gather(key, [shard for _, shard in members])
+                self.buckets += 1
+            else:
+                outs = [self.sources[phase][label].issue(shard) for label, shard in members]
+            for (label, _), out in zip(members, outs):
+                self.kept[(phase, label)] = out
 
     def _log(self, what: str, phase: str, label: str) -> None:
         if self.tracing:
@@ -143,11 +172,25 @@ class GatherPrefetcher:
             state.ahead = 0
 
 
-def gather_prefetch_pays_off(device_target: str, mode: int) -> bool:
-    """Whether prefetching can overlap anything: PyNative (the only mode it works in) on a device
-    whose ops launch asynchronously, i.e. not CPU, whose collectives (and the Trainer's launch,
-    `pynative_synchronize`) are synchronous: there it would only hold two units' parameters."""
-    return mode == ms.PYNATIVE_MODE and device_target != "CPU"
+def gather_prefetch_pays_off(mode: int) -> bool:
+    """Whether to prefetch: in PyNative (the only mode it works in), on every device. Where ops
+    launch asynchronously the gathers overlap compute; everywhere a unit run's gathers travel as
+    one collective instead of one per parameter (CPU ranks pay ~1 ms per collective call)."""
+    return mode == ms.PYNATIVE_MODE
+
+
+def _gather_flat(gather: nn.Cell, ranks: int, shards: list) -> list:
+    """Every shard's gathered (padded) tensor from ONE all-gather of their flat concatenation: the
+    same values as gathering each alone (rank r's shard is row block r of each result)."""
+    flats = [ops.reshape(shard, (-1,)) for shard in shards]
+    sizes = [int(flat.shape[0]) for flat in flats]
+    gathered = gather(ops.concat(flats)).reshape((ranks, sum(sizes)))
+    outs, offset = [], 0
+    for shard, size in zip(shards, sizes):
+        block = gathered[:, offset:offset + size]
+        outs.append(block.reshape((ranks * int(shard.shape[0]),) + tuple(shard.shape[1:])))
+        offset += size
+    return outs
 
 
 class _PrefetchedGather(nn.Cell):
@@ -174,11 +217,13 @@ def enable_gather_prefetch(model: nn.Cell, tracing: bool = False) -> GatherPrefe
     if ms.get_context("mode") != ms.PYNATIVE_MODE:
         raise ParallelConfigError("FSDP gather prefetch orders collectives from Python between ops, which needs "
                                   "PyNative mode (context.mode: 1); a compiled graph's order is its compiler's")
+    from mf_parallel.collectives import AllGather
     from mf_parallel.fsdp import ShardGather
     from mf_parallel.leaf import plan_of
 
     sources: dict[str, dict[str, GatherSource]] = {phase: {} for phase in PHASES}
     swaps: list[tuple[nn.Cell, str, str, str]] = []
+    groups: dict[tuple[str, str], Any] = {}
     for path, leaf in model.cells_and_names():
         plan = plan_of(leaf)
         core = getattr(leaf, "mf_core", None)
@@ -192,14 +237,23 @@ def enable_gather_prefetch(model: nn.Cell, tracing: bool = False) -> GatherPrefe
                 raise ParallelConfigError(f"enable_gather_prefetch: {path}.{name} already goes through a prefetcher")
             label = f"{path}.{name}" if path else name
             shard = getattr(leaf, name)
-            sources["forward"][label] = GatherSource(label, plan.fsdp.unit, shard, gather.gather)
+            bucket = (plan.fsdp.shard_group.label, str(shard.dtype))
+            groups[bucket] = plan.fsdp.shard_group
+            sources["forward"][label] = GatherSource(label, plan.fsdp.unit, shard, gather.gather, bucket)
             swaps.append((gather, "gather", "forward", label))
             if core.reshard:
-                sources["backward"][label] = GatherSource(label, plan.fsdp.unit, shard, gather.regather_op)
+                sources["backward"][label] = GatherSource(label, plan.fsdp.unit, shard, gather.regather_op, bucket)
                 swaps.append((gather, "regather_op", "backward", label))
-    prefetcher = GatherPrefetcher(sources, tracing)
+    collectives: dict[tuple[str, str], nn.Cell] = {}
+
+    def bucket_gather(bucket, shards):
+        if bucket not in collectives:
+            collectives[bucket] = AllGather(groups[bucket], 0)
+        return _gather_flat(collectives[bucket], groups[bucket].size, shards)
+
+    prefetcher = GatherPrefetcher(sources, tracing, bucket_gather)
     for gather, attr, phase, label in swaps:
         setattr(gather, attr, _PrefetchedGather(prefetcher, phase, label, getattr(gather, attr)))
-    log.info("FSDP gather prefetch on: %d forward and %d backward gathers", len(sources["forward"]),
-             len(sources["backward"]))
+    log.info("FSDP gather prefetch on: %d forward and %d backward gathers, bucketed per unit run",
+             len(sources["forward"]), len(sources["backward"]))
     return prefetcher

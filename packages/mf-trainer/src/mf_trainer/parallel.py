@@ -124,9 +124,9 @@ class ParallelContext:
             mf_models.parallelize_model(model, self.mesh, self.options(recompute, len(model.layers)))
         except (mp.ParallelConfigError, mf_models.ModelConfigError) as exc:
             raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
-        # FSDP gathers one unit ahead where that overlaps them with compute (asynchronous devices in
-        # PyNative); on CPU ranks every collective is synchronous and it would only cost memory.
-        if self.enabled and mp.gather_prefetch_pays_off(ms.get_context("device_target"), ms.get_context("mode")):
+        # In PyNative, FSDP gathers one unit run ahead, each run as one collective: asynchronous
+        # devices overlap the gathers with compute, and every device makes fewer collective calls.
+        if self.enabled and mp.gather_prefetch_pays_off(ms.get_context("mode")):
             self.prefetcher = mp.enable_gather_prefetch(model)
 
     def clip(self, model, params, max_norm: float) -> nn.Cell:
