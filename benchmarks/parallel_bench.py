@@ -98,20 +98,31 @@ def _gather_key(group: int, world: int) -> tuple[str, int]:
     return ("all_gather/native", 1) if group == world else ("all_gather/emulated", group)
 
 
-def analytic_fsdp(table: dict, a: TinyArgs, dims: mp.ParallelDims, policy: str) -> None:
+def analytic_fsdp(table: dict, a: TinyArgs, dims: mp.ParallelDims, policy: str, bucketed: bool) -> None:
     """ZeRO-3 over the dp_shard ranks, on the TP-local shapes: gather every shard before use (again
     in backward when the unit reshards), reduce-scatter every padded fp32 gradient (MCCL: emulated
-    as all_reduce + slice), and under HSDP all-reduce the scattered shard over the replicas."""
+    as all_reduce + slice), and under HSDP all-reduce the scattered shard over the replicas.
+    `bucketed` (PyNative, the Trainer's gather prefetch): the same bytes, one gather call per unit
+    run: the root's embedding, each block, the root's head (norm + output), and in backward each
+    resharded block (and the root's two runs when it reshards)."""
     n = dims.dp_shard
     key, factor = _gather_key(n, dims.world_size)
+    if bucketed:
+        blocks = sum(mp.reshard_after_forward_for(policy, last=i == a.n_layers - 1) for i in range(a.n_layers))
+        root = mp.reshard_after_forward_for(policy, last=True)
+        _add(table, key, 2 + a.n_layers + blocks + 2 * root, 0, 0)
     for name, shape in _param_shapes(a, dims.tp).items():
         rest = math.prod(shape[1:])
         chunk = math.ceil(shape[0] / n)
         shard, padded = chunk * rest * F32, n * chunk * rest * F32
         layer = name.split(".")[1] if name.startswith("layers.") else None
         last = layer is None or int(layer) == a.n_layers - 1
-        gathers = 1 + mp.reshard_after_forward_for(policy, last=last)
-        _add(table, key, gathers, gathers * shard, gathers * shard * factor)
+        reshard = mp.reshard_after_forward_for(policy, last=last)
+        # A row-parallel bias under TP is added after the output's reduce-scatter (deferred): gathered
+        # once, outside the recomputing backward, so never again in backward.
+        deferred = dims.tp > 1 and name.endswith("wo.bias")
+        gathers = 1 + (reshard and not deferred)
+        _add(table, key, 0 if bucketed else gathers, gathers * shard, gathers * shard * factor)
         _add(table, "reduce_scatter/emulated", 1, padded, padded)
         if dims.dp_replicate > 1:
             _add(table, "all_reduce/native", 1, shard, shard)
@@ -138,14 +149,14 @@ def analytic_tp(table: dict, a: TinyArgs, dims: mp.ParallelDims, batch: int) -> 
     _add(table, "all_reduce/emulated", 1, tokens, tp * tokens)
 
 
-def analytic(a: TinyArgs, dims: mp.ParallelDims, policy: str, batch: int) -> dict:
+def analytic(a: TinyArgs, dims: mp.ParallelDims, policy: str, batch: int, bucketed: bool) -> dict:
     """Bytes and calls per collective kind in one step of `dims`, from the architecture alone; plus
     the clip's scalar all-reduce over the world."""
     table: dict = {}
     if dims.tp > 1:
         analytic_tp(table, a, dims, batch)
     if dims.dp_shard > 1 or dims.dp_replicate > 1:
-        analytic_fsdp(table, a, dims, policy)
+        analytic_fsdp(table, a, dims, policy, bucketed)
     _add(table, "all_reduce/native", 1, F32, F32)
     return table
 
@@ -225,6 +236,10 @@ def worker() -> None:
         dims = mp.ParallelDims(world, **kwargs)
         mesh = mp.init_mesh(dims)
         model = parallelize(build(ARGS, 0), ARGS, mesh, policy)
+        # What the Trainer does in PyNative: FSDP gathers one unit run ahead, each run bucketed.
+        bucketed = mp.gather_prefetch_pays_off(mode) and dims.dp_shard > 1
+        if bucketed:
+            mp.enable_gather_prefetch(model)
         step = TrainStep(ParallelLoss(model, mesh["tp"]),
                          mp.GlobalNormClip(model, model.trainable_params(), mesh, 1.0))
         rows = GLOBAL_BATCH // dims.dp
@@ -235,7 +250,8 @@ def worker() -> None:
         loss, _ = step(*data[0])
         loss.asnumpy()
         print("BENCH " + json.dumps({"name": name, "seconds": seconds, "comm": mp.comm_stats().snapshot(),
-                                     "dp": dims.dp, "world": world, "mode": mode, "threads": threads}), flush=True)
+                                     "dp": dims.dp, "world": world, "mode": mode, "threads": threads,
+                                     "bucketed": bucketed}), flush=True)
 
 
 def _launch(world: int) -> tuple[int, list[dict], str]:
@@ -264,7 +280,7 @@ def main() -> int:
     for res in results:
         name, mode = res["name"], res["mode"]
         world, kwargs, policy = STRATEGIES[name]
-        want = analytic(ARGS, mp.ParallelDims(world, **kwargs), policy, GLOBAL_BATCH // res["dp"])
+        want = analytic(ARGS, mp.ParallelDims(world, **kwargs), policy, GLOBAL_BATCH // res["dp"], res["bucketed"])
         got = res["comm"]
         for key in sorted(set(want) | set(got)):
             for field in ("payload_bytes", "issued_bytes", "calls"):

@@ -257,6 +257,14 @@ class LeafCore(nn.Cell):
             full = full + (value,)
         return full
 
+    def ready(self, params):
+        """Each parameter through its pipeline, except the deferred ones (their pipeline runs where
+        they are added, after the output transform; `place` leaves them out here anyway)."""
+        out = ()
+        for i in range(self.n):
+            out = out + ((params[i] if i in self.deferred else self.pipes[i](params[i])),)
+        return out
+
     def apply_fn(self, params, inputs):
         return self.fn(self._leaf, *self.place(params), *inputs)
 
@@ -268,15 +276,9 @@ class LeafCore(nn.Cell):
         if self.reshard:
             out = self.body(*params, *inputs)
         elif self.recompute:
-            ready = ()
-            for i in range(self.n):
-                ready = ready + (self.pipes[i](params[i]),)
-            out = self.body(*ready, *inputs)
+            out = self.body(*self.ready(params), *inputs)
         else:
-            ready = ()
-            for i in range(self.n):
-                ready = ready + (self.pipes[i](params[i]),)
-            out = self.apply_fn(ready, inputs)
+            out = self.apply_fn(self.ready(params), inputs)
         if self.has_post:
             out = self.post(out)
         for i in self.deferred:

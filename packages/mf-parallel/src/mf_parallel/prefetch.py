@@ -14,7 +14,8 @@ Each run's gathers travel as one collective (a bucket: the same shard group and 
 flat all-gather does: one call per unit run instead of one per parameter.
 
 How the order is known: the first pass of each phase (forward, backward) runs as before and
-records which gather each leaf makes, in order; it ends when its first gather comes round again.
+records which gather each leaf makes, in order; it ends when its first gather comes round again
+(another leaf gathering twice in a pass does not end it).
 From then on the recorded order, cut into runs of one unit, says what comes next. When a pass
 deviates from it nothing goes wrong, only a prefetched gather may be thrown away (counted in
 `wasted`): results are looked up by leaf and phase, never by position.
@@ -87,8 +88,9 @@ class GatherPrefetcher:
     def take(self, phase: str, label: str, shard):
         state = self.phases[phase]
         if state.groups is None:
-            if label not in state.order:
-                state.order.append(label)
+            if label != (state.order[0] if state.order else None):
+                if label not in state.order:   # a leaf may gather twice in a pass: recorded once
+                    state.order.append(label)
                 out = self._issue(phase, label, shard)
                 self._log("use", phase, label)
                 return out
