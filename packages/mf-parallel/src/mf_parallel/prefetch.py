@@ -102,8 +102,7 @@ class GatherPrefetcher:
             # This run's gathers (one bucketed collective where they share a bucket), then the next
             # run's, before this leaf computes.
             state.ahead = group + 1
-            self._issue_run(phase, [x for x in state.groups[group] if x != label and (phase, x) not in self.kept],
-                            first=(label, shard))
+            self._issue_run(phase, [x for x in state.groups[group] if (phase, x) not in self.kept])
             if group + 1 < len(state.groups):
                 ahead = [x for x in state.groups[group + 1] if (phase, x) not in self.kept]
                 self._issue_run(phase, ahead)
@@ -119,14 +118,13 @@ class GatherPrefetcher:
         self._log("issue", phase, label)
         return self.sources[phase][label].issue(shard)
 
-    def _issue_run(self, phase: str, labels: list[str], first: tuple[str, Any] | None = None) -> None:
-        """Gather `labels` (and `first`, whose shard is the one the leaf passed) into `kept`: one
-        collective per bucket of two or more (`bucket_gather`), the others one by one."""
-        items = ([first] if first is not None and (phase, first[0]) not in self.kept else [])
-        items += [(label, self.sources[phase][label].shard) for label in labels]
+    def _issue_run(self, phase: str, labels: list[str]) -> None:
+        """Gather `labels` into `kept`: one collective per bucket of two or more (`bucket_gather`),
+        the others one by one (each from its stored shard: the value every leaf passes)."""
         buckets: dict[Any, list[tuple[str, Any]]] = {}
-        for label, shard in items:
-            buckets.setdefault(self.sources[phase][label].bucket, []).append((label, shard))
+        for label in labels:
+            source = self.sources[phase][label]
+            buckets.setdefault(source.bucket, []).append((label, source.shard))
         for key, members in buckets.items():
             for label, _ in members:
                 self._log("issue", phase, label)
@@ -198,10 +196,9 @@ def _gather_flat(gather: nn.Cell, ranks: int, shards: list) -> list:
 class _PrefetchedGather(nn.Cell):
     """Stands in for a leaf's all-gather Cell: asks the prefetcher (PyNative only)."""
 
-    def __init__(self, prefetcher: GatherPrefetcher, phase: str, label: str, inner: nn.Cell) -> None:
+    def __init__(self, prefetcher: GatherPrefetcher, phase: str, label: str) -> None:
         super().__init__()
         object.__setattr__(self, "_prefetcher", prefetcher)   # shared, not a sub-Cell
-        self.inner = inner
         self.phase = phase
         self.label = label
 
@@ -255,7 +252,7 @@ def enable_gather_prefetch(model: nn.Cell, tracing: bool = False) -> GatherPrefe
 
     prefetcher = GatherPrefetcher(sources, tracing, bucket_gather)
     for gather, attr, phase, label in swaps:
-        setattr(gather, attr, _PrefetchedGather(prefetcher, phase, label, getattr(gather, attr)))
+        setattr(gather, attr, _PrefetchedGather(prefetcher, phase, label))
     log.info("FSDP gather prefetch on: %d forward and %d backward gathers, bucketed per unit run",
              len(sources["forward"]), len(sources["backward"]))
     return prefetcher
