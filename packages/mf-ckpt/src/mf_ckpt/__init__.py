@@ -29,7 +29,7 @@ from .tokenizer_files import (
     tokenizer_assets,
 )
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "BF16",

@@ -1,5 +1,5 @@
 """The `mf` command: a thin composition of the mf packages."""
 
-__version__ = "0.10.0"
+__version__ = "0.11.0"
 
 __all__ = ["__version__"]

@@ -39,7 +39,7 @@ from mf_config.sections import (
     TrainStateConfig,
 )
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "REQUIRED_SECTIONS",

@@ -49,7 +49,7 @@ from .tokenizer import SentencePieceTokenizer, train_sentencepiece
 from .tokenizer_files import tokenizer_files
 from .utils import Split, get_blend_from_list, parse_and_normalize_split
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "BUILTIN_TEMPLATE_DOC",

@@ -19,7 +19,7 @@ load at once, everything else on first use (PEP 562), so checking a config costs
 The OpenAI-compatible HTTP server is `mf_models.serving` (extra `serve`: starlette, uvicorn).
 """
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 from .common.args import BaseArgs
 from .common.inventory import ParamEntry, moe_activations, parameter_inventory, saved_activations

@@ -5,7 +5,7 @@
 slicing and settings import without MindSpore; everything else needs it.
 """
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 from mf_parallel.cp.layout import (
     masked_from_segments,

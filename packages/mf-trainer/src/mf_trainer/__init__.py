@@ -9,7 +9,7 @@ from mf_trainer.errors import TrainerConfigError, TrainingError
 from mf_trainer.preflight import PreflightError, PreflightReport
 from mf_trainer.preflight import preflight as _preflight
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 # The function, not the subpackage of the same name (the import above bound the subpackage here).
 preflight = _preflight
