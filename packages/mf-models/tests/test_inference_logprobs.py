@@ -55,3 +55,18 @@ def test_logprob_settings_are_checked():
     for value in (-1, 21, True, 2.0):
         with pytest.raises(ValueError, match="logprobs: must be null or an integer in 0..20"):
             SamplingParams(logprobs=value)
+
+
+def test_batched_scorer_equals_the_teacher_forced_forward(tiny):
+    from mf_models.inference import Scorer
+
+    sequences = [[5, 9, 33, 7, 41, 12, 60], [11, 12], list(range(3, 40)), [7, 7, 7]]
+    conts = [3, 1, 20, 2]
+    scored = Scorer(tiny, batch_size=3, max_len=48).score(list(zip(sequences, conts)))
+    for tokens, n, result in zip(sequences, conts, scored):
+        ref = teacher_forced(tiny, tokens)
+        expected = [ref[i - 1, tokens[i]] for i in range(len(tokens) - n, len(tokens))]
+        assert result.logprobs == pytest.approx(expected, abs=1e-5)
+        assert result.greedy == all(ref[i - 1].argmax() == tokens[i] for i in range(len(tokens) - n, len(tokens)))
+    with pytest.raises(ValueError, match="cannot be scored"):
+        Scorer(tiny).score([([5, 6], 2)])
