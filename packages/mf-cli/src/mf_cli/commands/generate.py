@@ -58,6 +58,10 @@ class TokenizerAdapter:
         return self._tok.eod
 
     @property
+    def bos_token_id(self) -> int | None:
+        return self._tok.bos
+
+    @property
     def special_tokens(self) -> dict[str, str | None]:
         return dict(self._tok.special_tokens)
 
