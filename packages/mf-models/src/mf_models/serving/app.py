@@ -315,6 +315,7 @@ class Server:
             watching.cancel()
             if not generating.done():   # the client left (or the handler was cancelled): stop generating
                 generating.cancel()
+            generating.add_done_callback(_retrieved)   # its CancelledError is expected, not worth a log line
             for c in choices:
                 if not c.done:
                     c.stream.cancel()
@@ -410,6 +411,11 @@ class Server:
                 if not c.done:
                     c.stream.cancel()
             self.metrics.observe_choices(choices)
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _extend(logprobs: dict, more: dict) -> None:
