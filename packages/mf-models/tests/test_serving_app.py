@@ -227,6 +227,9 @@ def test_transport_errors_are_json_too(client):
     for response, status in cases:
         assert response.status_code == status and set(response.json()["error"]) == {"message", "type", "param", "code"}
     assert client.get("/health").json()["status"] == "ok"
+    too_long = client.post("/v1/completions", json={"prompt": "x" * 60}).json()["error"]
+    assert too_long["code"] == "context_length_exceeded"
+    assert client.post("/v1/completions", json={"prompt": "y" * 5000}).json()["error"]["code"] == "request_too_large"
 
 
 def test_without_tokenizer_ids_work_and_text_is_refused(runner, model):
@@ -437,3 +440,17 @@ def test_tokenizer_endpoints(client):
     assert client.post("/detokenize", json={"tokens": body["tokens"]}).json() == {"prompt": "Hi there"}
     info = client.get("/tokenizer_info").json()
     assert info["model_max_length"] == 48 and "eos_token" in info and info["add_bos_token"] is False
+
+
+def test_special_token_strings_in_text_are_their_tokens():
+    from mf_models.serving import TextEncoder
+
+    class WithSpecials(CharTokenizer):
+        special_tokens = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": None}
+
+        def token_to_id(self, text):
+            return {"<s>": 1, "</s>": 2}.get(text)
+
+    encoder = TextEncoder(WithSpecials())
+    assert encoder.encode("<s>Hi</s> x") == [1, *TOK.encode("Hi"), 2, *TOK.encode(" x")]
+    assert encoder.encode("Hi") == TOK.encode("Hi") and TextEncoder(TOK).encode("</s>") == TOK.encode("</s>")

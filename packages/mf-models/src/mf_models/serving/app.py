@@ -117,13 +117,14 @@ def _lone_surrogate(data: Any) -> str | None:
 async def _read_json(request: HTTPRequest, limit: int) -> dict[str, Any]:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
+                       code="request_too_large")
     body = bytearray()
     try:
         async for chunk in request.stream():
             body += chunk
             if len(body) > limit:
-                raise APIError(413, f"request body exceeds the limit of {limit} bytes")
+                raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
     except ClientDisconnect:
         raise ClientGone() from None
     try:
