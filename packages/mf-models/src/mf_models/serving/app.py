@@ -350,7 +350,8 @@ class Server:
         """The prompt's part of a completion's logprobs: its tokens with echo, else nothing."""
         if not job.echo:
             return builder.piece([], [], [])
-        return builder.piece(choice.prompt_ids, choice.stream.request.prompt_logprobs, [])
+        scored = choice.stream.request.prompt_logprobs   # None only if the request ended before its prefill
+        return builder.piece(choice.prompt_ids, scored or [None] * len(choice.prompt_ids), [])
 
     async def _events(self, job: Job, choices: list[Choice], decode: Callable | None, rid: str) -> AsyncIterator[str]:
         created = int(time.time())
