@@ -200,6 +200,33 @@ PACKED = {"reference_packed": ({**PACKED_DATA, "create_attention_mask": True}, "
           "cp2_packed": ({**PACKED_DATA, "create_compressed_eod_mask": True, "eod_pad_length": 8}, "actual_seq_len")}
 
 
+# The README demo's cases (DEMO_PIPELINE_CASES): examples/tiny/train.yaml as written, with its data
+# made beforehand in WORKDIR/demo_cache, 4 steps of its global batch of 16 in 4 micro-batches of 4
+# (so every schedule has a steady state), PyNative everywhere (pipeline ranks run PyNative; so does
+# the reference, for a like-for-like comparison), the end-of-training sample left out.
+DEMO_YAML = Path(__file__).resolve().parents[2] / "examples" / "tiny" / "train.yaml"
+DEMO_STEPS = 4
+DEMO_SCHEDULES = {"demo_reference": {}, "demo_pp2_1f1b": {},
+                  "demo_pp2_gpipe": {"pipeline_parallel_schedule": "gpipe"},
+                  "demo_pp2_interleaved": {"pipeline_parallel_interleave_num": 2},
+                  "demo_pp2_1f1b_split": {"pipeline_parallel_enable_dxdw_split": True},
+                  "demo_pp2_zbv": {"pipeline_parallel_schedule": "zbv"}}
+
+
+def demo_config(workdir: Path, name: str):
+    cache = workdir / "demo_cache"
+    out = workdir / name
+    data = ["1", str(cache / "pydoc_text_document")]
+    pipeline = {} if name == "demo_reference" else {"pipeline_parallel": 2, **DEMO_SCHEDULES[name]}
+    overrides = [f"output_dir={out}", f"checkpoint.save_path={out / 'ckpt'}", "context.mode=1",
+                 f"training.steps={DEMO_STEPS}", "training.local_batch_size=4",
+                 f"train_dataset.dataloader.config.data_path={json.dumps(data)}",
+                 f"eval_dataset.dataloader.config.data_path={json.dumps(data)}",
+                 f"tokenizer.path={cache / 'pydoc_spm.model'}", "inference=null", "monitor.tensorboard=false",
+                 *[f"parallelism.{key}={json.dumps(value)}" for key, value in pipeline.items()]]
+    return mf_config.load_config(str(DEMO_YAML), overrides)
+
+
 def train_dataset(workdir: Path, name: str) -> dict:
     section = toy_train_dataset(workdir)
     if name in PACKED:
@@ -274,6 +301,9 @@ def run(workdir: Path, name: str) -> None:
         base, source = name.split("_from_")
         cfg = config(workdir, name, STEPS + MORE, load_path=str(workdir / source / "ckpt"))
         continued = True
+    elif name in DEMO_SCHEDULES:
+        cfg = demo_config(workdir, name)
+        continued = False
     else:
         cfg = config(workdir, name)
         continued = False

@@ -40,6 +40,7 @@ from _launches import (  # noqa: E402
     WORLD4_WORKER,
     run_one_process,
     write_corpus,
+    write_demo_corpus,
 )
 from _results import parse  # noqa: E402
 
@@ -129,6 +130,7 @@ def dist_run(scratch):
 def trainer_workdir(scratch):
     workdir = scratch / "trainer"
     write_corpus(workdir / "data" / "toy_text_document")
+    write_demo_corpus(workdir / "demo_cache")
     return workdir
 
 
