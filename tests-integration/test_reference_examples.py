@@ -77,7 +77,7 @@ def test_each_reference_example_dry_runs_at_its_own_world(tmp_path, demo_prefix,
     done = _mf(tmp_path, "train", config, "--dry-run", "--world", world, "--device", device)
     assert done.returncode == 0, f"{example}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
     out = done.stdout
-    assert f"would run 1000 steps; nothing was written" in out or "would run 2000 steps" in out, out
+    assert "would run 1000 steps; nothing was written" in out or "would run 2000 steps" in out, out
     assert not list(tmp_path.glob("output*")), "a dry run writes nothing"
 
 
