@@ -291,8 +291,24 @@ def _pairs_backward_forward(a, b) -> Combined | None:
 def combine_forward_backward(placement: Placement, orders: list[list[Compute]], split: bool, budget=None,
                              pair=_pairs_forward_backward) -> list[list]:
     """Fuse neighbouring computations that `pair` accepts into one `Combined` action, each pair
-    kept only if the planned step's bubble stays within `budget` (default: that of `orders`)."""
+    kept only if the planned step's bubble stays within `budget` (default: that of `orders`).
+
+    Every pair at once first (one plan: 1F1B's pairs after the long warm-up always fit); only if
+    that lengthens the step, pair by pair (one plan each: quadratic in the micro-batch count)."""
     budget = _plan_bubble(placement, orders, split) if budget is None else budget
+    every = []
+    for order in orders:
+        out, i = [], 0
+        while i < len(order):
+            combined = pair(order[i], order[i + 1]) if i + 1 < len(order) else None
+            out.append(combined or order[i])
+            i += 2 if combined else 1
+        every.append(out)
+    try:
+        if _plan_bubble(placement, every, split) <= budget:
+            return every
+    except InfeasibleOrder:
+        pass
     fused = [list(order) for order in orders]
     for r in range(len(fused)):
         i = 0
