@@ -35,7 +35,7 @@ SHARDED_STAGE_CASES = ("pp2_gpipe_tp2", "pp2_interleaved_split_fsdp2", "pp2_zbv_
 PIPELINE4_CASES = ("pp4_1f1b_uneven", "pp2_fsdp2", "pp2_ddp2", "pp2_tp2", *SHARDED_STAGE_CASES, "pp2_tp2_from_reference4")
 # one process, one after another (`reference_packed`: the packed-document data of `cp2_packed`)
 REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "reference_muon", "reference_packed",
-              "moe_mixtral_reference", "moe_reference3", "demo_reference")
+              "moe_mixtral_reference", "moe_reference3", "moe_reference3_short", "demo_reference")
 # Context parallelism through the Trainer: every method, CP x FSDP, CP x TP and packed documents.
 CP_TRAINER2_CASES = ("cp2", "cp2_ulysses", "cp2_packed")
 CP_TRAINER4_CASES = ("cp2_fsdp2", "cp2_tp2", "cp4_hybrid")
@@ -46,6 +46,9 @@ WORLD2_CASES = ("fsdp2", "tp2", "tp2_rcomm", "fsdp2_accum_mean", *CP_TRAINER2_CA
                 "fsdp2_muon_from_reference_muon", *PIPELINE2_CASES, "moe_pp2", *DEMO_PIPELINE_CASES)
 WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", *CP_TRAINER4_CASES,
                 *PIPELINE4_CASES, "moe_ep4_deredundancy", "moe_ep2_fsdp2", "moe_ep2_tp2", "moe_pp2_ep2", "moe_pp2_tp2")
+# The 8-rank launch (_trainer_worker.py alone): the seed's parallelism example scaled down, TP2 x PP2 x
+# EP2 over FSDP2 with alltoall_deredundancy and both overlap flags (test_moe_parity.py).
+WORLD8_CASES = ("moe_seed_layout",)
 # Context parallelism (_cp_worker.py): attention Cells first, then these model cases, at the end of
 # the 2- and 4-rank launches (after their Trainer cases: no msrun start-up of their own).
 # The tiny llama's CP layouts (colossal, ulysses, hybrid, x TP, x FSDP, packed) are proven through
