@@ -42,10 +42,20 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
+def log_softmax(logits):
+    """log_softmax over the last axis in float64, written out: MindSpore's CPU LogSoftmax kernel is
+    off by ~2e-6 (in float32 and float64 alike: log_softmax([0.1, 0.2, 0.3]) gives -1.2019409 for
+    -1.2019429), which summed over a continuation's tokens would reach lm-eval's tolerances; this
+    is exact to float64 rounding (1e-15 against numpy on the same logits)."""
+    logits = logits.astype(ms.float64)
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - ops.log(ops.exp(shifted).sum(-1, keepdims=True))
+
+
 def _log_softmax(logits, temperature, greedy):
-    """log_softmax(logits / t) per row, t = 1 on greedy rows (float32)."""
+    """log_softmax(logits / t) per row, t = 1 on greedy rows (float64)."""
     t = ops.where(greedy, ops.ones_like(temperature), temperature).reshape(-1, 1)
-    return ops.log_softmax(logits.astype(ms.float32) / t, -1)
+    return log_softmax(logits.astype(ms.float32) / t)
 
 
 class LogprobChooser(nn.Cell):

@@ -11,7 +11,7 @@ continuation's. Sequences are sorted by length, cut into batches of `batch_size`
 to a length bucket (padding sits after the real tokens, so a causal model never sees it) and the
 batch filled with empty rows: in GRAPH_MODE one compile per bucket, reused for the whole run. Only
 [rows, length] numbers leave the device, never the logits. Log-probabilities are the model's own
-(log_softmax of the logits, no temperature). A sequence longer than `max_len` + 1 keeps its last
+(log_softmax of the logits, no temperature, in float64). A sequence longer than `max_len` + 1 keeps its last
 `max_len` + 1 tokens (the context is cut on the left, as harnesses do).
 """
 
@@ -26,6 +26,7 @@ from mindspore import Tensor, nn, ops
 
 from ..common.transformer import CausalLM
 from ..generation import _synchronous_pynative
+from .logprobs import log_softmax
 from .scheduler import length_buckets, pick_bucket
 
 
@@ -38,7 +39,7 @@ class SequenceScorer(nn.Cell):
 
     def construct(self, ids, targets):
         logits = self.model(ids)                                              # [B, L, V] float32
-        logp = ops.log_softmax(logits, -1)
+        logp = log_softmax(logits)                                            # float64
         chosen = ops.gather_d(logp, 2, targets.expand_dims(-1)).squeeze(-1)
         greedy = ops.equal(ops.argmax(logits, -1).astype(ms.int32), targets)
         return chosen, greedy
@@ -46,7 +47,7 @@ class SequenceScorer(nn.Cell):
 
 @dataclass
 class Scored:
-    logprobs: np.ndarray     # [n] float32: each continuation token's log-probability
+    logprobs: np.ndarray     # [n] float64: each continuation token's log-probability
     greedy: bool             # every continuation token was the most likely one
 
     @property
