@@ -153,20 +153,38 @@ def _encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[
     return head, whole[len(head):]
 
 
-def _forward_logprobs(model, sequences: list[list[int]]) -> list[np.ndarray]:
-    """log p(ids[i] | ids[:i]) for i >= 1 of each sequence, from teacher-forced forwards without
-    padding (sequences of one length share a call), softmax in float64."""
+def _forward(model, sequences: list[list[int]], length: int) -> np.ndarray:
+    """float64 logits [N, length, V] of one PyNative forward over the sequences right-padded to
+    `length` (a causal model: what follows a token never changes its logits; one shape, so
+    PyNative prepares its kernels once)."""
     from mindspore import Tensor
 
-    out: list[np.ndarray | None] = [None] * len(sequences)
-    for length in sorted({len(s) for s in sequences}):
-        rows = [i for i, s in enumerate(sequences) if len(s) == length]
-        batch = np.array([sequences[i][:-1] for i in rows], np.int32)
-        logits = model(Tensor(batch)).asnumpy().astype(np.float64)
-        top = logits.max(-1, keepdims=True)
-        logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
-        for row, i in enumerate(rows):
-            out[i] = logp[row, np.arange(length - 1), sequences[i][1:]]
+    batch = np.zeros((len(sequences), length), np.int32)
+    for row, ids in enumerate(sequences):
+        batch[row, :len(ids)] = ids
+    return model(Tensor(batch)).asnumpy().astype(np.float64)
+
+
+def _forward_logprobs(model, sequences: list[list[int]]) -> list[np.ndarray]:
+    """log p(ids[i] | ids[:i]) for i >= 1 of each sequence (teacher-forced; softmax in float64)."""
+    logits = _forward(model, [s[:-1] for s in sequences], max(len(s) for s in sequences) - 1)
+    top = logits.max(-1, keepdims=True)
+    logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    return [logp[row, np.arange(len(s) - 1), s[1:]] for row, s in enumerate(sequences)]
+
+
+def _greedy(model, prompts: list[list[int]], new: int, eos: int) -> list[list[int]]:
+    """Greedy continuations by whole forwards (no cache), cut at EOS."""
+    out: list[list[int]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    length = max(len(p) for p in prompts) + new
+    for _ in range(new):
+        logits = _forward(model, [p + o for p, o in zip(prompts, out)], length)
+        for row, (prompt, tokens) in enumerate(zip(prompts, out)):
+            token = int(logits[row, len(prompt) + len(tokens) - 1].argmax())
+            if not done[row]:
+                done[row] = token == eos
+                tokens.extend([] if done[row] else [token])
     return out
 
 
@@ -200,10 +218,9 @@ def test_lm_eval_against_mf_serve_equals_mf_eval_in_process_and_the_forward(setu
         assert server == pytest.approx(in_process, abs=1e-5) and server == pytest.approx(reference, rel=1e-6)
     # generations: the same text both ways, the model's greedy continuation up to the stop string
     a, b = _samples(served, "mf_tiny_gen"), _samples(local, "mf_tiny_gen")
-    for doc in a:
-        prompt = tok.encode([a[doc]["doc"]["question"]])[0]
-        out = mf_models.generate(model, prompt, 10, eos_token_id=[tok.eod], use_cache=True)[len(prompt):].tolist()
-        out = out[:out.index(tok.eod)] if tok.eod in out else out
+    docs = sorted(a)
+    prompts = [tok.encode([a[d]["doc"]["question"]])[0] for d in docs]
+    for doc, prompt, out in zip(docs, prompts, _greedy(model, prompts, 10, tok.eod)):
         text = tok.decode(prompt + out)[len(tok.decode(prompt)):].split(".")[0]
         assert a[doc]["resps"][0][0] == b[doc]["resps"][0][0] == text
 
