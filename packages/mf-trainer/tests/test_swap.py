@@ -297,3 +297,65 @@ def test_preflight_refuses_swap_fields_that_would_do_nothing(tmp_path, tiny_conf
         "swap.layer_swap: set while swap.enable is false: it would do nothing"]
     assert _preflight(tmp_path, tiny_config, {"default_prefetch": 2}) == [
         "swap.default_prefetch: set while swap.enable is false: it would do nothing"]
+
+
+# ----------------------------------------------------------------------------- what the README says
+
+def _readme_block() -> str:
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Activation swap (`swap`)"):]
+    return section[section.index("```yaml\n") + 8:section.index("```\n", section.index("```yaml\n") + 8)]
+
+
+def test_the_readme_example_offloads_what_it_says(plain, tmp_path, tiny_config):
+    import yaml
+
+    import mf_trainer
+
+    swap = yaml.safe_load(_readme_block())["swap"]
+    cfg = mf_config.load_config(tiny_config(tmp_path, tmp_path / "none", swap=swap, model={"num_hidden_layers": 4}))
+    assert mf_trainer.preflight(cfg, "train", world=1, device="CPU").lines() == []
+    model = mf_models.build_model(mf_models.tiny_model_section("llama", num_hidden_layers=4), seed=3)
+    offload = apply_swap(model, cfg.swap, "CPU")
+    _grads(model)
+    assert list(offload.stats.units) == ["layers.0", "layers.1", "layers.2.attention", "layers.3.feed_forward"]
+    assert all(u.packed > 0 for u in offload.stats.units.values())
+
+
+def test_cell_offload_reaches_two_operators_of_a_compiled_layer(tmp_path):
+    """Why swap trains in PyNative: GRAPH_MODE's Cell.offload on a llama layer marks the attention
+    core's two batch matmuls (the only primitives the layer's Cells hold) of the 122 operators of
+    its compiled forward, and MindSpore's CPU compile inserts no move (MoveTo) for them."""
+    import re
+
+    model = mf_models.build_model(mf_models.tiny_model_section("llama"), seed=3)
+    model.layers[0].offload(backward_prefetch=1)
+
+    class Step(ms.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.weights = ms.ParameterTuple(model.trainable_params())
+            self.grad = ms.value_and_grad(self.loss, None, self.weights)
+            self.model = model
+
+        def loss(self, ids):
+            return self.model(ids).astype(ms.float32).square().mean()
+
+        def construct(self, ids):
+            return self.grad(ids)[0]
+
+    ms.set_context(mode=ms.GRAPH_MODE, save_graphs=True, save_graphs_path=str(tmp_path))
+    try:
+        Step()(ms.Tensor(np.zeros((1, 8)), ms.int32))
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE, save_graphs=False)
+    (ir,) = tmp_path.rglob("*_validate_*.ir")
+    text = ir.read_text()
+    layer = "Default/model-LlamaForCausalLM/layers-CellList/0-TransformerBlock/"
+    ops = {m for m in re.findall(re.escape(layer) + r"[^ )]*", text)
+           if not re.search(r"/(Load|Depend|UpdateState|MakeTuple|TupleGetItem)-op", m)}
+    marked = re.findall(r"= (\w+)\(.*primitive_attrs: \{.*offload: Bool\(1\)", text)
+    assert (len(ops), sorted(marked)) == (122, ["PrimFunc_BatchMatMul", "PrimFunc_BatchMatMul"])
+    assert not any("MoveTo" in f.read_text() for f in tmp_path.rglob("*.ir"))
