@@ -383,8 +383,9 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
     notes += swap_notes
     if swap_whole or swap_modules:
         host = sum(v for i in range(n_layers) for v in swapped_elems(i).values()) * act_bytes
-        notes.append(f"swap: {host / 2**20:.1f} MiB per micro-batch of saved activations in host memory (every rank's "
-                     "own layers); one swapped unit's back on the device at a time" if offloading else
+        notes.append(f"swap: {host / 2**20:.1f} MiB per micro-batch of saved activations in host memory (every "
+                     "layer's; a pipeline rank holds its own layers' share); one swapped unit's on the device at a "
+                     "time" if offloading else
                      f"swap: device_target {device} keeps activations in host memory already: nothing leaves the "
                      "device")
     notes += [f"micro-batches per step: {accum}; sequence {seq}, local_batch_size {batch}"]

@@ -92,17 +92,20 @@ def _cell_path(layer, cell) -> str:
 
 
 def describe(stats, before: dict | None = None) -> str:
-    """`3 units moved 41 saved activations (0.09 MiB) to host and back: layers.0 23 (0.05 MiB), ...`
-    for the stats since `before` (an earlier `stats.snapshot()`)."""
+    """`2 unit(s) moved 68 saved activations (0.61 MiB) to host and back: layers.0 56 (0.45 MiB), ...`
+    for the stats since `before` (an earlier `stats.snapshot()`): the units that ran in between
+    (a pipeline rank runs its own stage's)."""
     base = (before or {}).get("units", {})
     parts, total, count = [], 0, 0
     for name, unit in stats.units.items():
+        if unit.calls == base.get(name, {}).get("calls", 0):
+            continue
         packed = unit.packed - base.get(name, {}).get("packed", 0)
         nbytes = unit.bytes_out - base.get(name, {}).get("bytes_out", 0)
         parts.append(f"{name} {packed} ({nbytes / 2**20:.2f} MiB)")
         total, count = total + nbytes, count + packed
     return (f"{len(parts)} unit(s) moved {count} saved activations ({total / 2**20:.2f} MiB) to host and back: "
-            + ", ".join(parts))
+            + (", ".join(parts) or "none ran"))
 
 
 class SwapReport(Callback):
