@@ -18,9 +18,10 @@ ROUTED = ("attention_norm", "attention", "ffn_norm", "moe")
     ("input_layernorm", DENSE, "attention_norm"), ("pre_mlp_layernorm", ROUTED, "ffn_norm"),
     ("mlp.w1", DENSE, "feed_forward.w1"), ("self_attention.wq", DENSE, "attention.wq"),
     ("attention_norm", DENSE, "attention_norm"), ("mlpx", DENSE, None), ("", DENSE, None),
+    ("self_attn", DENSE, "attention"), ("post_attention_layernorm", ROUTED, "ffn_norm"),     # transformers'
 ])
 def test_both_spellings_name_the_same_module(path, modules, want):
-    assert mf_models.layer_module_path(path, modules) == want
+    assert mf_models.module_in_layer(path, modules) == want
 
 
 def test_layer_modules_follow_the_model_layers():
@@ -44,7 +45,7 @@ def test_resolving_on_the_built_layer():
     assert mf_models.resolve_layer_module(layer, "self_attention.wq", "k") is layer.attention.wq
     with pytest.raises(mf_models.ModelConfigError, match=r"^swap.op_swap\[0\].op_name: the layer has no module "
                                                          r"'moe'; its modules are: attention_norm, attention, "
-                                                         r"ffn_norm, feed_forward \(MindFormers' names too: "):
+                                                         r"ffn_norm, feed_forward \(or MindFormers' names for them: "):
         mf_models.resolve_layer_module(layer, "moe", "swap.op_swap[0].op_name")
     with pytest.raises(mf_models.ModelConfigError, match=r"^k: 'mlp.w9' is not a module of the layer; FeedForward "
                                                          r"holds: w1, w2, w3$"):

@@ -76,19 +76,31 @@ REFUSED = [
     (DEREDUNDANCY | {"expert_parallel": 4, "npu_nums_per_device": 3}, 4, None,
      "parallelism.npu_nums_per_device: 3 does not divide expert_parallel 4 (alltoall_deredundancy groups the ep "
      "ranks by npu_nums_per_device; expert_parallel must be a multiple of it); use one of [1, 2, 4]"),
-    ({"expert_parallel": 2, "npu_nums_per_device": 2}, 2, None,
-     "parallelism.npu_nums_per_device: 2 only acts with moe_token_dispatcher_type 'alltoall_deredundancy' (leave "
-     "it at its default, or use that dispatcher)"),
     # The two-level dispatcher is proven with ep over every data-parallel rank and no tp (EP4 in groups of 2).
     (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 2}, 4, None,
      "parallelism.moe_token_dispatcher_type: 'alltoall_deredundancy' with expert_parallel 2 below the 4 "
      "data-parallel ranks is not proven yet"),
     (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 2, "tensor_parallel": 2}, 4, None,
      "parallelism.moe_token_dispatcher_type: 'alltoall_deredundancy' with tensor_parallel 2 is not proven yet"),
-    ({"npu_nums_per_device": 2}, 2, None,
-     "parallelism.npu_nums_per_device: 2 only acts with expert_parallel > 1 and moe_token_dispatcher_type "
-     "'alltoall_deredundancy' (leave it at its default)"),
 ]
+
+# The dispatcher's group size where the dispatcher has no groups: accepted, one notice line.
+NOTICED = [
+    ({"expert_parallel": 2, "npu_nums_per_device": 2}, 2,
+     "notice: parallelism.npu_nums_per_device: 2 only acts with moe_token_dispatcher_type 'alltoall_deredundancy'"),
+    ({"npu_nums_per_device": 2}, 2,
+     "notice: parallelism.npu_nums_per_device: 2 only acts with expert_parallel > 1 and moe_token_dispatcher_type "
+     "'alltoall_deredundancy'"),
+]
+
+
+@pytest.mark.parametrize("parallelism, world, line", NOTICED)
+def test_dispatcher_knobs_without_their_dispatcher_are_notices(tmp_path, tiny_config, parallelism, world, line):
+    cfg = mf_config.load_config(tiny_config(tmp_path, tmp_path / "none", parallelism=parallelism, model=MIXTRAL,
+                                            training={"local_batch_size": 1, "global_batch_size": 8}))
+    report = mf_trainer.preflight(cfg, "launch", world=world, device="CPU")
+    assert report.ok, report.lines()
+    assert [n for n in report.notice_lines() if n.startswith(line)], report.notice_lines()
 
 
 @pytest.mark.parametrize("parallelism, world, model, line", REFUSED)

@@ -253,9 +253,9 @@ def test_the_seed_examples_train_the_same_losses(tmp_path, tiny_corpus, tiny_con
         "context.mode 0: swap offloads through saved-tensor hooks, which run in PyNative only (GRAPH_MODE's "
         "Cell.offload reaches only primitives a Cell holds, inside lazy_inline Cells: none of mf's models' "
         "operators); training in PyNative"]
-    assert [x for x in lines if "device_target CPU" in x and x.startswith("swap:")] == [
-        "swap: on device_target CPU the host is the device: the activations are still copied out and back, but "
-        "no device memory is freed and default_prefetch has no transfer to hide"]
+    assert [x for x in lines if x.startswith("notice: swap")] == [
+        "notice: swap.enable: device_target CPU keeps activations in host memory: the selected ones are still copied "
+        "out and back, but nothing is freed and default_prefetch has no transfer to hide"]
     step = [x for x in lines if x.startswith("swap: step 1: ")]
     assert len(step) == 1 and all(f"{u} " in step[0] for u in units), step
     assert list(trainer.offload.stats.units) == units
@@ -263,6 +263,9 @@ def test_the_seed_examples_train_the_same_losses(tmp_path, tiny_corpus, tiny_con
 
 
 # ----------------------------------------------------------------------------- preflight
+
+ALIASES = "mlp, self_attention, self_attn, input_layernorm, pre_mlp_layernorm, post_attention_layernorm"
+
 
 def _preflight(tmp_path, tiny_config, swap, model=None):
     import mf_trainer
@@ -280,7 +283,7 @@ def test_preflight_accepts_both_spellings_and_names_what_a_layer_lacks(tmp_path,
                                                                 {"op_name": "self_attention", "layers": ["0-1"]}]}) == []
     assert _preflight(tmp_path, tiny_config, {**on, "op_swap": [{"op_name": "moe", "layers": ["1"]}]}) == [
         "swap.op_swap[0].op_name: 'moe' is not a module of layer 1; its modules are attention_norm, attention, "
-        "ffn_norm, feed_forward (MindFormers' names too: input_layernorm, self_attention, pre_mlp_layernorm, mlp)"]
+        "ffn_norm, feed_forward (or MindFormers' names for them: " + ALIASES + ")"]
     assert _preflight(tmp_path, tiny_config, {**on, "op_swap": [{"op_name": "mlp", "layers": ["0-1"]},
                                                                 {"op_name": "feed_forward", "layers": ["1"]}]}) == [
         "swap.op_swap[1].op_name: 'feed_forward' is feed_forward in layer 1, already offloaded by swap.op_swap[0]"]
@@ -289,14 +292,24 @@ def test_preflight_accepts_both_spellings_and_names_what_a_layer_lacks(tmp_path,
     assert _preflight(tmp_path, tiny_config, {**on, "op_swap": [{"op_name": "mlp", "layers": ["0-1"]},
                                                                 {"op_name": "moe", "layers": ["0"]}]}, dsv3) == [
         "swap.op_swap[1].op_name: 'moe' is not a module of layer 0; its modules are attention_norm, attention, "
-        "ffn_norm, feed_forward (MindFormers' names too: input_layernorm, self_attention, pre_mlp_layernorm, mlp)"]
+        "ffn_norm, feed_forward (or MindFormers' names for them: " + ALIASES + ")"]
 
 
-def test_preflight_refuses_swap_fields_that_would_do_nothing(tmp_path, tiny_config):
-    assert _preflight(tmp_path, tiny_config, {"default_prefetch": 1, "layer_swap": [{"layers": ["0"]}]}) == [
-        "swap.layer_swap: set while swap.enable is false: it would do nothing"]
-    assert _preflight(tmp_path, tiny_config, {"default_prefetch": 2}) == [
-        "swap.default_prefetch: set while swap.enable is false: it would do nothing"]
+def test_swap_fields_with_nothing_to_act_on_are_one_notice_each(tmp_path, tiny_config):
+    import mf_trainer
+
+    def notices(swap, device):
+        cfg = mf_config.load_config(tiny_config(tmp_path, tmp_path / "none", swap=swap))
+        report = mf_trainer.preflight(cfg, "train", world=1, device=device)
+        assert report.ok
+        return report.notice_lines()
+
+    assert notices({"default_prefetch": 1, "layer_swap": [{"layers": ["0"]}]}, "CPU") == [
+        "notice: swap.layer_swap: set while swap.enable is false: nothing to act on"]
+    assert notices({"default_prefetch": 2}, "Ascend") == [
+        "notice: swap.default_prefetch: set while swap.enable is false: nothing to act on"]
+    on = {"enable": True, "layer_swap": [{"layers": ["0"]}]}
+    assert notices(on, "Ascend") == [] and len(notices(on, "CPU")) == 1
 
 
 # ----------------------------------------------------------------------------- what the README says

@@ -177,7 +177,7 @@ def _recomputed(cfg, layers: int) -> tuple[set[int], dict[int, set[str]], list[s
     select: dict[int, set[str]] = {}
     if rc.mode == "select":
         for path, specs in rc.select_module.items():
-            top = path.split(".")[0]
+            top = mf_models.layer_module_path(path).split(".")[0]   # MindFormers' `mlp` is feed_forward
             if top not in MODULES or "." in path:
                 notes.append(f"recompute.select_module.{path}: not estimated (only {', '.join(MODULES)} are; "
                              f"counted as kept)")
@@ -199,7 +199,7 @@ def _swapped(cfg, args, layers: int) -> tuple[set[int], dict[int, set[str]], lis
     modules: dict[int, set[str]] = {}
     for i, entry in enumerate(sw.op_swap or []):
         for layer in mf_config.parse_layer_spec(entry.layers, layers, f"swap.op_swap[{i}].layers"):
-            path = mf_models.layer_module_path(entry.op_name, mf_models.layer_modules(args, layer))
+            path = mf_models.module_in_layer(entry.op_name, mf_models.layer_modules(args, layer))
             if path is None:
                 continue                   # the preflight's line names it
             if path not in MODULES:

@@ -5,7 +5,7 @@
       default_prefetch: 1
       layer_swap: [{layers: ['0-1']}]                       # decoder layers 0 and 1, whole
       op_swap: [{op_name: attention, layers: ['2']},        # a module of a layer: mf's name or
-                {op_name: mlp, layers: ['3']}]              # MindFormers' (mf_models.MODULE_ALIASES)
+                {op_name: mlp, layers: ['3']}]              # MindFormers' (mf_models.LAYER_MODULE_ALIASES)
 
 `apply_swap(model, cfg.swap, device)` wraps `model.layers[i]` for each layer of `layer_swap` and
 the named module of each layer of `op_swap` (`mlp`: the layer's `feed_forward` or, in a routed
@@ -23,7 +23,7 @@ PyNative (`GRAPH_MODE_BLOCKER`, one warning), where every saved activation of th
 is offloaded.
 
 On CPU the device is the host: the offload runs (copies out and back, counted) but frees no memory
-and `default_prefetch` has no transfer to hide: one notice line says so.
+and `default_prefetch` has no transfer to hide: the preflight's one notice line says so.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def swap_units(swap_cfg, n_layers: int) -> list[tuple[str, int, str | None]]:
 
 def apply_swap(model, swap_cfg, device: str) -> ActivationOffload | None:
     """Wrap the selected layers and modules of `model` (whole model, before any pipeline split);
-    None when swap is off. Logs what it wrapped, and on CPU the one notice."""
+    None when swap is off. Logs what it wrapped."""
     if not swap_cfg.enable:
         return None
     offload = ActivationOffload(device, swap_cfg.default_prefetch)
@@ -78,9 +78,6 @@ def apply_swap(model, swap_cfg, device: str) -> ActivationOffload | None:
         wrapped.append(name)
     log.info("swap: saved activations of %s go to host memory after their forward (prefetch %d ahead in backward)",
              ", ".join(wrapped), swap_cfg.default_prefetch)
-    if device == "CPU":
-        log.info("swap: on device_target CPU the host is the device: the activations are still copied out and "
-                 "back, but no device memory is freed and default_prefetch has no transfer to hide")
     return offload
 
 

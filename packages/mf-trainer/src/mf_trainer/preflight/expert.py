@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import mf_parallel as mp
 from mf_trainer.preflight.context import has_routed_experts
-from mf_trainer.preflight.registry import TRAINING, check
+from mf_trainer.preflight.registry import TRAINING, Notice, check
 
 _EXPERT_COUNT_FIELDS = ("n_routed_experts", "num_local_experts", "num_experts")
 KEY = "parallelism.expert_parallel"
@@ -71,9 +71,9 @@ def expert_parallel_dispatcher(t):
                                                             "dispatcher is proven with ep over every data-parallel "
                                                             "rank and no tp); use 'alltoall' beside tensor parallelism")
     elif par.npu_nums_per_device != type(par)().npu_nums_per_device:
-        yield ("parallelism.npu_nums_per_device", f"{par.npu_nums_per_device} only acts with moe_token_dispatcher_type "
-                                                  "'alltoall_deredundancy' (leave it at its default, or use that "
-                                                  "dispatcher)")
+        yield Notice("parallelism.npu_nums_per_device", f"{par.npu_nums_per_device} only acts with "
+                                                        "moe_token_dispatcher_type 'alltoall_deredundancy': nothing to "
+                                                        "act on with 'alltoall'")
 
 
 @check(commands=TRAINING)
