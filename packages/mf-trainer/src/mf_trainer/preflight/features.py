@@ -20,6 +20,7 @@ def recompute_comm(t):
     if not rc.enable:
         return
     tp = t.cfg.parallelism.tensor_parallel
+    idle = (t.world is not None and t.world <= 1) or tp <= 1     # nothing to recompute: only typos matter
     if t.world is not None and t.world <= 1:
         yield Notice("recompute_comm.enable", "recomputes communication operators; a single-process run has none to "
                                               "recompute")
@@ -32,7 +33,8 @@ def recompute_comm(t):
         if key not in mf_models.RECOMPUTE_COMM_MODULES:
             yield where, (f"names no sequence-parallel all-gather; choose from "
                           f"{', '.join(mf_models.RECOMPUTE_COMM_MODULES)}")
-        elif t.cfg.model.model_type == "deepseek_v3" and mf_models.RECOMPUTE_COMM_MODULES[key] == "attention":
+        elif (not idle and t.cfg.model.model_type == "deepseek_v3"
+              and mf_models.RECOMPUTE_COMM_MODULES[key] == "attention"):
             yield where, ("not implemented for deepseek_v3's MLA attention (its low-rank projections read the "
                           "gathered input itself); select feed_forward of its dense layers only")
 
