@@ -40,7 +40,8 @@ from mf_cli.errors import UsageError
 
 def add_parser(subparsers, name: str, help_text: str) -> None:
     parser = subparsers.add_parser(name, help=help_text, description=help_text)
-    parser.add_argument("config", help="a run_mode eval YAML, or a training YAML (its eval data / valid split)")
+    parser.add_argument("config", help="a run_mode eval YAML, or a training YAML (its eval data / valid split); with "
+                                       "--tasks also a checkpoint or HF directory")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key before validation (repeatable), e.g. checkpoint.load_path=out/checkpoint")
     parser.add_argument("--all", dest="whole_split", action="store_true",
