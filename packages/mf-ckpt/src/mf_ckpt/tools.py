@@ -21,7 +21,7 @@ from .errors import CheckpointError
 from .extract import read_box
 from .fsutil import atomic_output_dir, check_not_an_input, check_output_dir, read_json
 from .global_layout import LocalEntry, build
-from .hf.convert import architecture, plan_for
+from .hf.convert import architecture, hf_entries, plan_for
 from .hf.io import read_config, write_hf_files
 from .hf.rules import check_mf
 from .layout import CheckpointLayout
@@ -145,17 +145,13 @@ def convert_mf_to_hf(src, dst, *, iteration: int | None = None, hf_config=None, 
                                   "adapter_model.safetensors)")
         return export_peft(layout, meta, dst, hf_config=_hf_config(layout, hf_config), overwrite=overwrite)
     config = _hf_config(layout, hf_config)
-    plan = plan_for(config)
+    plan = plan_for(config, mf_names=layout.parts["model"])
     check_mf(plan, {n: (m.dtype, m.shape) for n, m in layout.parts["model"].items()}, str(layout.root))
     headers = validate_files(layout, {("model", n) for n in plan.targets})
     tokenizer = tokenizer_bytes(layout)
     with atomic_output_dir(dst, overwrite=overwrite) as tmp, ReaderPool(headers) as pool:
-        entries = []
-        for name, target in plan.targets.items():
-            code = layout.parts["model"][name].dtype
-            for p in target.pieces:
-                entries.append(Entry(p.hf, code, p.hf_shape, lambda name=name, p=p: read_box(
-                    layout, pool, "model", name, p.offset, p.shape).reshape(p.hf_shape)))
+        entries = hf_entries(plan, {n: m.dtype for n, m in layout.parts["model"].items()},
+                             lambda name, p: read_box(layout, pool, "model", name, p.offset, p.shape))
         write_hf_files(tmp, entries, config, limit, generation_config=_generation_config(layout), tokenizer=tokenizer,
                        progress=progress)
     return Path(dst)
