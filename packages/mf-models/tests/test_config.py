@@ -25,7 +25,8 @@ def test_hf_config_json_builds_as_is(hf_fixtures, hf_name):
     config = json.loads((hf_fixtures / name / "config.json").read_text())
     spec, args = build_args(config)
     assert spec.model_type == name and spec.architecture == config["architectures"][0]
-    assert args.hidden_size == config["hidden_size"] and args.vocab_size == config["vocab_size"]
+    hidden = config["n_embd"] if name == "gpt2" else config["hidden_size"]     # GPT-2's own key
+    assert args.hidden_size == hidden and args.vocab_size == config["vocab_size"]
 
 
 def test_yaml_section_with_mf_extras():
@@ -53,12 +54,14 @@ def test_architecture_alone_selects_the_model():
     assert spec.model_type == "llama"
     assert mf_models.available_models() == {
         "deepseek_v3": "DeepseekV3ForCausalLM", "llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
-        "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+        "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+        "gpt2": "GPT2LMHeadModel", "glm4": "Glm4ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+        "glm4_moe": "Glm4MoeForCausalLM"}
 
 
 @pytest.mark.parametrize("change, match", [
     ({"hidden_sizee": 8}, r"^model\.hidden_sizee: unknown key for llama \(LlamaForCausalLM\); did you mean 'hidden_size'\? accepted keys: vocab_size, "),
-    ({"model_type": "lama"}, r"^model\.model_type: unknown 'lama'; did you mean 'llama'\? available: deepseek_v3 \(DeepseekV3ForCausalLM\), llama"),
+    ({"model_type": "lama"}, r"^model\.model_type: unknown 'lama'; did you mean 'llama'\? available: deepseek_v3 \(DeepseekV3ForCausalLM\), glm4 \(Glm4ForCausalLM\), glm4_moe"),
     ({"architectures": "LlamaForCausalLMM"}, r"^model\.architectures: unknown 'LlamaForCausalLMM'; did you mean 'LlamaForCausalLM'\?"),
     ({"architectures": "Qwen3ForCausalLM"}, r"does not belong to model_type 'llama'"),
     ({"architectures": ["LlamaForCausalLM", "X"]}, r"expected one architecture"),
@@ -76,7 +79,7 @@ def test_architecture_alone_selects_the_model():
     ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, r"low_freq_factor: required"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}, "rope_theta": 5e5}, r"^model\.rope_theta: 500000.0 contradicts"),
     ({"rope_scaling": {"type": "linear", "factor": 2.0}, "rope_parameters": {"rope_type": "default"}}, r"rope_scaling\.rope_type: 'linear' contradicts"),
-    ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, r"partial_rotary_factor: only 1.0"),
+    ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, r"partial_rotary_factor: this model rotates whole heads; only 1.0"),
     ({"rope_parameters": {"rope_type": "linear", "factor": "2"}}, r"^model\.rope_parameters\.factor: expected a number, got '2'$"),
 ])
 def test_bad_llama_section_is_one_clear_error(change, match):

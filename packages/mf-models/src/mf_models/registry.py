@@ -15,9 +15,13 @@ from typing import Any
 from .common.args import BaseArgs
 from .deepseek_v3.args import DeepseekV3Args
 from .errors import ModelConfigError, did_you_mean
+from .glm4.args import Glm4Args
+from .glm4_moe.args import Glm4MoeArgs
+from .gpt2.args import Gpt2Args
 from .llama.args import LlamaArgs
 from .mixtral.args import MixtralArgs
 from .qwen2.args import Qwen2Args
+from .qwen2_moe.args import Qwen2MoeArgs
 from .qwen3.args import Qwen3Args
 from .qwen3_moe.args import Qwen3MoeArgs
 
@@ -77,7 +81,15 @@ for _spec in (ModelSpec("llama", "LlamaForCausalLM", LlamaArgs, "mf_models.llama
                         "mf_models.mixtral.parallelize:parallelize_mixtral"),
               ModelSpec("qwen3_moe", "Qwen3MoeForCausalLM", Qwen3MoeArgs,
                         "mf_models.qwen3_moe.model:Qwen3MoeForCausalLM",
-                        "mf_models.qwen3_moe.parallelize:parallelize_qwen3_moe")):
+                        "mf_models.qwen3_moe.parallelize:parallelize_qwen3_moe"),
+              ModelSpec("gpt2", "GPT2LMHeadModel", Gpt2Args, "mf_models.gpt2.model:Gpt2LMHeadModel",
+                        "mf_models.gpt2.parallelize:parallelize_gpt2"),
+              ModelSpec("glm4", "Glm4ForCausalLM", Glm4Args, "mf_models.glm4.model:Glm4ForCausalLM",
+                        "mf_models.glm4.parallelize:parallelize_glm4"),
+              ModelSpec("qwen2_moe", "Qwen2MoeForCausalLM", Qwen2MoeArgs, "mf_models.qwen2_moe.model:Qwen2MoeForCausalLM",
+                        "mf_models.qwen2_moe.parallelize:parallelize_qwen2_moe"),
+              ModelSpec("glm4_moe", "Glm4MoeForCausalLM", Glm4MoeArgs, "mf_models.glm4_moe.model:Glm4MoeForCausalLM",
+                        "mf_models.glm4_moe.parallelize:parallelize_glm4_moe")):
     register_model(_spec)
 
 
@@ -130,11 +142,14 @@ def build_args(model_section: dict[str, Any]) -> tuple[ModelSpec, BaseArgs]:
     return spec, args
 
 
-def build_model(model_section: dict[str, Any], *, seed: int = 0, init: bool = True):
+def build_model(model_section: dict[str, Any], *, seed: int = 0, init: bool = True, mtp: bool = False):
     """Build a model from a `model` mapping; weights initialised from `seed` unless `init=False`
-    (e.g. when a checkpoint is loaded right after)."""
+    (e.g. when a checkpoint is loaded right after). `mtp`: also build the model's multi-token-
+    prediction modules (`num_nextn_predict_layers`, DeepSeek-V3 / GLM-4.5: a training objective;
+    the trainer asks for them, inference leaves them out)."""
     spec, args = build_args(model_section)
-    model = spec.model_cls(args)
+    model = spec.model_cls(args, mtp=True) if mtp and getattr(args, "num_nextn_predict_layers", 0) else \
+        spec.model_cls(args)
     if init:
         from .common.transformer import init_weights
 

@@ -5,7 +5,7 @@ parameter"): each leaf class needs a *parameter forward*, a module-level pure fu
 `fn(cell, *params, *inputs)` that computes the leaf's output from parameters handed to it. The
 model's own `construct` methods call these same functions, so the transformed and the plain
 model cannot drift apart. Registered here: `Linear`, `Embedding`, `RMSNorm` (also qwen3's per-head
-q/k norms and the MLA latent norms), the MoE `TopKRouter` and `GroupedExperts`; and `Linear`'s
+q/k norms and the MLA latent norms), GPT-2's `LayerNorm`, the MoE `TopKRouter` and `GroupedExperts`; and `Linear`'s
 backward split into input and weight gradient (pipeline schedules that defer the weight GEMM).
 
 A plan (`llama/parallelize.py`, ...) applies, in this fixed order (TorchTitan's):
@@ -45,9 +45,11 @@ from .attention import CoreAttention
 from .dispatch import LocalDispatcher
 from .layers import (
     Embedding,
+    LayerNorm,
     Linear,
     RMSNorm,
     embedding_forward,
+    layer_norm_forward,
     linear_forward,
     linear_input_grad,
     linear_weight_grad,
@@ -61,6 +63,7 @@ from .router import TopKRouter, router_forward
 mp.register_param_forward(Linear, ("weight", "bias"), linear_forward)
 mp.register_param_forward(Embedding, ("weight",), embedding_forward)
 mp.register_param_forward(RMSNorm, ("weight",), rms_norm_forward)
+mp.register_param_forward(LayerNorm, ("weight", "bias"), layer_norm_forward)
 mp.register_param_forward(TopKRouter, ("expert_bias",), router_forward)
 mp.register_param_forward(GroupedExperts, ("w1", "w2", "w3"), experts_forward)
 # Pipeline schedules with a split backward (ZB-H1, ZB-V) defer Linear's weight GEMM.
@@ -209,6 +212,8 @@ def moe_plan(prefix: str, moe) -> dict:
     plan = {prefix + ".router.gate": mp.SequenceParallel(), prefix + ".experts": mp.SequenceParallel()}
     if moe.has_shared:
         plan.update({f"{prefix}.shared_experts.{w}": mp.SequenceParallel() for w in ("w1", "w2", "w3")})
+    if getattr(moe, "shared_gated", False):
+        plan[prefix + ".shared_expert_gate"] = mp.SequenceParallel()
     return plan
 
 

@@ -112,8 +112,9 @@ class PipelineChunk(nn.Cell):
 
     def construct(self, x, mb):
         ids = mb["input_ids"]
-        cos, sin, mask = self._model.rotary_and_mask(ids, mb.get("position_ids"), mb.get("attention_mask"))
-        h = self.tok_embeddings(ids).astype(self.compute_dtype) if self.first else x
+        positions, mask = self._model.positions_and_mask(ids, mb.get("position_ids"), mb.get("attention_mask"))
+        cos, sin = self._model.rotary(positions)
+        h = self._model.embed(ids, positions) if self.first else x
         h, loads, counts, aux_counts, aux_sums = run_blocks(self.blocks, h, cos, sin, mask, None)
         out = self._head(h) if self.last else h
         if not self.side_outputs:
@@ -154,6 +155,8 @@ class PipelineStage(nn.Cell):
         tied = model.tie_word_embeddings or planned_tie
         if first:
             self.tok_embeddings = parts["tok_embeddings"] = model.tok_embeddings
+            if hasattr(model, "pos_embeddings"):          # learned positions (GPT-2), added by model.embed
+                self.pos_embeddings = model.pos_embeddings
         if last:
             self.norm = parts["norm"] = model.norm
             if not model.tie_word_embeddings:

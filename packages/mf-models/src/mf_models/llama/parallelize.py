@@ -70,11 +70,12 @@ def ends_plan() -> tuple[dict, dict]:
             {"norm": mp.SequenceParallel(), "output": mp.ColwiseParallel(input_layout="shard_seq")})
 
 
-def tp_plan(model, block_plan=None) -> dict:
-    """{module path: style} for the whole model; `block_plan(prefix, layer)` per decoder block."""
+def tp_plan(model, block_plan=None, extra_plan=None) -> dict:
+    """{module path: style} for the whole model; `block_plan(prefix, layer)` per decoder block;
+    `extra_plan`: the model's own leaves outside the blocks (GPT-2's position table)."""
     block_plan = block_plan or llama_block_plan
     first, last = ends_plan()
-    plan = dict(first)
+    plan = {**first, **(extra_plan or {})}
     for i, layer in enumerate(model.layers):
         plan.update(block_plan(f"layers.{i}", layer))
     plan.update(last)
@@ -106,7 +107,7 @@ def check_tp(model, dims) -> None:
 
 
 def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, block_plan=None, check=None,
-                      inner_units=None, experts=None):
+                      inner_units=None, experts=None, extra_plan=None):
     """The fixed order for a decoder: TP (+SP), CP, EP (`experts(model)`: the model's expert plan,
     MoE models only), the balance loss over split sequences, recompute, FSDP per block then the
     root."""
@@ -117,7 +118,7 @@ def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, bl
     mp.reshard_after_forward_for(options.reshard_after_forward_policy)
     if dims.tp_enabled:
         (check or check_tp)(model, dims)
-        plan = tp_plan(model, block_plan)
+        plan = tp_plan(model, block_plan, extra_plan)
         if options.recompute_comm:
             plan = apply_recompute_comm(plan, model, options.recompute_comm)
     cp_settings = check_context_parallel(model, dims, options)
