@@ -11,7 +11,9 @@ test items share one launch (an msrun start-up costs ~20 s here). The launches o
   checks (`world2`; `cp_world2`); after world 4, whose EP4 checkpoint one of its cases continues;
 * world 2 (`_pipeline_worker.py`): interleaved + dx/dw split + overlap flags, executor alone,
   against one process (fixture in test_pipeline_parity.py; the others are Trainer cases above);
-* plus one-process reference runs of `_trainer_worker.py` (no msrun) and the launcher tests.
+* plus one-process reference runs of `_trainer_worker.py` (no msrun), the launcher tests, and the
+  three two-node `mf launch` jobs of test_multinode.py (two network namespaces; after world 4,
+  whose `fsdp2_tp2` case is the uninterrupted run they resume bit for bit).
 """
 
 from __future__ import annotations
