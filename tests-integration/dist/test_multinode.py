@@ -66,8 +66,9 @@ class Job:
         self.started = time.monotonic()
         self.procs: list[subprocess.Popen] = []
         for node in (0, 1):
+            # the README's two commands as written (config is a train.yaml in the working directory)
             argv = [*mf, "launch", "-n", "2", "--nodes", "2", "--node-rank", str(node), "--master-addr",
-                    hosts.addresses[0], "--master-port", str(MASTER_PORT), str(config)]
+                    hosts.addresses[0], "--master-port", str(MASTER_PORT), config.name]
             with open(self.consoles[node], "w") as out:
                 self.procs.append(subprocess.Popen(hosts.command(node, argv), stdout=out, stderr=subprocess.STDOUT,
                                                    env=env, cwd=config.parent))
@@ -135,7 +136,7 @@ def test_two_nodes_lose_one_and_resume_bit_for_bit(hosts, reference, world4, scr
     # A checkpoint every step, written in the background and committed at the next step's save:
     # when node 0 prints step 5, checkpoint 5 is on its way, and the kill leaves it cut short.
     raw["checkpoint"].update(save_interleaved_steps=1, save_max=3, async_save=True)
-    config = _write_config(raw, base / "fsdp2_tp2.yaml")
+    config = _write_config(raw, base / "fsdp2_tp2" / "train.yaml")
     save_path = Path(raw["checkpoint"]["save_path"])
 
     job = Job(hosts, config, "killed")
@@ -209,7 +210,7 @@ def test_pipeline_stages_on_two_nodes_then_a_hung_rank(hosts, reference, scratch
     raw["checkpoint"]["enable_save"] = False
     raw["training"]["hang_timeout_s"] = HANG_TIMEOUT
     raw["callbacks"] = [{"type": "_dist_hooks:StopRankAtStep", "rank": 2, "step": STEPS, "mark": str(mark)}]
-    config = _write_config(raw, base / "pp2_tp2.yaml")
+    config = _write_config(raw, base / "pp2_tp2" / "train.yaml")
 
     job = Job(hosts, config, "pp2")
     codes = job.wait()

@@ -174,7 +174,7 @@ def _recomputed(cfg, layers: int) -> tuple[set[int], dict[int, set[str]], list[s
     select: dict[int, set[str]] = {}
     if rc.mode == "select":
         for path, specs in rc.select_module.items():
-            top = path.split(".")[0]
+            top = mf_models.layer_module_path(path).split(".")[0]   # MindFormers' `mlp` is feed_forward
             if top not in MODULES or "." in path:
                 notes.append(f"recompute.select_module.{path}: not estimated (only {', '.join(MODULES)} are; "
                              f"counted as kept)")

@@ -109,10 +109,11 @@ class Trainer:
         self.should_stop = False
         self.device = runtime.resolve_device(cfg.context.device_target)
         world = runtime.world_size_from_env()
-        preflight(cfg, "train", world, self.device, overwrite=overwrite).raise_for_problems()   # every refusal
+        report = preflight(cfg, "train", world, self.device, overwrite=overwrite)
+        report.raise_for_problems()   # every refusal; the accepted knobs with nothing to act on are said once below
         self.run_directory = inspect_run(cfg, overwrite=overwrite)
         self.session = RunSession(cfg, self.run_directory)
-        self.session.announce([model_note])
+        self.session.announce([model_note, *report.notice_lines()])
         dims = build_dims(cfg, world)
         dp = dims.dp
         self.accumulation = accumulation(cfg.training, dp)
@@ -148,6 +149,7 @@ class Trainer:
         # pipeline_parallel > 1: this rank keeps its stage of the model (pipeline_step.py), None otherwise.
         self.pipeline = pipeline_plan(cfg, self.parallel, self.model, self.accumulation)
         whole_model = self.model
+        self.model_args = whole_model.args   # a pipeline stage below has no args of its own
         if self.pipeline is not None:
             self.model = self.pipeline.stage
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.parallel)   # AdamW or Muon
@@ -181,8 +183,9 @@ class Trainer:
             self.metrics_logger = MetricsLogger(self.output_dir, cfg.monitor.log_interval, cfg.monitor.tensorboard,
                                                 hparams=hparams(cfg))
             built_in.append(self.metrics_logger)
-            if cfg.profiler.enable_profiling:
-                built_in.append(ProfilerCallback(cfg.profiler, self.output_dir, self.device))
+        if cfg.profiler.enable_profiling:   # every rank profiler.profiler_rank names (null: every rank)
+            built_in.append(ProfilerCallback(cfg.profiler, self.output_dir, self.device, self.parallel.rank,
+                                             self.parallel.world))
         self.callbacks = CallbackList([*built_in, *user_callbacks])
 
     def _parameter_counts(self) -> str:
@@ -289,7 +292,7 @@ class Trainer:
 
         extra = self.config.train_dataset.dataloader.extra
         if "demo_corpus" in extra or "demo_sft" in extra:
-            vocab = self.model.args.vocab_size
+            vocab = self.model_args.vocab_size
             problems = list(token_range_problems(self.config, vocab, [("train_dataset", self.config.train_dataset)]))
             if problems:
                 raise TrainerConfigError(f"{problems[0][0]}: {problems[0][1]}")
