@@ -150,7 +150,7 @@ def test_rerunning_resumes_refuses_or_starts_over(trained, tmp_path, capsys):
     # here, where no launcher watches)
     assert main(["train", config, "--set", "training.steps=3", "--set", "training.hang_timeout_s=30"]) == 0
     console = capsys.readouterr().out
-    assert console.count("training.hang_timeout_s: 30 s has nothing to watch here") == 1
+    assert console.count("notice: training.hang_timeout_s: 30 s: the hang watchdog is mf launch's") == 1
     assert (f"[mf_trainer] resuming this run from its checkpoint at step 2 ({out / 'checkpoint' / 'iteration_00000002'})"
             in console)
     assert train_steps(out) == [1, 2, 3] and [r["step"] for r in records(out) if "start" in r] == [0, 2]

@@ -80,6 +80,14 @@ class Heartbeat:
         self._thread.join(timeout=2 * self.interval)
 
 
+STATUS_ENV = "MF_LAUNCH_STATUS_DIR"     # set by the launcher for every rank it starts
+
+
+def watched_by_launcher() -> bool:
+    """Whether this process was started by `mf_parallel.launch` (whose watchdog reads heartbeats)."""
+    return bool(os.environ.get(STATUS_ENV))
+
+
 def start_heartbeat(timeout_s: float, setting: str = "timeout",
                     status_dir: str | os.PathLike | None = None) -> Heartbeat | None:
     """This process's heartbeat, started once: under `launch` (status directory in
@@ -88,7 +96,7 @@ def start_heartbeat(timeout_s: float, setting: str = "timeout",
     the timeout came from, for the watchdog's message (e.g. "training.hang_timeout_s")."""
     if not (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool) and timeout_s > 0):
         raise ValueError(f"heartbeat timeout must be a positive number of seconds, got {timeout_s!r}")
-    where = status_dir if status_dir is not None else os.environ.get("MF_LAUNCH_STATUS_DIR")
+    where = status_dir if status_dir is not None else os.environ.get(STATUS_ENV)
     rank = _launch_rank()
     if not where or rank is None or not Path(where).is_dir():
         return None

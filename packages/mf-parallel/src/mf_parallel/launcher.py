@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TextIO
 
 from mf_parallel.errors import ParallelConfigError
+from mf_parallel.heartbeat import STATUS_ENV
 from mf_parallel.nodelink import Hub, LinkEvent, Spoke, link_port
 from mf_parallel.watchdog import read_beats, silent_rank
 
@@ -227,7 +228,7 @@ def launch(nprocs: int, argv: Sequence[str], log_dir: str | os.PathLike, *, node
     # would otherwise replay the old run's lines before msrun replaces the file.
     for stale in logs.glob("worker_*.log"):
         stale.unlink()
-    run_env["MF_LAUNCH_STATUS_DIR"] = str(status.resolve())
+    run_env[STATUS_ENV] = str(status.resolve())
     world = nprocs * nodes
     cmd = [msrun, f"--worker_num={world}", f"--local_worker_num={nprocs}", f"--master_addr={master_addr}",
            f"--master_port={master_port}", f"--node_rank={node_rank}", f"--log_dir={logs.resolve()}", "--join=True",

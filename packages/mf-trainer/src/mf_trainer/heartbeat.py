@@ -3,17 +3,12 @@
 Under `mf launch` (mf_parallel's launcher) every rank beats once a second from a thread, and the
 Trainer records the step and phase it is in; a rank silent for longer than hang_timeout_s ends
 the job with a line naming it and its step. Without a launcher (a one-process `mf train`, or
-msrun started by hand) nobody watches: a hang_timeout_s set away from its default is then said
-once, never silently ignored.
+msrun started by hand) nobody watches: the preflight says so once when hang_timeout_s is set
+(preflight/features.py), and no heartbeat is started.
 """
 
 from __future__ import annotations
 
-import logging
-
-log = logging.getLogger("mf_trainer")
-
-DEFAULT_HANG_TIMEOUT_S = 600.0
 SETTING = "training.hang_timeout_s"
 
 
@@ -21,8 +16,4 @@ def watch_for_hangs(timeout_s: float):
     """This process's heartbeat (mf_parallel.Heartbeat), or None where no launcher watches."""
     from mf_parallel import start_heartbeat
 
-    beat = start_heartbeat(timeout_s, SETTING)
-    if beat is None and timeout_s != DEFAULT_HANG_TIMEOUT_S:
-        log.info("%s: %g s has nothing to watch here (no mf launch around this process: the hang watchdog is "
-                 "the launcher's)", SETTING, timeout_s)
-    return beat
+    return start_heartbeat(timeout_s, SETTING)
