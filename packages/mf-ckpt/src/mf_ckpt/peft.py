@@ -112,11 +112,12 @@ def export_peft(layout: CheckpointLayout, meta: Mapping[str, Any], dst, *, hf_co
         "alpha_pattern": {},
     }
     tokenizer = tokenizer_bytes(layout)
+    tokenizer = hf_export_files(tokenizer, hf_config, where) if tokenizer else {}
     with atomic_output_dir(dst, overwrite=overwrite) as tmp:
         write_file(tmp / ADAPTER_WEIGHTS, entries, {"format": "pt"})
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         if tokenizer:
-            write_files(tmp, hf_export_files(tokenizer, hf_config, where))
+            write_files(tmp, tokenizer)
     return Path(dst)
 
 

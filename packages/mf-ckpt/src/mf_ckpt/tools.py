@@ -157,7 +157,7 @@ def convert_mf_to_hf(src, dst, *, iteration: int | None = None, hf_config=None, 
                 entries.append(Entry(p.hf, code, p.hf_shape, lambda name=name, p=p: read_box(
                     layout, pool, "model", name, p.offset, p.shape).reshape(p.hf_shape)))
         write_hf_files(tmp, entries, config, limit, generation_config=_generation_config(layout), tokenizer=tokenizer,
-                       progress=progress)
+                       progress=progress, source=str(layout.root))
     return Path(dst)
 
 
