@@ -87,7 +87,7 @@ def merge_lora_checkpoint(base, adapter, out, *, to: str = "mf", hf_config=None,
         value = read_box(layout, pool, "model", name)
         if name in plan:
             m = plan[name]
-            value = merged_weight(value, adapter_state[m + ".lora_a"], adapter_state[m + ".lora_b"], scale)
+            value = merged_weight(value, adapter_state[m + ".lora_a"], adapter_state[m + ".lora_b"], scale, name)
         return value
 
     config = None
