@@ -6,7 +6,7 @@ on first use (PEP 562), so `mf config validate` answers without a MindSpore star
 """
 
 from mf_trainer.errors import TrainerConfigError, TrainingError
-from mf_trainer.preflight import PreflightError, PreflightReport
+from mf_trainer.preflight import Notice, PreflightError, PreflightReport
 from mf_trainer.preflight import preflight as _preflight
 
 __version__ = "0.8.0"
@@ -28,6 +28,7 @@ __all__ = [
     "MetricsLogger",
     "Muon",
     "MuonOptions",
+    "Notice",
     "PreflightError",
     "PreflightReport",
     "RankMemory",

@@ -60,6 +60,8 @@ from mf_trainer.session import RunSession, fp16_hint, hparams
 from mf_trainer.sources import complete_model_section
 from mf_trainer.start import start_plan
 from mf_trainer.step import GradNorm, StepResult, StepRunner
+from mf_trainer.swap import GRAPH_MODE_BLOCKER as SWAP_GRAPH_MODE_BLOCKER
+from mf_trainer.swap import SwapReport, apply_swap
 
 log = logging.getLogger("mf_trainer")
 
@@ -107,10 +109,11 @@ class Trainer:
         self.should_stop = False
         self.device = runtime.resolve_device(cfg.context.device_target)
         world = runtime.world_size_from_env()
-        preflight(cfg, "train", world, self.device, overwrite=overwrite).raise_for_problems()   # every refusal
+        report = preflight(cfg, "train", world, self.device, overwrite=overwrite)
+        report.raise_for_problems()   # every refusal; the accepted knobs with nothing to act on are said once below
         self.run_directory = inspect_run(cfg, overwrite=overwrite)
         self.session = RunSession(cfg, self.run_directory)
-        self.session.announce([model_note])
+        self.session.announce([model_note, *report.notice_lines()])
         dims = build_dims(cfg, world)
         dp = dims.dp
         self.accumulation = accumulation(cfg.training, dp)
@@ -131,14 +134,17 @@ class Trainer:
         blocker = self.parallel.graph_mode_blocker()
         if dims.pp > 1:   # the pipeline executor runs per micro-batch (pipeline_step.py)
             blocker = "the pipeline executor differentiates each micro-batch of each stage in PyNative"
+        if cfg.swap.enable and not blocker:
+            blocker = SWAP_GRAPH_MODE_BLOCKER
         if blocker and self.mode == 0:
-            log.warning("context.mode 0: %s (mf_parallel.graph_mode_blocker); training in PyNative", blocker)
+            log.warning("context.mode 0: %s; training in PyNative", blocker)
             runtime.use_pynative()
             self.mode = 1
         runtime.seed_everything(cfg.training.seed)
 
         # Where the weights come from and what a checkpoint holds (run_mode train / finetune).
         self.start = start_plan(cfg, cfg.training.seed, self.run_directory)
+        self.offload = None           # swap's ActivationOffload, set while the model's plan is applied
         self.model = self._build_model()
         # Balance loss, expert-bias update and routing metrics of MoE models (inactive for dense ones).
         self.moe = MoETraining(self.model, self.model.args, cfg.monitor.moe_monitor,
@@ -146,6 +152,7 @@ class Trainer:
         # pipeline_parallel > 1: this rank keeps its stage of the model (pipeline_step.py), None otherwise.
         self.pipeline = pipeline_plan(cfg, self.parallel, self.model, self.accumulation)
         whole_model = self.model
+        self.model_args = whole_model.args   # a pipeline stage below has no args of its own
         if self.pipeline is not None:
             self.model = self.pipeline.stage
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.parallel)   # AdamW or Muon
@@ -177,8 +184,11 @@ class Trainer:
             self.metrics_logger = MetricsLogger(self.output_dir, cfg.monitor.log_interval, cfg.monitor.tensorboard,
                                                 hparams=hparams(cfg))
             built_in.append(self.metrics_logger)
-            if cfg.profiler.enable_profiling:
-                built_in.append(ProfilerCallback(cfg.profiler, self.output_dir, self.device))
+        if cfg.profiler.enable_profiling:   # every rank profiler.profiler_rank names (null: every rank)
+            built_in.append(ProfilerCallback(cfg.profiler, self.output_dir, self.device, self.parallel.rank,
+                                             self.parallel.world))
+        if self.offload is not None and self.parallel.is_rank0:
+            built_in.append(SwapReport(self.offload))
         self.callbacks = CallbackList([*built_in, *user_callbacks])
 
     def _parameter_counts(self) -> str:
@@ -203,14 +213,15 @@ class Trainer:
         except mf_models.ModelConfigError as exc:
             raise TrainerConfigError(str(exc)) from None
         self.start.prepare_model(model)   # base weights, LoRA adapters: before the plan
-        # The model's plan: tensor + sequence parallelism, recompute, FSDP/HSDP, in that order.
-        self.parallel.parallelize(model, self._recompute)
+        # The model's plan: tensor + sequence parallelism, recompute and swap, FSDP/HSDP, in that order.
+        self.parallel.parallelize(model, self._mark_memory)
         return model
 
-    def _recompute(self, model) -> None:
+    def _mark_memory(self, model) -> None:
         marked = apply_recompute(model, self.config.recompute)
         if marked:
             log.info("recompute: %s", ", ".join(marked))
+        self.offload = apply_swap(model, self.config.swap, self.device)
 
     def _build_loader(self):
         cfg, par = self.config, self.parallel
@@ -285,7 +296,7 @@ class Trainer:
 
         extra = self.config.train_dataset.dataloader.extra
         if "demo_corpus" in extra or "demo_sft" in extra:
-            vocab = self.model.args.vocab_size
+            vocab = self.model_args.vocab_size
             problems = list(token_range_problems(self.config, vocab, [("train_dataset", self.config.train_dataset)]))
             if problems:
                 raise TrainerConfigError(f"{problems[0][0]}: {problems[0][1]}")

@@ -97,6 +97,8 @@ def _validate(args, config) -> int:
                    files=not args.no_files, plan_only=True)
     for note in notes:
         print(f"mf config: note: {note}", file=sys.stderr)
+    for line in report.notice_lines():
+        print(f"mf config: {line}", file=sys.stderr)
     for warning in mf_config.path_warnings(config):
         print(f"mf config: warning: {warning}", file=sys.stderr)
     for line in report.skipped:

@@ -164,7 +164,7 @@ def schedule_section(plan: Plan) -> list[str]:
     if plan.simulation is None:
         return []
     import mf_parallel as mp
-    from mf_parallel.pipeline import textbook_bubble
+    from mf_parallel.pipeline import Combined, overlap_b_f_idle_reason, textbook_bubble
 
     sim, c = plan.simulation, plan.costs
     backward = "B (input gradient) + W (weight gradient)" if plan.schedule.split_backward else f"B+W = {c.B + c.W}"
@@ -184,9 +184,12 @@ def schedule_section(plan: Plan) -> list[str]:
     if known is not None:
         text += f"; textbook {known[0]} = {_num(known[1])}"
     lines.append(text)
-    combined = sum(type(a).__name__ == "Combined" for rank in plan.schedule.ranks for a in rank)
-    if combined:
-        lines.append(f"overlap_b_f: {combined} forward+backward pairs run combined")
+    pairs = [a for rank in plan.schedule.ranks for a in rank if isinstance(a, Combined)]
+    if pairs:
+        kind = "a backward and the next forward" if pairs[0].backward_first else "a forward and another chunk's backward"
+        lines.append(f"overlap_b_f: {len(pairs)} pairs ({kind}) run combined")
+    elif plan.schedule.overlap_b_f:
+        lines.append(f"overlap_b_f: changes nothing here, {overlap_b_f_idle_reason(plan.schedule)}")
     return lines
 
 

@@ -6,10 +6,9 @@ checkpoints, a finished run, metrics without a checkpoint) is refused with one l
 `--set checkpoint.load_path=...` or `--overwrite`, which removes this run's own kinds of file
 there first (mf_trainer.rundir lists them; never the data, checkpoint.load_path or other files).
 
-`--dry-run` runs the preflight (for `--device CPU|Ascend`, or context.device_target; the checks
-needing a device are listed as not checked without either), resolves the layout (for `--world N`
-ranks, as `mf launch -n N` would, or this process's), the accumulation and tokens per step, and where outputs would go
-(output_dir, metrics, TensorBoard, checkpoints); `--build-model` also builds the model and counts
+`--dry-run` runs the preflight, resolves the layout (for `--world N` ranks, as `mf launch -n N`
+would, or this process's), the accumulation and tokens per step, and where outputs would go
+(output_dir, metrics, TensorBoard, checkpoints), on `--device` (default the config's); `--build-model` also builds the model and counts
 its parameters (total / trainable / per rank). It writes nothing at all.
 
 `run_mode: finetune` fine-tunes (fully, or LoRA with a `lora` section) from `checkpoint.load_path`;
@@ -43,8 +42,8 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
     parser.add_argument("--world", type=int, metavar="N",
                         help="with --dry-run: plan for N ranks (what `mf launch -n N` would run) from this process")
     parser.add_argument("--device", choices=("CPU", "Ascend"),
-                        help="with --dry-run: check against this device (default: context.device_target; a real run "
-                             "uses the one it finds)")
+                        help="with --dry-run: plan for this device (default: context.device_target, else this "
+                             "machine's), e.g. an Ascend cluster's run checked on a laptop")
     parser.add_argument("--build-model", action="store_true",
                         help="with --dry-run: also build the model (MindSpore) and count its parameters")
     parser.add_argument("--overwrite", action="store_true",
@@ -129,7 +128,7 @@ def run(args) -> int:
     config = load_config(args.config, args.overrides)
     if not args.dry_run and (args.world is not None or args.build_model or args.device is not None):
         raise UsageError("--world, --device and --build-model go with --dry-run (a real run takes its world from the "
-                         "launcher and its device from context.device_target or what it finds)")
+                         "launcher and its device from context.device_target)")
     if args.dry_run:
         return _dry_run(args, config)
     from mf_trainer.environment import world_size_from_env
