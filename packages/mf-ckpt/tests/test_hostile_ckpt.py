@@ -80,7 +80,12 @@ def _case(kind: str, tmp: Path, llama: Path) -> list[str]:
         return ["convert", "--from", "hf", "--to", "mf", str(llama), out, "--iteration", kind.split("=")[1]]
     if kind.startswith("config:"):
         key, value = kind.split(":")[1].split("=")
-        edited = _edited_hf(llama, tmp / "edited", **{key: json.loads(value)})
+        if value == "5000-digits":       # written as text: Python's json would not write it either
+            edited = _edited_hf(llama, tmp / "edited")
+            text = (edited / "config.json").read_text()
+            (edited / "config.json").write_text(text.replace(f'"{key}": ', f'"{key}": {"9" * 5000}, "_was": ', 1))
+        else:
+            edited = _edited_hf(llama, tmp / "edited", **{key: json.loads(value)})
         return ["convert", "--from", "hf", "--to", "mf", str(edited), out]
     if kind.startswith("peft:"):
         key, value = kind.split(":")[1].split("=")
@@ -98,6 +103,7 @@ CASES = [
     ("config:max_position_embeddings=0", "max_position_embeddings must be an integer >= 1, got 0"),
     ('config:rope_theta="big"', "rope_theta must be a finite number > 0, got 'big'"),
     ("config:rms_norm_eps=NaN", "rms_norm_eps must be a finite number > 0, got nan"),
+    ("config:vocab_size=5000-digits", "config.json is not valid JSON (Exceeds the limit (4300 digits)"),
     ('peft:target_modules=["no_such_proj"]', "holds LoRA weights for 4 module(s) its target_modules ['no_such_proj']"),
     ("peft:target_modules=[]", "holds LoRA weights for 4 module(s) its target_modules []"),
     ("peft:target_modules=5", "target_modules must be a regular expression or a list of module names, got 5"),

@@ -386,6 +386,13 @@ def test_generate_prompt_ids_outside_the_vocabulary(run_with_generation, capsys,
            "token id 99999 is outside the vocabulary [0, 160)")
 
 
+def test_generate_input_line_nested_too_deeply(run_with_generation, tmp_path, capsys):
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text(json.dumps({"prompt": "ok"}) + "\n" + DEEP + "\n")      # a RecursionError traceback before
+    _check(capsys, main(["generate", run_with_generation["ckpt"], "--input", str(deep), "--mode", "pynative"]), 2,
+           "deep.jsonl:2: not a JSON object")
+
+
 def _ids_file(root: Path) -> Path:
     path = root / "ids.jsonl"
     path.write_text(json.dumps({"prompt_ids": [5, 99999]}) + "\n")

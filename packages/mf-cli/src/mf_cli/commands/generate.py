@@ -236,7 +236,7 @@ def _read_jsonl(path: str) -> list[dict]:
             continue
         try:
             item = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):   # RecursionError: a line nested deeper than the parser goes
             raise UsageError(f"{path}:{number}: not a JSON object") from None
         if not isinstance(item, dict) or set(item) - {"prompt", "prompt_ids", "id"} or \
                 ("prompt" in item) == ("prompt_ids" in item):
