@@ -44,7 +44,7 @@ from mf_trainer.evaluation import build_evaluator
 from mf_trainer.heartbeat import watch_for_hangs
 from mf_trainer.loss import MaskedLMLoss
 from mf_trainer.lr_schedulers import build_scheduler
-from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device, training_flops_per_token
+from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device, raise_cpu_peak, training_flops_per_token
 from mf_trainer.moe import MoETraining
 from mf_trainer.monitor import MetricsLogger
 from mf_trainer.optimizer import build_optimizer
@@ -525,7 +525,14 @@ class Trainer:
         state, mon, scale = self.state, self.config.monitor.train_state, self.parallel.loss_scale
         mfu = None
         if self.peak_flops:
-            mfu = self.flops_per_token * tokens / seconds / (self.peak_flops * self.parallel.world)
+            achieved = self.flops_per_token * tokens / seconds / self.parallel.world
+            if achieved > self.peak_flops and self.device == "CPU" and not self.config.monitor.peak_flops_per_device:
+                # the start-up measurement read low (a busy machine): a step is a floor of the peak
+                log.info("MFU: this step reached %.3g FLOP/s per rank, above the %.3g measured at start (a busy "
+                         "machine reads low); that is the peak from now on (kept in %s)", achieved, self.peak_flops,
+                         raise_cpu_peak(achieved))
+                self.peak_flops = achieved
+            mfu = achieved / self.peak_flops
         m = {
             "step": step, "loss": loss, "lr": lr, "grad_norm": done.grad_norm, "step_time_s": seconds,
             "tokens_per_s": tokens / seconds, "mfu": mfu, "rss_bytes": host_rss_bytes(),
