@@ -12,12 +12,13 @@ tensor that several pieces point into is written back whole from all of them (`h
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import CheckpointError, first_few
+from ..errors import CheckpointError, brief, first_few
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,24 @@ def _whole(hf: str, shape: tuple[int, ...]) -> Piece:
 MAX_PLAN_PIECES = 300_000
 
 
+# Keys the model reads that no tensor shape shows: checked with the shapes, so no checkpoint is
+# converted that the model would refuse (max_position_embeddings: 0) or run wrongly (rms_norm_eps: NaN).
+_POSITIVE_INTS = ("max_position_embeddings",)
+_POSITIVE_NUMBERS = ("rms_norm_eps", "rope_theta")
+
+
+def check_hyperparameters(config: Mapping[str, Any], model_type: str) -> None:
+    for key in _POSITIVE_INTS:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise CheckpointError(f"config.json ({model_type}): {key} must be an integer >= 1, got {brief(value)}")
+    for key in _POSITIVE_NUMBERS:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise CheckpointError(f"config.json ({model_type}): {key} must be a finite number > 0, got {brief(value)}")
+
+
 MTP_PREFIX = "mtp"
 
 
@@ -233,6 +252,7 @@ def build_plan(arch: Architecture, config: Mapping[str, Any], hf_names: Iterable
     writing); without names, or when the names hold none (transformers saves no MTP layer), the
     plan is the causal LM alone.
     """
+    check_hyperparameters(config, arch.model_type)
     view = ConfigView(config, arch.model_type, arch.defaults)
     dims = arch.dims(view)
     conditions = arch.conditions(view)
