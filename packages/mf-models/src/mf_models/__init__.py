@@ -69,7 +69,7 @@ __all__ = [
     "recompute_comm_module", "LAYER_MODULE_ALIASES", "layer_module_path",
     "ParamEntry", "parameter_inventory", "saved_activations", "moe_activations",
     "layer_modules", "module_in_layer", "resolve_layer_module",
-    "PipelineChunk", "PipelineStage", "pipeline_stage",
+    "PipelineChunk", "PipelineStage", "pipeline_stage", "shift_left",
 ]
 
 # name -> (module, attribute): the parts that need MindSpore, imported on first use.
@@ -104,6 +104,7 @@ _LAZY = {
     "load_weights": ("weights", "load_weights"),
     "check_weights_fit": ("weights", "check_weights_fit"),
     **{name: ("common.pipeline", name) for name in ("PipelineChunk", "PipelineStage", "pipeline_stage")},
+    "shift_left": ("common.mtp", "shift_left"),     # multi-token prediction's shifted ids / labels / masks
 }
 
 

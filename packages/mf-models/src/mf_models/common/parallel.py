@@ -140,7 +140,9 @@ def apply_fsdp(model: nn.Cell, mesh, options: ParallelOptions,
     dims = mesh.dims
     policy = options.reshard_after_forward_policy
     common = dict(disable_gradient_division=options.disable_gradient_division, cpu_offload=options.cpu_offload)
-    layers = list(model.layers)
+    # the multi-token-prediction modules' blocks are units like the decoder's (their norms and
+    # projection go with the root)
+    layers = list(model.layers) + [module.block for module in getattr(model, "mtp", ())]
     for i, block in enumerate(layers):
         for unit in (inner_units(block) if inner_units else []):
             mp.fully_shard(unit, mesh, reshard_after_forward=False, **common)
@@ -170,10 +172,14 @@ EXPERT_PARAMS = ("w1", "w2", "w3")
 
 
 def expert_plan(model) -> dict[str, tuple[str, ...]]:
-    """Which parameters are experts, by leaf path: every MoE layer's stacked experts (the shared
-    experts are dense and stay with the other weights)."""
-    return {f"layers.{i}.moe.experts": EXPERT_PARAMS
+    """Which parameters are experts, by leaf path: every MoE layer's stacked experts, the multi-
+    token-prediction blocks' included (the shared experts are dense and stay with the other
+    weights)."""
+    plan = {f"layers.{i}.moe.experts": EXPERT_PARAMS
             for i, block in enumerate(model.layers) if getattr(block, "moe_enabled", False)}
+    plan.update({f"mtp.{k}.block.moe.experts": EXPERT_PARAMS
+                 for k, module in enumerate(getattr(model, "mtp", ())) if module.moe_enabled})
+    return plan
 
 
 def apply_expert_parallel(model, mesh, options: ParallelOptions, plan: dict[str, tuple[str, ...]]) -> None:

@@ -78,8 +78,20 @@ def tp_plan(model, block_plan=None, extra_plan=None) -> dict:
     plan = {**first, **(extra_plan or {})}
     for i, layer in enumerate(model.layers):
         plan.update(block_plan(f"layers.{i}", layer))
+    for k, module in enumerate(getattr(model, "mtp", ())):
+        plan.update(mtp_plan(f"mtp.{k}", module, block_plan))
     plan.update(last)
     return plan
+
+
+def mtp_plan(prefix: str, module, block_plan) -> dict:
+    """A multi-token-prediction module (common/mtp.py) on sequence shards: its norms and the
+    projection of [embedding ; hidden] replicated (gradients all-reduced over tp; the embedding of
+    the shifted tokens comes out of the vocab-parallel lookup already on this rank's shard), its
+    block planned like the decoder's."""
+    return {prefix + ".enorm": mp.SequenceParallel(), prefix + ".hnorm": mp.SequenceParallel(),
+            prefix + ".eh_proj": mp.SequenceParallel(), prefix + ".norm": mp.SequenceParallel(),
+            **block_plan(prefix + ".block", module.block)}
 
 
 def decoder_block_plan(prefix: str, layer, attention=attention_plan) -> dict:
