@@ -56,6 +56,47 @@ class MTPLMLoss(MaskedLMLoss):
         return objective + depth_losses.sum() * self.mtp_weight + aux, aux, load, counts, depth_losses
 
 
+def inverse_tokens(micro_batches: list[dict], global_tokens, loss_scale: int, depth: int) -> tuple[np.ndarray, float]:
+    """([1 + D] loss_scale / global tokens of the LM loss and each depth, the LM's global tokens)."""
+    tokens = global_tokens(float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches)))
+    depths = [global_tokens(c) for c in depth_token_counts(micro_batches, depth)]
+    return mtp_inverse_tokens(tokens, depths, loss_scale), tokens
+
+
+class PipelineMTPLoss:
+    """The pipeline's last-stage loss of a model with MTP (mf_trainer/pipeline_step.py): the last
+    chunk returns (logits, the depths' logits...); the loss is MTPLMLoss's without the balance
+    loss (a side loss of the chunks). Each micro-batch's depth losses are kept by the micro-batch
+    (a backward that recomputes the forward replaces them, never adds them twice) for the step's
+    extras."""
+
+    def __init__(self, lm_loss, depth: int, weight: float) -> None:
+        self.lm_loss = lm_loss           # (logits, labels, mask, inv) -> the masked loss
+        self.depth = depth
+        self.weight = weight
+        self.inv_tokens = None           # [1 + D], set before each step
+        self.depth_losses: dict[int, object] = {}
+
+    def __call__(self, out, mb):
+        labels, mask = mb["labels"], mb["loss_mask"]
+        total = self.lm_loss(out[0], labels, mask, self.inv_tokens[0])
+        losses = []
+        for k in range(self.depth):
+            labels, mask = shift_left(labels), shift_left(mask)
+            losses.append(self.lm_loss(out[k + 1], labels, mask, self.inv_tokens[k + 1]))
+        self.depth_losses[id(mb)] = [float(x.asnumpy()) for x in losses]
+        stacked = ops.stack(losses)
+        return total + stacked.sum() * self.weight
+
+    def take(self) -> np.ndarray:
+        """The step's depth losses (this rank's share, summed over micro-batches), then forget them."""
+        out = np.zeros(self.depth, np.float32)
+        for values in self.depth_losses.values():
+            out += np.asarray(values, np.float32)
+        self.depth_losses = {}
+        return out
+
+
 def depth_token_counts(micro_batches: list[dict], depth: int) -> list[float]:
     """This rank's loss-mask tokens of each depth 1..D: depth k keeps the mask of positions >= k."""
     return [float(sum(float(np.asarray(mb["loss_mask"])[:, k:].sum()) for mb in micro_batches))

@@ -63,6 +63,7 @@ import mf_models
 import mf_parallel as mp
 from mf_trainer.errors import TrainerConfigError
 from mf_trainer.loss import token_cross_entropy
+from mf_trainer.mtp import PipelineMTPLoss, inverse_tokens
 from mf_trainer.parallel import ShardedState
 from mf_trainer.step import ApplyStep, GradNorm, StepResult, _model_inputs, _targets, make_buffers, param_norms_of
 
@@ -91,13 +92,15 @@ class _PipelineLoss:
         self.inv_tokens = None
 
     def __call__(self, logits, mb):
-        labels, mask = mb["labels"], mb["loss_mask"]
+        return self.masked(logits, mb["labels"], mb["loss_mask"], self.inv_tokens)
+
+    def masked(self, logits, labels, mask, inv_tokens):
         if self.cross_entropy is not None:
             per_token = self.cross_entropy(logits, labels).reshape(-1)
         else:
             vocab = logits.shape[-1]
             per_token = token_cross_entropy(logits.reshape(-1, vocab).astype(ms.float32), labels.reshape(-1))
-        return (per_token * mask.reshape(-1)).sum() * self.inv_tokens
+        return (per_token * mask.reshape(-1)).sum() * inv_tokens
 
 
 def _micro_batch(mb: dict) -> dict:
@@ -123,6 +126,10 @@ class PipelineStepRunner:
         self.loss_scale = int(loss_scale)
         self.accumulation = plan.schedule.microbatches
         self.loss_fn = _PipelineLoss(plan.parallel.cross_entropy())
+        self.mtp_depth = plan.mtp_depth
+        if self.mtp_depth:      # multi-token prediction: the last chunk returns the depths' logits too
+            self.loss_fn = PipelineMTPLoss(self.loss_fn.masked, self.mtp_depth,
+                                           float(plan.model.args.mtp_loss_scaling_factor) / self.mtp_depth)
         index = {id(p): i for i, p in enumerate(plan.executor.params)}
         missing = [p.name for p in optimizer.params if id(p) not in index]
         if missing:
@@ -138,8 +145,12 @@ class PipelineStepRunner:
         return [self.apply]
 
     def __call__(self, micro_batches: list[dict], lr: float) -> StepResult:
-        tokens = self.global_tokens(float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches)))
-        self.loss_fn.inv_tokens = Tensor(np.float32(self.loss_scale / tokens if tokens > 0 else np.inf))
+        if self.mtp_depth:
+            inv, tokens = inverse_tokens(micro_batches, self.global_tokens, self.loss_scale, self.mtp_depth)
+            self.loss_fn.inv_tokens = Tensor(inv)
+        else:
+            tokens = self.global_tokens(float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches)))
+            self.loss_fn.inv_tokens = Tensor(np.float32(self.loss_scale / tokens if tokens > 0 else np.inf))
         result = self.plan.executor.step([_micro_batch(mb) for mb in micro_batches], self.loss_fn)
         self.last = result
         for buf, i in zip(self.buffers, self.order):
@@ -156,8 +167,11 @@ class PipelineStepRunner:
         # the language-model loss (MoETraining.step_loss adds the shares up over the world, as it
         # does where tensor or context parallelism split the sequences).
         loss = result.loss - result.side_loss + result.local_side_loss
+        extras = self.plan.routing_extras(result)
+        if self.mtp_depth:       # the depths' losses after the routing extras, as the one-process MTPLMLoss
+            extras = self.plan.mtp_extras(extras) + (self.loss_fn.take(),)
         return StepResult(loss, float(norm.asnumpy()), applied, tokens, float(local.asnumpy()),
-                          self.plan.routing_extras(result), param_norms=param_norms_of(per_param[0] if per_param else None))
+                          extras, param_norms=param_norms_of(per_param[0] if per_param else None))
 
 
 class PipelineShardedState(ShardedState):
@@ -206,6 +220,7 @@ class PipelinePlan:
         except mf_models.ModelConfigError as exc:
             raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
         self.moe_layers = len(model.moe_layer_ids())
+        self.mtp_depth = int(getattr(model, "mtp_depth", 0))      # its modules run on the last stage
         if self.moe_layers:            # before the executor: it reads which chunks have side outputs
             self.stage.train_routing(parallel.loss_scale / (accumulation * parallel.dp))
         self.executor = mp.PipelineExecutor(self.schedule, self.stage.chunks, mesh["pp"], tied=self.stage.tied,
@@ -231,6 +246,12 @@ class PipelinePlan:
                 load[rows] += stats[0].asnumpy()
                 counts[rows] += stats[1].asnumpy()
         return np.float32(result.local_side_loss), load, counts
+
+    def mtp_extras(self, routing: tuple) -> tuple:
+        """The routing extras of a model with MTP but no MoE layer (aux 0, empty statistics), else them."""
+        if routing:
+            return routing
+        return np.float32(0.0), np.zeros((0, 1), np.float32), np.zeros((0, 2), np.float32)
 
     def clip(self, params, max_norm: float):
         return mp.GlobalNormClip(self.stage, params, self.parallel.mesh, max_norm,

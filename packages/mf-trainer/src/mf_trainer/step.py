@@ -222,12 +222,12 @@ class StepRunner:
 
     def inverse_tokens(self, micro_batches: list[dict]) -> tuple[Tensor, float]:
         """(loss_scale / global tokens, as the loss cell takes it, and the global token count)."""
-        tokens = self.global_tokens(float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches)))
         if self.mtp_depth:
-            from mf_trainer.mtp import depth_token_counts, mtp_inverse_tokens
+            from mf_trainer.mtp import inverse_tokens
 
-            depths = [self.global_tokens(c) for c in depth_token_counts(micro_batches, self.mtp_depth)]
-            return Tensor(mtp_inverse_tokens(tokens, depths, self.loss_scale)), tokens
+            inv, tokens = inverse_tokens(micro_batches, self.global_tokens, self.loss_scale, self.mtp_depth)
+            return Tensor(inv), tokens
+        tokens = self.global_tokens(float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches)))
         # A global batch whose every token is masked out has no loss; 1/0 would make NaN, which
         # the non-finite path then skips and counts, as it should.
         return Tensor(np.float32(self.loss_scale / tokens if tokens > 0 else np.inf)), tokens

@@ -11,7 +11,11 @@ Module k (1..D) predicts token i + k + 1 at position i from the representation o
 the main sequence's rotary tables and mask; the token ids are shifted left once per depth, the
 positions past the end filled with id 0 (their labels are masked out: `shift_left`). Parameter
 names: mtp.{k - 1}.enorm / hnorm / eh_proj [H, 2H] / norm (HF's shared_head.norm), and the block's
-names under mtp.{k - 1}.block. (mf-ckpt converts them to and from the HF checkpoint's layer
+names under mtp.{k - 1}.block. The shifted tokens are looked up in `mtp_embeddings`, an Embedding
+leaf whose weight IS the token table (one Parameter, `tok_embeddings.weight`): a parallel plan then
+treats it as a leaf sharing the table (vocab-parallel under tp, sharded once by FSDP), and a
+pipeline's last stage holds it as the first stage holds the table (their gradients summed, as for
+tied embeddings). (mf-ckpt converts them to and from the HF checkpoint's layer
 `num_hidden_layers + k - 1`.)
 
 The loss of depth k is the masked cross entropy of logits_k against the labels shifted left k
@@ -57,14 +61,15 @@ class MTPModule(nn.Cell):
         return self.norm(self.block(x, cos, sin, mask, None))
 
 
-def run_mtp(model, modules, input_ids, positions, h, cos, sin, mask, loads, counts, aux_counts, aux_sums):
-    """The depths of `modules` after the main model's final-norm hidden states `h`: a tuple of
-    their hidden states, and the routing lists extended by their MoE blocks' statistics."""
+def run_mtp(embeddings, compute_dtype, modules, input_ids, h, cos, sin, mask, loads, counts, aux_counts, aux_sums):
+    """The depths of `modules` after the main model's final-norm hidden states `h`, the shifted
+    tokens looked up in `embeddings` (the model's `mtp_embeddings`: the token table, shared): a
+    tuple of their hidden states, and the routing lists extended by their MoE blocks' statistics."""
     outs = ()
     ids = input_ids
     for module in modules:
         ids = shift_left(ids)
-        e = model.embed(ids, positions)
+        e = embeddings(ids).astype(compute_dtype)
         if module.moe_enabled:
             h, load, count, aux_count, aux_sum = module(h, e, cos, sin, mask)
             loads.append(load)

@@ -44,6 +44,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from ..errors import ModelConfigError
 from . import parallel as _parallel  # noqa: F401  (registers Linear's backward split, which the chunks defer)
 from .layers import linear
+from .mtp import run_mtp
 from .transformer import run_blocks
 
 
@@ -73,11 +74,15 @@ class PipelineChunk(nn.Cell):
     """One virtual stage of a CausalLM: `chunk(x, mb)` with `mb` a dict holding `input_ids`
     [B, S] (every stage reads its shape) and optionally `position_ids`, `attention_mask`; `x` the
     previous stage's hidden states (None on the first stage). Returns hidden states [B, S, H], or
-    float32 logits [B, S, V] on the last stage."""
+    float32 logits [B, S, V] on the last stage (of a model built with multi-token prediction: a
+    tuple of the logits and each MTP depth's, the modules running there)."""
 
     def __init__(self, model, info, parts: dict, sequence_shards: int = 1) -> None:
         super().__init__(auto_prefix=False)
         self.stage, self.first, self.last = info.stage, info.first, info.last
+        # Multi-token prediction (a model built with `mtp`): its modules run on the last stage, after
+        # the final norm; the chunk then returns (logits, the depths' logits...) (common/mtp.py).
+        self.mtp_depth = len(parts["mtp"]) if self.last and "mtp" in parts else 0
         self.hidden_size = model.args.hidden_size
         self.sequence_shards = sequence_shards
         self.compute_dtype = model.compute_dtype
@@ -95,8 +100,14 @@ class PipelineChunk(nn.Cell):
                 self.tok_embeddings = parts["tok_embeddings"]
         object.__setattr__(self, "blocks", self.layers.blocks())
         moe_ids = model.moe_layer_ids()
+        mine = [i for i in info.layers if i in moe_ids]
+        if self.mtp_depth:
+            self.mtp = parts["mtp"]
+            self.mtp_embeddings = parts["mtp_embeddings"]
+            n = model.args.num_hidden_layers
+            mine += [n + k for k in range(self.mtp_depth) if n + k in moe_ids]
         # Rows of the whole model's routing statistics that this chunk's MoE layers produce.
-        self.moe_rows = tuple(moe_ids.index(i) for i in info.layers if i in moe_ids)
+        self.moe_rows = tuple(moe_ids.index(i) for i in mine)
         self.side_outputs = False           # set by PipelineStage.train_routing
         self.aux_weight = 1.0
 
@@ -116,7 +127,14 @@ class PipelineChunk(nn.Cell):
         cos, sin = self._model.rotary(positions)
         h = self._model.embed(ids, positions) if self.first else x
         h, loads, counts, aux_counts, aux_sums = run_blocks(self.blocks, h, cos, sin, mask, None)
-        out = self._head(h) if self.last else h
+        if self.last and self.mtp_depth:
+            h = self.norm(h)
+            mtp_h, loads, counts, aux_counts, aux_sums = run_mtp(self.mtp_embeddings, self.compute_dtype, self.mtp,
+                                                                 ids, h, cos, sin, mask, loads, counts, aux_counts,
+                                                                 aux_sums)
+            out = (self._project(h),) + tuple(self._project(x) for x in mtp_h)
+        else:
+            out = self._head(h) if self.last else h
         if not self.side_outputs:
             return out
         # The balance loss of this chunk's layers (a sum over layers: see the module doc).
@@ -124,7 +142,10 @@ class PipelineChunk(nn.Cell):
         return out, aux, ops.stack(loads), ops.stack(counts)
 
     def _head(self, h):
-        h = self.norm(h)
+        return self._project(self.norm(h))
+
+    def _project(self, h):
+        """Logits (float32) of final-norm hidden states."""
         if hasattr(self, "output"):
             return self.output(h).astype(ms.float32)
         # As CausalLM.head with tied embeddings (the head multiplies by the table).
@@ -152,20 +173,34 @@ class PipelineStage(nn.Cell):
         # Tied by the model, or by a parallel plan's output leaf sharing the table (untie_output).
         planned_tie = (not model.tie_word_embeddings and hasattr(model, "output")
                        and model.output.weight is model.tok_embeddings.weight)
-        tied = model.tie_word_embeddings or planned_tie
+        mtp_table = getattr(model, "mtp", None) is not None   # the last stage's MTP lookups share the table
+        tied = model.tie_word_embeddings or planned_tie or mtp_table
         if first:
             self.tok_embeddings = parts["tok_embeddings"] = model.tok_embeddings
             if hasattr(model, "pos_embeddings"):          # learned positions (GPT-2), added by model.embed
                 self.pos_embeddings = model.pos_embeddings
         if last:
             self.norm = parts["norm"] = model.norm
+            if getattr(model, "mtp", None) is not None:        # multi-token prediction: on the last stage
+                if model.tie_word_embeddings and not first:
+                    raise ModelConfigError("parallelism.pipeline_parallel: multi-token prediction with tied embeddings "
+                                           "on a last stage without the embedding is not implemented; set "
+                                           "tie_word_embeddings: false (DeepSeek-V3's and GLM-4.5's) or "
+                                           "num_nextn_predict_layers: 0")
+                self.mtp = parts["mtp"] = model.mtp
+                # the token table's leaf for the MTP lookups: the table itself, summed with the first
+                # stage's like a tied head
+                self.mtp_embeddings = parts["mtp_embeddings"] = model.mtp_embeddings
             if not model.tie_word_embeddings:
                 self.output = parts["output"] = model.output
             elif not first:
                 self.tok_embeddings = parts["tok_embeddings"] = _TiedTable(model.tok_embeddings.weight)
                 self.tok_embeddings.weight.name = model.tok_embeddings.weight.name   # the table's global name
         if tied and len(layout.tied_ranks) > 1 and (first or last):
-            self.tied = (self.output.weight if planned_tie and not first else self.tok_embeddings.weight,)
+            if mtp_table and not first:
+                self.tied = (self.mtp_embeddings.weight,)
+            else:
+                self.tied = (self.output.weight if planned_tie and not first else self.tok_embeddings.weight,)
         self.layers = _Layers(model.layers, [i for info in infos for i in info.layers])
         self.pp_rank = pp_rank
         # References, not sub-Cells: the parameters above already carry the global names.

@@ -70,6 +70,11 @@ class CausalLM(nn.Cell):
             # Multi-token prediction (common/mtp.py): blocks numbered after the decoder's, as HF stores them.
             self.mtp = nn.CellList([MTPModule(args, make_block(args.num_hidden_layers + k, cdt, pdt), pdt, cdt)
                                     for k in range(mtp_layers)])
+            # its lookups of the shifted tokens: a leaf sharing the token table (one Parameter)
+            table = self.tok_embeddings.weight
+            self.mtp_embeddings = Embedding(args.vocab_size, args.hidden_size, pdt)
+            self.mtp_embeddings.weight = table
+            table.name = "tok_embeddings.weight"   # attaching renamed it with the attribute prefix
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, pdt)
         self.tie_word_embeddings = args.tie_word_embeddings
         if not self.tie_word_embeddings:
@@ -134,8 +139,9 @@ class CausalLM(nn.Cell):
         h = self.embed(input_ids, positions)
         h, loads, counts, aux_counts, aux_sums = run_blocks(self.layers, h, cos, sin, mask, None)
         h = self.norm(h)
-        mtp_h, loads, counts, aux_counts, aux_sums = run_mtp(self, self.mtp, input_ids, positions, h, cos, sin, mask,
-                                                             loads, counts, aux_counts, aux_sums)
+        mtp_h, loads, counts, aux_counts, aux_sums = run_mtp(self.mtp_embeddings, self.compute_dtype, self.mtp,
+                                                             input_ids, h, cos, sin, mask, loads, counts, aux_counts,
+                                                             aux_sums)
         if not loads:
             return h, mtp_h, ops.zeros((), ms.float32), ops.zeros((0, 1), ms.float32), ops.zeros((0, 2), ms.float32)
         return h, mtp_h, self.balance_share(input_ids, aux_counts, aux_sums), ops.stack(loads), ops.stack(counts)
@@ -244,8 +250,11 @@ def init_weights(model: nn.Cell, seed: int = 0) -> None:
     """HF-style init from numpy (device independent): normal(0, initializer_range) for matmul
     weights, embeddings and routers, ones for norms, zeros for biases and the expert-score bias."""
     std = model.args.initializer_range
+    done: set[int] = set()      # a Parameter two leaves share (the MTP lookup's table) is drawn once
     for cell_name, cell in model.cells_and_names():
         own = cell.parameters_dict(recurse=False) if hasattr(cell, "parameters_dict") else {}
+        own = {n: p for n, p in own.items() if id(p) not in done}
+        done.update(id(p) for p in own.values())
         # LoRA adapters (mf_models.lora) initialise themselves: A random, B zero.
         adapters = cell.adapter_parameters() if hasattr(cell, "adapter_parameters") else ()
         if adapters:

@@ -80,6 +80,8 @@ def tp_plan(model, block_plan=None, extra_plan=None) -> dict:
         plan.update(block_plan(f"layers.{i}", layer))
     for k, module in enumerate(getattr(model, "mtp", ())):
         plan.update(mtp_plan(f"mtp.{k}", module, block_plan))
+    if hasattr(model, "mtp_embeddings"):       # the MTP lookups' leaf sharing the token table
+        plan["mtp_embeddings"] = mp.VocabParallelEmbedding()
     plan.update(last)
     return plan
 
