@@ -166,6 +166,11 @@ def _glm4(cfg: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _glm(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """GlmDecoderLayer: Glm4's without the post-attention / post-MLP norms."""
+    return {k: v for k, v in _glm4(cfg).items() if "post_self_attn" not in k and "post_mlp" not in k}
+
+
 def _qwen2_moe(cfg: dict, fused: bool) -> dict[str, tuple[int, ...]]:
     """Qwen2MoeSparseMoeBlock: Qwen3-MoE's layers without q/k norms, q/k/v biases (qkv_bias), and a
     shared expert with its sigmoid gate in each MoE layer."""
@@ -223,6 +228,8 @@ def hf_shapes(cfg: dict, fused: bool = False) -> dict[str, tuple[int, ...]]:
         return _gpt2(cfg)
     if cfg["model_type"] == "glm4":
         return _glm4(cfg)
+    if cfg["model_type"] == "glm":
+        return _glm(cfg)
     if cfg["model_type"] == "qwen2_moe":
         return _qwen2_moe(cfg, fused)
     if cfg["model_type"] == "glm4_moe":
@@ -260,6 +267,8 @@ SMALL = {
     "glm4": dict(model_type="glm4", hidden_size=32, vocab_size=50, num_attention_heads=4, num_key_value_heads=2,
                  head_dim=12, intermediate_size=48, num_hidden_layers=3, tie_word_embeddings=False,
                  attention_bias=True),
+    "glm": dict(model_type="glm", hidden_size=32, vocab_size=50, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=8, intermediate_size=40, num_hidden_layers=2, tie_word_embeddings=True, attention_bias=True),
     "qwen2_moe": dict(model_type="qwen2_moe", hidden_size=32, vocab_size=50, num_attention_heads=4,
                       num_key_value_heads=2, intermediate_size=48, moe_intermediate_size=8, num_experts=4,
                       shared_expert_intermediate_size=24, num_hidden_layers=4, mlp_only_layers=[2],

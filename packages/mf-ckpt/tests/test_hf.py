@@ -110,7 +110,7 @@ def test_sharded_index_round_trip(hf_fixtures, tmp_path, arch):
     assert_identical(hf_tensors(hf_fixtures / arch), hf_tensors(tmp_path / "single"))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [*ARCHS, "glm"])
 def test_config_variants_round_trip(hf_builders, arch):
     """Untied/tied, attention and MLP biases, more layers, q_lora_rank null: all derived from config."""
     cfg = dict(hf_builders.small[arch])
@@ -145,6 +145,8 @@ def test_config_variants_round_trip(hf_builders, arch):
         np.testing.assert_array_equal(mf["layers.2.feed_forward.w1.weight"], hf["transformer.h.2.mlp.c_fc.weight"].T)
         assert mf["layers.2.feed_forward.w2.weight"].shape == (32, 40) and mf["pos_embeddings.weight"].shape == (40, 32)
         assert "output.weight" not in mf and mf["norm.bias"].shape == (32,)
+    if arch == "glm":  # GLM-4-9B: glm4's layout without its post norms
+        assert "layers.1.attention_post_norm.weight" not in mf and mf["layers.1.feed_forward.w3.weight"].shape == (40, 32)
     if arch == "glm4":  # gate_up_proj unpacked (gate first), post-attention / post-MLP norms
         gate_up = hf["model.layers.2.mlp.gate_up_proj.weight"]
         np.testing.assert_array_equal(mf["layers.2.feed_forward.w1.weight"], gate_up[:48])
@@ -228,7 +230,7 @@ def fixture_copy(hf_fixtures, arch, tmp_path, edit_config=None, edit_tensors=Non
 
 def test_unknown_model_type(hf_fixtures, tmp_path):
     src = fixture_copy(hf_fixtures, "llama", tmp_path, edit_config=lambda c: c.update(model_type="bloom"))
-    with pytest.raises(CheckpointError, match=r"unsupported model_type 'bloom' \(supported: deepseek_v3, glm4, glm4_moe, "
+    with pytest.raises(CheckpointError, match=r"unsupported model_type 'bloom' \(supported: deepseek_v3, glm, glm4, glm4_moe, "
                                               r"gpt2, llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe\)"):
         load_hf_state(src)
 

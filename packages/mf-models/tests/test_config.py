@@ -55,13 +55,13 @@ def test_architecture_alone_selects_the_model():
     assert mf_models.available_models() == {
         "deepseek_v3": "DeepseekV3ForCausalLM", "llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
         "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-        "gpt2": "GPT2LMHeadModel", "glm4": "Glm4ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+        "gpt2": "GPT2LMHeadModel", "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
         "glm4_moe": "Glm4MoeForCausalLM"}
 
 
 @pytest.mark.parametrize("change, match", [
     ({"hidden_sizee": 8}, r"^model\.hidden_sizee: unknown key for llama \(LlamaForCausalLM\); did you mean 'hidden_size'\? accepted keys: vocab_size, "),
-    ({"model_type": "lama"}, r"^model\.model_type: unknown 'lama'; did you mean 'llama'\? available: deepseek_v3 \(DeepseekV3ForCausalLM\), glm4 \(Glm4ForCausalLM\), glm4_moe"),
+    ({"model_type": "lama"}, r"^model\.model_type: unknown 'lama'; did you mean 'llama'\? available: deepseek_v3 \(DeepseekV3ForCausalLM\), glm \(GlmForCausalLM\), glm4 "),
     ({"architectures": "LlamaForCausalLMM"}, r"^model\.architectures: unknown 'LlamaForCausalLMM'; did you mean 'LlamaForCausalLM'\?"),
     ({"architectures": "Qwen3ForCausalLM"}, r"does not belong to model_type 'llama'"),
     ({"architectures": ["LlamaForCausalLM", "X"]}, r"expected one architecture"),

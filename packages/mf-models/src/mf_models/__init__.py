@@ -1,5 +1,5 @@
-"""mf-models: model registry and definitions (llama, qwen2, qwen3, deepseek_v3, mixtral, qwen3_moe, gpt2, glm4,
-qwen2_moe, glm4_moe), HF loading and generation.
+"""mf-models: model registry and definitions (llama, qwen2, qwen3, deepseek_v3, mixtral, qwen3_moe, gpt2, glm,
+glm4, qwen2_moe, glm4_moe), HF loading and generation.
 
     model = mf_models.build_model({"model_type": "qwen3", "hidden_size": 256, ...}, seed=0)
     logits = model(input_ids)                       # [B, S, V] float32
@@ -33,6 +33,7 @@ from .common.module_names import (
 )
 from .deepseek_v3.args import DeepseekV3Args
 from .errors import ModelConfigError, ModelStateError
+from .glm.args import GlmArgs
 from .glm4.args import Glm4Args
 from .glm4_moe.args import Glm4MoeArgs
 from .gpt2.args import Gpt2Args
@@ -57,7 +58,7 @@ __all__ = [
     "BaseArgs", "CausalLM", "InferenceEngine", "KVCache", "ModelConfigError", "ModelSpec", "ModelStateError",
     "LlamaArgs", "LlamaForCausalLM", "Qwen3Args", "Qwen3ForCausalLM", "DeepseekV3Args", "DeepseekV3ForCausalLM",
     "Qwen2Args", "Qwen2ForCausalLM", "MixtralArgs", "MixtralForCausalLM", "Qwen3MoeArgs", "Qwen3MoeForCausalLM",
-    "Gpt2Args", "Gpt2LMHeadModel", "Glm4Args", "Glm4ForCausalLM", "Qwen2MoeArgs", "Qwen2MoeForCausalLM",
+    "Gpt2Args", "Gpt2LMHeadModel", "GlmArgs", "GlmForCausalLM", "Glm4Args", "Glm4ForCausalLM", "Qwen2MoeArgs", "Qwen2MoeForCausalLM",
     "Glm4MoeArgs", "Glm4MoeForCausalLM",
     "RoutingStats", "update_expert_bias",
     "available_models", "build_args", "build_model", "check_weights_fit", "generate", "init_weights", "load_hf",
@@ -87,6 +88,7 @@ _LAZY = {
     "MixtralForCausalLM": ("mixtral.model", "MixtralForCausalLM"),
     "Qwen3MoeForCausalLM": ("qwen3_moe.model", "Qwen3MoeForCausalLM"),
     "Gpt2LMHeadModel": ("gpt2.model", "Gpt2LMHeadModel"),
+    "GlmForCausalLM": ("glm.model", "GlmForCausalLM"),
     "Glm4ForCausalLM": ("glm4.model", "Glm4ForCausalLM"),
     "Qwen2MoeForCausalLM": ("qwen2_moe.model", "Qwen2MoeForCausalLM"),
     "Glm4MoeForCausalLM": ("glm4_moe.model", "Glm4MoeForCausalLM"),

@@ -21,6 +21,7 @@ _TINY: dict[str, dict[str, Any]] = {
                       num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[0], **_COMMON),
     # issue 30's models
     "gpt2": dict(model_type="gpt2", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **_COMMON),
+    "glm": dict(model_type="glm", num_key_value_heads=2, head_dim=12, **_COMMON),
     "glm4": dict(model_type="glm4", num_key_value_heads=2, head_dim=12, **_COMMON),
     "qwen2_moe": dict(model_type="qwen2_moe", num_key_value_heads=2, moe_intermediate_size=16, num_experts=4,
                       num_experts_per_tok=2, shared_expert_intermediate_size=24, mlp_only_layers=[0], **_COMMON),

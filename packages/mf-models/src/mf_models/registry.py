@@ -15,6 +15,7 @@ from typing import Any
 from .common.args import BaseArgs
 from .deepseek_v3.args import DeepseekV3Args
 from .errors import ModelConfigError, did_you_mean
+from .glm.args import GlmArgs
 from .glm4.args import Glm4Args
 from .glm4_moe.args import Glm4MoeArgs
 from .gpt2.args import Gpt2Args
@@ -84,6 +85,8 @@ for _spec in (ModelSpec("llama", "LlamaForCausalLM", LlamaArgs, "mf_models.llama
                         "mf_models.qwen3_moe.parallelize:parallelize_qwen3_moe"),
               ModelSpec("gpt2", "GPT2LMHeadModel", Gpt2Args, "mf_models.gpt2.model:Gpt2LMHeadModel",
                         "mf_models.gpt2.parallelize:parallelize_gpt2"),
+              ModelSpec("glm", "GlmForCausalLM", GlmArgs, "mf_models.glm.model:GlmForCausalLM",
+                        "mf_models.glm.parallelize:parallelize_glm"),
               ModelSpec("glm4", "Glm4ForCausalLM", Glm4Args, "mf_models.glm4.model:Glm4ForCausalLM",
                         "mf_models.glm4.parallelize:parallelize_glm4"),
               ModelSpec("qwen2_moe", "Qwen2MoeForCausalLM", Qwen2MoeArgs, "mf_models.qwen2_moe.model:Qwen2MoeForCausalLM",

@@ -11,12 +11,12 @@ import numpy as np
 from .. import dtypes
 from ..errors import CheckpointError
 from ..st_io import Entry
-from . import deepseek_v3, glm4, glm4_moe, gpt2, llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe
+from . import deepseek_v3, glm, glm4, glm4_moe, gpt2, llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe
 from .rules import Architecture, Piece, Plan, Target, build_plan, check_hf, check_mf
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.model_type: a for a in (llama.ARCH, qwen2.ARCH, qwen3.ARCH, deepseek_v3.ARCH, mixtral.ARCH, qwen3_moe.ARCH,
-                              gpt2.ARCH, glm4.ARCH, qwen2_moe.ARCH, glm4_moe.ARCH)
+                              gpt2.ARCH, glm.ARCH, glm4.ARCH, qwen2_moe.ARCH, glm4_moe.ARCH)
 }
 
 
