@@ -149,3 +149,22 @@ def test_a_base_without_the_mtp_layer_is_refused_with_the_fix(hf_fixtures, tmp_p
     with pytest.raises(TrainerConfigError, match=r"holds no multi-token-prediction layer for "
                                                  r"model.num_nextn_predict_layers=1 .* set model.num_nextn_predict_layers: 0"):
         Trainer(mf_config.load_config(raw))
+
+
+def test_what_mtp_and_gpt2_cannot_train_is_refused_by_the_preflight(tmp_path, tiny_corpus, tiny_config):
+    from mf_trainer import preflight
+
+    def problems(model, world=1, **sections):
+        raw = tiny_config(tmp_path, tiny_corpus, model=model, **sections)
+        return preflight(mf_config.load_config(raw), "train", world, "CPU", files=False).problems
+
+    found = problems(_section(), 2, parallelism={"context_parallel": 2})
+    assert ("parallelism.context_parallel", "2 with model.num_nextn_predict_layers=1 is not implemented (multi-token "
+            "prediction shifts tokens and labels across the context-parallel chunks); set context_parallel: 1 or "
+            "num_nextn_predict_layers: 0") in found
+    found = problems(_section(tie_word_embeddings=True), 2, parallelism={"pipeline_parallel": 2})
+    assert any(key == "parallelism.pipeline_parallel" and "tie_word_embeddings: true" in msg for key, msg in found)
+    # GPT-2's dropout (transformers' default 0.1) runs inference as HF does, but mf trains none
+    found = problems(mf_models.tiny_model_section("gpt2", attn_pdrop=0.1))
+    assert found == [("model.attn_pdrop", "dropout 0.1 is not implemented; set attn_pdrop: 0.0 to train without it "
+                                          "(inference applies none, as in transformers)")]
