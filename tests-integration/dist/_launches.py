@@ -39,7 +39,7 @@ REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "referen
               "mtp_reference", "gpt2_reference", "glm4_reference", "qwen2_moe_reference", "glm4_moe_reference")
 # Issue 30 (test_zoo_parity.py): DeepSeek-V3's multi-token prediction under EP2 and PP2, and one
 # multi-rank layout of each new model family, in the shared 2-rank launch.
-ZOO_CASES = ("mtp_ep2", "mtp_pp2", "gpt2_tp2", "glm4_tp2", "qwen2_moe_ep2", "glm4_moe_ep2")
+ZOO_CASES = ("mtp_ep2", "mtp_pp2", "mtp_tp2", "gpt2_tp2", "glm4_tp2", "qwen2_moe_ep2", "glm4_moe_ep2")
 # Context parallelism through the Trainer: every method, CP x FSDP, CP x TP and packed documents.
 CP_TRAINER2_CASES = ("cp2", "cp2_ulysses", "cp2_packed")
 CP_TRAINER4_CASES = ("cp2_fsdp2", "cp2_tp2", "cp4_hybrid")

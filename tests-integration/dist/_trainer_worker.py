@@ -175,6 +175,10 @@ CASES = {
     "mtp_reference": ({}, {"local_batch_size": 4}, 1, 1),
     "mtp_ep2": ({"expert_parallel": 2}, {"local_batch_size": 2}, 1, 2),
     "mtp_pp2": ({"pipeline_parallel": 2, "pipeline_parallel_layers_per_stage": [2, 1]}, {"local_batch_size": 1}, 1, 2),
+    # ... and TP2: the MTP module on sequence shards (its lookup of the shifted tokens vocab-parallel, its
+    # norms and projection replicated, its block planned as the decoder's, its share of the balance loss
+    # from the whole sequences' counts)
+    "mtp_tp2": ({"tensor_parallel": 2}, {"local_batch_size": 4}, 1, 2),
     "gpt2_reference": ({}, {"local_batch_size": 4}, 1, 1),
     "gpt2_tp2": ({"tensor_parallel": 2}, {"local_batch_size": 4}, 1, 2),
     "glm4_reference": ({}, {"local_batch_size": 4}, 1, 1),

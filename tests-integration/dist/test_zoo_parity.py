@@ -5,7 +5,8 @@ each, every case from its own one-process reference run of the same config):
   block, its loss weighted 0.3, the balance loss and the bias update on): EP2 (the MTP block's
   experts split over the two ranks with the decoder's, its tokens through the same exchange) and PP2
   (1f1b, layers [2, 1]: the MTP module and its lookup of the shared token table on the last stage,
-  the table's two copies summed like a tied head, 4 micro-batches of 1 sample) give one process's
+  the table's two copies summed like a tied head, 4 micro-batches of 1 sample) and TP2 (the module
+  on sequence shards, its lookup of the shifted tokens vocab-parallel) give one process's
   per-step losses (the MTP loss and the balance loss in them), MTP losses, gradient norms, balance
   losses and final weights (the MTP module's and its expert bias included) within 1e-5;
 * one multi-rank layout per new model family: GPT-2 under TP2 (LayerNorm weights and biases on
