@@ -19,10 +19,19 @@ import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
-HF_PYTHON = os.environ.get("MF_HF_PYTHON")
-pytestmark = pytest.mark.skipif(not HF_PYTHON or not os.access(HF_PYTHON, os.X_OK),
-                                reason="MF_HF_PYTHON (a python with torch and transformers) is not set: "
-                                       "run `./bootstrap nox -s hf_interop`")
+
+
+def _transformers_version(python: str) -> tuple[int, ...]:
+    done = subprocess.run([python, "-c", "import transformers; print(transformers.__version__)"], capture_output=True,
+                          text=True, timeout=300)
+    text = done.stdout.strip() if done.returncode == 0 else "0"
+    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
+
+
+HF_PYTHONS = [p for p in (os.environ.get("MF_HF_PYTHONS") or os.environ.get("MF_HF_PYTHON") or "").split(os.pathsep)
+              if p and os.access(p, os.X_OK) and _transformers_version(p) >= (5, 23)]
+pytestmark = pytest.mark.skipif(not HF_PYTHONS, reason="MF_HF_PYTHONS holds no python with torch and transformers "
+                                                       ">= 5.23: run `./bootstrap nox -s hf_interop`")
 
 # (name, transformers config, seed): sizes and switches the shared fixtures do not have.
 VARIANTS = [
@@ -56,15 +65,20 @@ VARIANTS = [
 ]
 
 
-def side(*args: str) -> dict:
-    done = subprocess.run([HF_PYTHON, str(HERE / "zoo_side.py"), *args], capture_output=True, text=True, timeout=900,
+@pytest.fixture(params=HF_PYTHONS or ["<none>"], ids=lambda p: Path(p).parent.parent.name)
+def hf_python(request):
+    return request.param
+
+
+def side(python: str, *args: str) -> dict:
+    done = subprocess.run([python, str(HERE / "zoo_side.py"), *args], capture_output=True, text=True, timeout=900,
                           env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")})
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("name, config, seed", VARIANTS, ids=[v[0] for v in VARIANTS])
-def test_transformers_checkpoints_of_other_sizes_and_seeds(tmp_path, name, config, seed):
+def test_transformers_checkpoints_of_other_sizes_and_seeds(tmp_path, hf_python, name, config, seed):
     import mindspore as ms
     from safetensors.numpy import load_file
 
@@ -73,7 +87,7 @@ def test_transformers_checkpoints_of_other_sizes_and_seeds(tmp_path, name, confi
 
     ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
     hf_dir = tmp_path / name
-    made = side("make", str(hf_dir), json.dumps({"config": config, "seed": seed, "batch": 2, "seq": 12, "new": 6}))
+    made = side(hf_python, "make", str(hf_dir), json.dumps({"config": config, "seed": seed, "batch": 2, "seq": 12, "new": 6}))
     ref = dict(np.load(hf_dir / "ref.npz"))
     model = mf_models.load_hf(hf_dir)
     assert mf_models.resolve_spec(config["model_type"]).architecture == made["model_class"]
@@ -92,7 +106,7 @@ def test_transformers_checkpoints_of_other_sizes_and_seeds(tmp_path, name, confi
 
 
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "glm4_moe"])
-def test_the_mtp_layer_runs_in_transformers_as_in_mf(tmp_path, model_type):
+def test_the_mtp_layer_runs_in_transformers_as_in_mf(tmp_path, hf_python, model_type):
     import mindspore as ms
     from mindspore import Tensor
 
@@ -118,7 +132,7 @@ def test_the_mtp_layer_runs_in_transformers_as_in_mf(tmp_path, model_type):
     mf_models.load_state(model, state)
     mf_ckpt.save_hf(tmp_path / "hf", state, config)
     ids = rng.integers(0, section["vocab_size"], (2, 10)).astype(np.int32)
-    theirs = np.asarray(side("mtp", str(tmp_path / "hf"), json.dumps({"ids": ids.tolist()}))["logits"])
+    theirs = np.asarray(side(hf_python, "mtp", str(tmp_path / "hf"), json.dumps({"ids": ids.tolist()}))["logits"])
     h, mtp_h, *_ = model.forward_train_mtp(Tensor(ids))
     ours = model.head(mtp_h[0]).asnumpy()
     err = float(np.abs(ours - theirs).max())
