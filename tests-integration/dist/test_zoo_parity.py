@@ -27,9 +27,11 @@ from _launches import ZOO_CASES
 from _trainer_worker import CASES, LR, steps_of, zoo_family
 
 RTOL = 1e-5
-# The key bias's gradient is rounding only (softmax ignores a per-query constant), which AdamW turns
-# into steps of about LR: compared as test_trainer_parity.py compares it (GPT-2, GLM-4 under TP2).
-KEY_BIAS_ATOL = 1e-3 * LR
+# The key bias's gradient is mostly rounding (softmax ignores a per-query constant), which AdamW turns
+# into steps of about LR (test_trainer_parity.py compares llama's at 1e-3 x LR). GPT-2 has no rotary
+# embedding and GLM-4 rotates only half of each key head: there every element of the bias (GPT-2), or
+# of the unrotated half (GLM-4), is rounding-led: measured 1.5e-5 (GLM-4 TP2, 3 steps), held to 1e-2 x LR.
+KEY_BIAS_ATOL = 1e-2 * LR
 
 
 @pytest.fixture(scope="module")
