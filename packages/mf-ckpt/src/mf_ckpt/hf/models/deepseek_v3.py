@@ -9,9 +9,9 @@ are skipped with a warning.
 
 from __future__ import annotations
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
+from ..rules import Architecture, ConfigView, Fused, Rule, layer_prefix_matcher
 from . import llama
-from .rules import Architecture, ConfigView, Fused, Rule, layer_prefix_matcher
 
 # transformers' DeepseekV3Config defaults for keys a config.json may omit.
 DEFAULTS = {
