@@ -9,8 +9,11 @@ read the same schedules the executor runs:
     sim = simulate_schedule(schedule, Costs(F=1, B=1, W=1))
     sim.bubble_fraction, sim.peak_in_flight
 
-`PipelineExecutor` (MindSpore, imported on first use) runs one rank's list.
+`PipelineExecutor` (MindSpore, imported on first use: the names under `TYPE_CHECKING`) runs one
+rank's list.
 """
+
+from typing import TYPE_CHECKING
 
 from mf_parallel.pipeline.actions import Combined, Comm, Compute, Message, Schedule
 from mf_parallel.pipeline.dataflow import Costs
@@ -29,6 +32,10 @@ from mf_parallel.pipeline.stages import (
 )
 from mf_parallel.pipeline.validate import ScheduleError
 from mf_parallel.pipeline.validate import validate as validate_schedule
+
+if TYPE_CHECKING:  # MindSpore: imported on first use at run time (`_LAZY`, the same table)
+    from mf_parallel.pipeline.executor import PipelineExecutor, StepResult
+    from mf_parallel.pipeline.weight_grad import WeightGradStash, defer_weight_grads, register_weight_grad_split
 
 __all__ = [
     "SCHEDULES", "ChunkInfo", "Combined", "Comm", "Compute", "Costs", "Message", "PipelineSpec", "Placement",
