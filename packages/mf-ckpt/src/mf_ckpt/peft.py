@@ -31,6 +31,7 @@ from .hf.rules import Plan
 from .layout import CheckpointLayout
 from .lora import _modules, make_lora_adapter_meta, plan_merge, read_all
 from .progress import Progress
+from .single_rank import write_single_rank_checkpoint
 from .st_io import Entry, ReaderPool, read_header, write_file
 from .tokenizer_files import hf_export_files, hf_tokenizer_files, tokenizer_assets, tokenizer_bytes, write_files
 
@@ -164,8 +165,6 @@ def import_peft(src, dst, *, arch: str | None = None, iteration: int = 0, hf_con
                 overwrite: bool = False) -> Path:
     """A PEFT LoRA directory -> an mf adapter checkpoint (marked with its base when that is a local
     HF directory, so `mf generate` / `mf-ckpt merge-lora` find it)."""
-    from .tools import write_single_rank_checkpoint
-
     src = Path(src)
     where = str(src / ADAPTER_CONFIG)
     cfg = read_json(src / ADAPTER_CONFIG, ADAPTER_CONFIG)
