@@ -50,3 +50,28 @@ def check(cfg, command: str, world: int | None = None, device: str | None = None
     if report.problems:
         raise UsageError("\n".join(report.lines()))
     return report
+
+
+def bad_input_errors() -> tuple[type[BaseException], ...]:
+    """The exception types that mean bad input (exit 2 with one line), whichever package raises them."""
+    import mf_ckpt
+    import mf_config
+    import mf_data
+    import mf_models
+    import mf_trainer
+
+    return (mf_config.ConfigError, mf_trainer.TrainerConfigError, mf_models.ModelConfigError,
+            mf_models.ModelStateError, mf_data.MFDataError, mf_ckpt.CheckpointError)
+
+
+def explicit_weights(args) -> str | None:
+    """Weights the command line names: --weights, else the last --set checkpoint.load_path=..."""
+    if getattr(args, "weights", None):
+        return args.weights
+    given = [o.split("=", 1)[1] for o in args.overrides if o.split("=", 1)[0].strip() == "checkpoint.load_path"]
+    if given:
+        import yaml
+
+        value = yaml.safe_load(given[-1])
+        return str(value) if value else None
+    return None

@@ -39,23 +39,9 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
     parser.set_defaults(run=run)
 
 
-def explicit_weights(args) -> str | None:
-    """Weights the command line names: --weights, else the last --set checkpoint.load_path=..."""
-    if getattr(args, "weights", None):
-        return args.weights
-    given = [o.split("=", 1)[1] for o in args.overrides if o.split("=", 1)[0].strip() == "checkpoint.load_path"]
-    if given:
-        import yaml
-
-        value = yaml.safe_load(given[-1])
-        return str(value) if value else None
-    return None
-
-
 def run(args) -> int:
     os.environ.setdefault("GLOG_v", "3")
-    from mf_cli.checks import bad_input_message, check, completed, load_config
-    from mf_cli.commands.generate import bad_input_errors
+    from mf_cli.checks import bad_input_errors, bad_input_message, check, completed, explicit_weights, load_config
     from mf_trainer.environment import world_size_from_env
     from mf_trainer.sources import weights_for_inference
 
@@ -66,14 +52,14 @@ def run(args) -> int:
     except bad_input_errors() as exc:
         raise UsageError(bad_input_message(exc)) from None
     check(checked, "eval", world_size_from_env(), config.context.device_target, source=args.config)
-    from mf_cli.commands.train import _bad_input_errors, _logging
+    from mf_cli.console import progress_logging
 
-    _logging("stderr")  # stdout carries the result
+    progress_logging("stderr")  # stdout carries the result
     import mf_trainer
 
     try:
         result = mf_trainer.evaluate(config, whole_split=args.whole_split, weights=weights)
-    except _bad_input_errors() as exc:
+    except bad_input_errors() as exc:
         raise UsageError(bad_input_message(exc)) from None
     except KeyboardInterrupt:
         raise

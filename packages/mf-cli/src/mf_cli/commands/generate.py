@@ -83,16 +83,6 @@ class Source:
     generation_config: dict = field(default_factory=dict)  # the checkpoint's (HF generation_config.json names)
 
 
-def bad_input_errors() -> tuple[type[BaseException], ...]:
-    import mf_ckpt
-    import mf_config
-    import mf_data
-    import mf_models
-
-    return (mf_config.ConfigError, mf_models.ModelConfigError, mf_models.ModelStateError, mf_data.MFDataError,
-            mf_ckpt.CheckpointError)
-
-
 def set_mode(mode: str | int | None, device_target: str | None = None) -> None:
     import mindspore as ms
 
@@ -118,6 +108,8 @@ def load_source(path: str, *, tokenizer: str | None = None, overrides: list[str]
     the weights the command line names for a YAML (a training YAML's default: its run's own)."""
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or directory")
+    from mf_cli.checks import bad_input_errors
+
     bad = bad_input_errors()
     try:
         if os.path.isdir(path):
@@ -395,7 +387,7 @@ def run(args) -> int:
     is_config = os.path.isfile(args.source)
     if not is_config and args.overrides:
         raise UsageError("--set applies to a YAML config, not to a checkpoint directory")
-    from mf_cli.commands.eval import explicit_weights
+    from mf_cli.checks import explicit_weights
 
     source = load_source(args.source, tokenizer=args.tokenizer, overrides=args.overrides, mode=args.mode,
                          predict_overrides=_config_overrides(args) if is_config else [],
