@@ -129,7 +129,7 @@ def encode_pool(tasks: Iterator[Any], workers: int, initializer: Callable[..., N
     return pool, pool.imap(remote, tasks, chunksize=1)
 
 
-def _chunks(paths: Sequence[str], chunk_lines: int) -> Iterator[Chunk]:
+def read_chunks(paths: Sequence[str], chunk_lines: int) -> Iterator[Chunk]:
     for path in paths:
         lines: list[bytes] = []
         first = 1
@@ -182,6 +182,17 @@ def open_builders(paths: dict[str, str], dtypes: dict[str, Any]) -> dict[str, In
     return builders
 
 
+def check_outputs(output_prefix: str, prefixes, overwrite: bool) -> None:
+    """The output directory exists, and no `.bin/.idx` of `prefixes` is there unless `overwrite`."""
+    out_dir = os.path.dirname(os.path.abspath(output_prefix))
+    if not os.path.isdir(out_dir):
+        raise InputError(f"{out_dir}: output directory does not exist")
+    for prefix in prefixes:
+        for path in (get_bin_path(prefix), get_idx_path(prefix)):
+            if os.path.exists(path) and not overwrite:
+                raise InputError(f"{path}: exists; refusing to overwrite (pass --overwrite)")
+
+
 def output_prefixes(output_prefix: str, json_keys: Sequence[str]) -> dict[str, str]:
     return {key: f"{output_prefix}_{key}_document" for key in json_keys}
 
@@ -216,31 +227,22 @@ def preprocess(
             raise InputError(f"{tokenizer_model}: the model has no end-of-sentence piece, so --append-eod has no id to add")
     dtype = DType.optimal_dtype(tokenizer.vocab_size)
     prefixes = output_prefixes(output_prefix, json_keys)
-    out_dir = os.path.dirname(os.path.abspath(output_prefix))
-    if not os.path.isdir(out_dir):
-        raise InputError(f"{out_dir}: output directory does not exist")
-    for prefix in prefixes.values():
-        for path in (get_bin_path(prefix), get_idx_path(prefix)):
-            if os.path.exists(path) and not overwrite:
-                raise InputError(f"{path}: exists; refusing to overwrite (pass --overwrite)")
+    check_outputs(output_prefix, prefixes.values(), overwrite)
 
     builders = open_builders({key: get_bin_path(p) for key, p in prefixes.items()}, dict.fromkeys(prefixes, dtype))
     bad = BadLines()
     totals = {"documents": 0, "tokens": dict.fromkeys(json_keys, 0), "empty": dict.fromkeys(json_keys, 0)}
     started = time.perf_counter()
     results: Iterator[Encoded] = iter(())
-    bar = _progress_bar(inputs, progress)
+    bar = progress_bar(inputs, progress)
     try:
-        tasks = ((chunk, list(json_keys), eod) for chunk in _chunks(inputs, chunk_lines))
+        tasks = ((chunk, list(json_keys), eod) for chunk in read_chunks(inputs, chunk_lines))
         if workers == 1:
             results = (encode_chunk(c, k, e, tokenizer) for c, k, e in tasks)
         else:
             results = encode_threads(((c, k, e, tokenizer) for c, k, e in tasks), workers, encode_chunk)
         for enc in results:
-            for path, number, reason in enc.bad:
-                if strict:
-                    raise InputError(f"{path}:{number}: {reason} (--strict)")
-                bad.add(f"{path}:{number}", reason)
+            bad.record(enc.bad, strict)
             totals["documents"] += enc.documents
             for key, builder in builders.items():
                 builder.add_documents(enc.tokens[key], enc.lengths[key], enc.per_doc[key])
@@ -285,7 +287,7 @@ def preprocess(
     return summary
 
 
-def _progress_bar(inputs: Sequence[str], enabled: bool | None) -> Any:
+def progress_bar(inputs: Sequence[str], enabled: bool | None) -> Any:
     if enabled is False:
         return None
     try:
