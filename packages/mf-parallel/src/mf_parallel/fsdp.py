@@ -21,7 +21,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from mf_parallel.collectives import AllGather, AllReduce, ReduceScatter, _narrow, _pad_axis
+from mf_parallel.collectives import AllGather, AllReduce, ReduceScatter, pad_axis, slice_axis
 from mf_parallel.errors import ParallelConfigError
 from mf_parallel.leaf import ensure_plan, install, plan_of
 from mf_parallel.mesh import DeviceMesh, Group
@@ -151,13 +151,13 @@ class ShardGather(nn.Cell):
 
     def _unpad(self, full):
         if self.pad > 0:
-            full = _narrow(full, 0, 0, self.dim0)
+            full = slice_axis(full, 0, 0, self.dim0)
         return full
 
     def backward(self, shard, dout):
         grad = dout
         if self.pad > 0:
-            grad = _pad_axis(grad, 0, 0, self.pad)
+            grad = pad_axis(grad, 0, 0, self.pad)
         if self.cast:
             grad = ops.Cast()(grad, self.reduce_dtype)
         if self.replicated:
