@@ -64,7 +64,15 @@ import mf_parallel as mp
 from mf_trainer.errors import TrainerConfigError
 from mf_trainer.loss import token_cross_entropy
 from mf_trainer.parallel import ShardedState
-from mf_trainer.step import ApplyStep, GradNorm, StepResult, _model_inputs, _targets, make_buffers, param_norms_of
+from mf_trainer.step import (
+    ApplyStep,
+    GradNorm,
+    StepResult,
+    batch_model_inputs,
+    loss_targets,
+    make_buffers,
+    param_norms_of,
+)
 
 log = logging.getLogger("mf_trainer")
 
@@ -100,10 +108,10 @@ class _PipelineLoss:
         return (per_token * mask.reshape(-1)).sum() * self.inv_tokens
 
 
-def _micro_batch(mb: dict) -> dict:
+def micro_batch_tensors(mb: dict) -> dict:
     """A micro-batch as the chunks and the loss read it (Tensors under the column names)."""
-    labels, mask = _targets(mb)
-    inputs = _model_inputs(mb)
+    labels, mask = loss_targets(mb)
+    inputs = batch_model_inputs(mb)
     out = {"input_ids": inputs[0], "labels": labels, "loss_mask": mask}
     if len(inputs) > 1:
         out["position_ids"] = inputs[1]
@@ -140,7 +148,7 @@ class PipelineStepRunner:
     def __call__(self, micro_batches: list[dict], lr: float) -> StepResult:
         tokens = self.global_tokens(float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches)))
         self.loss_fn.inv_tokens = Tensor(np.float32(self.loss_scale / tokens if tokens > 0 else np.inf))
-        result = self.plan.executor.step([_micro_batch(mb) for mb in micro_batches], self.loss_fn)
+        result = self.plan.executor.step([micro_batch_tensors(mb) for mb in micro_batches], self.loss_fn)
         self.last = result
         for buf, i in zip(self.buffers, self.order):
             grad = result.grads[i]
