@@ -41,7 +41,7 @@ CP_TRAINER2_CASES = ("cp2", "cp2_ulysses", "cp2_packed")
 CP_TRAINER4_CASES = ("cp2_fsdp2", "cp2_tp2", "cp4_hybrid")
 # `moe_ep2_from_moe_ep4_deredundancy` continues the 4-rank launch's EP4 checkpoint under EP2 (a cheap
 # 2-step case here rather than a 4-rank one there): the world2 fixture runs after world4.
-WORLD2_CASES = ("fsdp2", "tp2", "tp2_rcomm", "fsdp2_accum_mean", *CP_TRAINER2_CASES, "moe_fsdp2", "moe_ep2",
+WORLD2_CASES = ("fsdp2", "tp2", "tp2_rcomm", "fsdp2_swap", "fsdp2_accum_mean", *CP_TRAINER2_CASES, "moe_fsdp2", "moe_ep2",
                 "moe_ep2_from_moe_ep4_deredundancy", "moe_mixtral_ep2", "moe_tp2", "moe_cp2", "moe_cp2_ep2", "fsdp2_muon",
                 "fsdp2_muon_from_reference_muon", *PIPELINE2_CASES, "moe_pp2", *DEMO_PIPELINE_CASES)
 WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", *CP_TRAINER4_CASES,

@@ -52,6 +52,9 @@ CASES = {
     # reduce-scatters: the compiler neither merges nor prunes the backward gathers) and one-process
     # parity (losses 3.6e-7, norms 2.4e-7), in 207 s against 25 s here: it would prove nothing new.
     "tp2_rcomm": ({"tensor_parallel": 2}, {"local_batch_size": 4}, 1, 2),
+    # swap (SWAP below) under FSDP2: the hooks are each rank's own, around FSDP's re-gathering
+    # leaves and its PyNative gather prefetch. Requests GRAPH_MODE: swap trains in PyNative.
+    "fsdp2_swap": ({}, {"local_batch_size": 2}, 0, 2),
     "fsdp2_accum_mean": ({"reshard_after_forward_policy": "always", "disable_gradient_division": False},
                          {"local_batch_size": 1}, 1, 2),
     "hsdp2x2": ({"data_parallel_shard": 2, "reshard_after_forward_policy": "never"}, {"local_batch_size": 1}, 0, 4),
@@ -169,6 +172,8 @@ CASES = {
 # seed's name and by MindFormers' norm name), the MLP input's in layer 1.
 RECOMPUTE_COMM = {"tp2_rcomm": {"enable": True, "select_module": {"attention.qkv": ["0"], "attention_norm": ["1"],
                                                                    "feed_forward": ["1"]}}}
+# The swap case's selection: layer 0 whole, layer 1's MLP by MindFormers' name.
+SWAP = {"fsdp2_swap": {"enable": True, "layer_swap": [{"layers": ["0"]}], "op_swap": [{"op_name": "mlp", "layers": ["1"]}]}}
 # Evaluation during training (eval_dataset) in the cases that compare it with one process: every
 # EVAL_INTERVAL steps on the same EVAL_SAMPLES held-out samples (eval_iters batches of the case's
 # local_batch_size), so the eval losses at steps 4 and 8 compare across layouts. Kept to a few
@@ -267,6 +272,12 @@ def eval_section(workdir: Path, local_batch_size: int) -> dict:
 
 
 def config(workdir: Path, name: str, steps: int | None = None, load_path: str | None = None, out: str | None = None):
+    return mf_config.load_config(raw_config(workdir, name, steps, load_path, out))
+
+
+def raw_config(workdir: Path, name: str, steps: int | None = None, load_path: str | None = None,
+               out: str | None = None) -> dict:
+    """Case `name`'s YAML as plain data (test_multinode.py writes it to a file for `mf launch`)."""
     base = name.split("_from_")[0]
     steps = steps_of(base) if steps is None else steps
     parallelism, training, mode, _ = CASES[base]
@@ -297,9 +308,11 @@ def config(workdir: Path, name: str, steps: int | None = None, load_path: str | 
     }
     if base in RECOMPUTE_COMM:
         raw["recompute_comm"] = RECOMPUTE_COMM[base]
+    if base in SWAP:
+        raw["swap"] = SWAP[base]
     if evaluated:
         raw["eval_dataset"] = eval_section(workdir, training["local_batch_size"])
-    return mf_config.load_config(raw)
+    return raw
 
 
 class Recorder(Callback):
@@ -344,6 +357,7 @@ def run(workdir: Path, name: str) -> None:
                "moe": {key: [r[key] for r in recorder.records] for key in ("moe/aux_loss", "moe/max_imbalance")
                        if recorder.records and key in recorder.records[0]},
                "step_times": [r["step_time_s"] for r in recorder.records], "seconds": time.monotonic() - start,
+               "swap": trainer.offload.stats.snapshot() if trainer.offload is not None else None,
                "evaluations": [{k: e[k] for k in ("step", "eval_loss", "eval_accuracy", "eval_tokens", "eval_batches",
                                                   "eval_time_s")} for e in recorder.evaluations]}
     if trainer.pipeline is not None:          # the executor's view of the last step

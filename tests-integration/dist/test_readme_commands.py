@@ -66,6 +66,10 @@ NOT_RUN = {
     "mf train FILE --dry-run --world N": "a placeholder: each preset's dry run at its world is test_examples.py's",
     "mf train train.yaml": "train.yaml is the reference's skeleton, a cluster-size DeepSeek-V3 (its dry run runs below)",
     "mf launch -n 8 train.yaml": "8 ranks of the reference's cluster-size skeleton (its dry run at world 8 runs below)",
+    "mf launch -n 2 --nodes 2 --node-rank 0 --master-addr 10.231.0.1 --master-port 29500 train.yaml":
+        "node 0 of two machines: test_multinode.py runs it as written, beside node 1's, in two network namespaces",
+    "mf launch -n 2 --nodes 2 --node-rank 1 --master-addr 10.231.0.1 --master-port 29500 train.yaml":
+        "node 1 of two machines: test_multinode.py runs it as written, beside node 0's, in two network namespaces",
 }
 
 

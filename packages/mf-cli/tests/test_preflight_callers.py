@@ -46,11 +46,9 @@ REFUSED_BY_TRAIN = [
     {"parallelism": {"pipeline_parallel": 2}},
     {"parallelism": {"tensor_parallel": 2}},
     {"parallelism": {"data_parallel_shard_strategy": "optim"}},
-    {"parallelism": {"reshard_after_forward_policy": "always"}},
-    {"parallelism": {"cpu_offload": True}},
     {"model": {"hidden_sizee": 64}},
     {"model": {"vocab_size": 63}, "parallelism": {"tensor_parallel": 2}},
-    {"inference": {"top_k": 3}},
+    {"inference": {"prompts": ["hi"]}},
     {"tokenizer": {"path": "tok", "type": "hf"}},
     {"swap": {"enable": True}},
     {"run_mode": "finetune"},
@@ -85,15 +83,15 @@ def test_loss_mask_missing_is_refused_by_both(tmp_path, capsys):
 
 
 def test_three_independent_problems_are_three_lines(tmp_path, capsys):
-    path = _write(tmp_path, _cfg(tmp_path, model={"hidden_sizee": 64}, parallelism={"pipeline_parallel_schedule": "gpipe"},
-                                 inference={"top_k": 3}))
+    path = _write(tmp_path, _cfg(tmp_path, model={"hidden_sizee": 64}, parallelism={"data_parallel_shard_strategy": "optim"},
+                                 inference={"prompts": ["hi"]}))
     for argv, command in ((["config", "validate", path], "config"), (["train", path], "train"),
                           (["launch", "-n", "2", path], "launch")):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 3, err
-        assert sorted(_keys(err, command)) == ["inference.top_k", "model.hidden_sizee",
-                                               "parallelism.pipeline_parallel_schedule"]
+        assert sorted(_keys(err, command)) == ["model.hidden_sizee", "parallelism.data_parallel_shard_strategy",
+                                               "tokenizer.path"]
 
 
 def test_validate_without_world_lists_what_it_skipped(tmp_path, capsys):

@@ -111,8 +111,6 @@ CASES = [
     ("context:\n  mode: 2", "context.mode", "'pynative'"),
     ("context:\n  mode: eager", "context.mode", "'graph'"),
     ("context:\n  device_id: -1", "context.device_id", "must be >= 0"),
-    ("context:\n  device_target: CPU\nswap:\n  enable: true\n  layer_swap:\n    - layers: ['0']", "swap.enable",
-     "not supported on context.device_target CPU"),
     ("run_mode: training", "run_mode", "one of 'train', 'finetune', 'eval', 'predict'"),
     ("output_dir: ''", "output_dir", "must not be empty"),
     ("eval_dataset:\n  dataloader:\n    type: X\n  eval_iters: 0", "eval_dataset.eval_iters", "must be positive"),

@@ -118,8 +118,8 @@ def test_ulysses_and_colossal_degrees(build):
     build(parallelism={"context_parallel": 4, "context_parallel_method": "ulysses"})
     _fails(build, "parallelism.ulysses_degree_in_cp", "must equal context_parallel (4)",
            parallelism={"context_parallel": 4, "context_parallel_method": "ulysses", "ulysses_degree_in_cp": 2})
-    _fails(build, "parallelism.ulysses_degree_in_cp", "'colossal'",
-           parallelism={"context_parallel": 4, "ulysses_degree_in_cp": 2})
+    # with colossal (a pure ring) the degree has nothing to act on: mf-trainer's preflight notices it
+    build(parallelism={"context_parallel": 4, "ulysses_degree_in_cp": 2})
     _fails(build, "parallelism.context_parallel_method", "must be one of",
            parallelism={"context_parallel_method": "ring"})
 
@@ -334,8 +334,18 @@ def test_swap_entries(build):
     _fails(build, "swap.op_swap[1].layers", "already offloaded by swap.op_swap[0]",
            swap={"op_swap": [{"op_name": "mlp", "layers": ["0-2"]}, {"op_name": "mlp", "layers": ["2"]}]})
     _fails(build, "swap.layer_swap[0].layers", "required", swap={"layer_swap": [{}]})
-    _fails(build, "swap.enable", "not supported on context.device_target CPU",
-           context={"device_target": "CPU"}, swap=dict(enable=True, layer_swap=[{"layers": ["0"]}]))
+    _fails(build, "swap.op_swap[0].layers", "layer 1 is offloaded whole by swap.layer_swap[0], its 'mlp' with it",
+           swap={"layer_swap": [{"layers": ["0-1"]}], "op_swap": [{"op_name": "mlp", "layers": ["1-2"]}]})
+    # CPU is accepted (mf-trainer offloads there too, with a notice that nothing is freed)
+    build(context={"device_target": "CPU"}, swap=dict(enable=True, layer_swap=[{"layers": ["0"]}]))
+
+
+def test_swap_default_prefetch_of_a_one_layer_model(load_text):
+    fragment = ("model:\n  model_type: x\n  num_hidden_layers: 1\nswap:\n  enable: true\n"
+                "  layer_swap:\n    - layers: ['0']\n")
+    assert load_text(fragment).swap.default_prefetch == 1      # [1, num_layers - 1] is empty: 1 stays valid
+    with pytest.raises(ConfigError, match=r"swap.default_prefetch: must be in .* = \[1, 1\], got 2"):
+        load_text(fragment + "  default_prefetch: 2\n")
 
 
 # ----------------------------------------------------------------------------- callbacks / extensions

@@ -98,6 +98,14 @@ def iteration_dir(root: Path, iteration: int) -> Path:
     raise CheckpointError(f"{root}: checkpoint directory {iteration_name(iteration)} is missing")
 
 
+def committed_checkpoint(save_path: str | Path) -> Path | None:
+    """The directory of the checkpoint committed in `save_path` (the one its marker names: what a
+    resume loads), None when nothing is committed there. Reads the marker only, so it answers
+    while another process writes the next checkpoint; a corrupt marker is a CheckpointError."""
+    iteration = read_marker(Path(save_path))
+    return None if iteration is None else iteration_dir(Path(save_path), iteration)
+
+
 def resolve(path: Path, iteration: int | None = None) -> tuple[Path, int]:
     """(iteration directory, iteration) for a save directory or an iteration directory."""
     path = Path(path)

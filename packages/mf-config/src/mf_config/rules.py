@@ -224,11 +224,11 @@ def _swap(cfg: TrainConfig) -> None:
     s, layers = cfg.swap, cfg.num_hidden_layers
     if s.enable and not (s.layer_swap or s.op_swap):
         raise ConfigError("swap.enable", "True needs swap.layer_swap or swap.op_swap to say what to offload", True)
-    if s.enable and cfg.context.device_target == "CPU":
-        raise ConfigError("swap.enable", "is not supported on context.device_target CPU (nothing to offload to)", True)
-    if s.enable and layers is not None and not 1 <= s.default_prefetch <= layers - 1:
+    # The reference's range [1, num_layers - 1]; a one-layer model still takes the default 1.
+    top = max(1, layers - 1) if layers is not None else None
+    if s.enable and top is not None and not 1 <= s.default_prefetch <= top:
         raise ConfigError("swap.default_prefetch",
-                          f"must be in [1, model.num_hidden_layers - 1] = [1, {layers - 1}]", s.default_prefetch)
+                          f"must be in [1, model.num_hidden_layers - 1] = [1, {top}]", s.default_prefetch)
     owner: dict[int, int] = {}
     for i, entry in enumerate(s.layer_swap or []):
         path = f"swap.layer_swap[{i}].layers"
@@ -241,6 +241,9 @@ def _swap(cfg: TrainConfig) -> None:
     for i, entry in enumerate(s.op_swap or []):
         path = f"swap.op_swap[{i}].layers"
         for layer in parse_layer_spec(entry.layers, layers, path):
+            if layer in owner:
+                raise ConfigError(path, f"layer {layer} is offloaded whole by swap.layer_swap[{owner[layer]}], "
+                                        f"its {entry.op_name!r} with it", entry.layers)
             key = (entry.op_name, layer)
             if key in op_owner:
                 raise ConfigError(path, f"layer {layer} of {entry.op_name!r} is already offloaded by "

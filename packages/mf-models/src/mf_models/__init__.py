@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING
 from .common.args import BaseArgs
 from .common.inventory import DecoderInventory, ParamEntry, moe_activations
 from .common.layout import tensor_parallel_problems
-from .common.module_names import LAYER_MODULE_ALIASES, layer_module_path
+from .common.module_names import (
+    LAYER_MODULE_ALIASES,
+    layer_module_path,
+    layer_modules,
+    module_in_layer,
+    resolve_layer_module,
+)
 from .common.recompute_comm import RECOMPUTE_COMM_MODULES, recompute_comm_module
 from .deepseek_v3.args import DeepseekV3Args
 from .errors import ModelConfigError, ModelStateError
@@ -77,7 +83,7 @@ __all__ = [
     "parallelize_model", "register_model", "resolve_spec", "spec_for_args", "tiny_model_section",
     "DecoderInventory", "ParamEntry", "parameter_inventory", "saved_activations", "moe_activations",
     "tensor_parallel_problems", "RECOMPUTE_COMM_MODULES", "recompute_comm_module", "LAYER_MODULE_ALIASES",
-    "layer_module_path",
+    "layer_module_path", "layer_modules", "module_in_layer", "resolve_layer_module",
     "LlamaArgs", "Qwen3Args", "DeepseekV3Args", "Qwen2Args", "MixtralArgs", "Qwen3MoeArgs",
     # MindSpore (lazy)
     "CausalLM", "init_weights", "KVCache", "ParallelOptions", "RoutingStats", "update_expert_bias",

@@ -63,7 +63,8 @@ if TYPE_CHECKING:  # imported on first use at run time (`_LAZY`, the same table)
     )
     from mf_parallel.expert_parallel import AllToAllTokenDispatcher, ExpertExchange, shard_experts
     from mf_parallel.fsdp import check_cpu_offload, fully_shard, reshard_after_forward_for
-    from mf_parallel.launcher import launch
+    from mf_parallel.heartbeat import Heartbeat, start_heartbeat, watched_by_launcher
+    from mf_parallel.launcher import launch, node_log_dir
     from mf_parallel.leaf import register_param_forward
     from mf_parallel.loss import VocabParallelArgmax, VocabParallelCrossEntropy
     from mf_parallel.mesh import DeviceMesh, Group, init_mesh, make_group
@@ -140,8 +141,8 @@ __all__ = [
     # state
     "ParamLayout", "param_layouts", "shard_metadata", "local_blocks", "gather_full_state", "load_full_state",
     "load_sharded_state",
-    # launching and the checkpoint collective interface
-    "launch", "Communicator",
+    # launching (per-node logs, the ranks' heartbeat the launcher watches) and the checkpoint collective interface
+    "launch", "node_log_dir", "Heartbeat", "start_heartbeat", "watched_by_launcher", "Communicator",
     # pipeline parallelism (mf_parallel.pipeline: pure Python except the executor)
     "PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "pipeline_from_config", "build_schedule",
     "validate_schedule", "simulate_schedule", "Costs", "Schedule", "ScheduleError", "text_timeline",
@@ -176,7 +177,9 @@ _LAZY = {
                                                 "deredundancy_problem", "routed_rows")},
     **{name: "state" for name in ("ParamLayout", "param_layouts", "shard_metadata", "local_blocks",
                                   "gather_full_state", "load_full_state", "load_sharded_state")},
-    "launch": "launcher", "Communicator": "communicator",
+    "launch": "launcher", "node_log_dir": "launcher", "Heartbeat": "heartbeat", "start_heartbeat": "heartbeat",
+    "watched_by_launcher": "heartbeat",
+    "Communicator": "communicator",
     **{name: "pipeline" for name in _PIPELINE},
 }
 

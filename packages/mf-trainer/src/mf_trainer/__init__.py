@@ -23,7 +23,7 @@ dry_run = _dry_run
 
 if TYPE_CHECKING:  # imported on first use at run time (`_LAZY`, the same table)
     from mf_trainer.callbacks import CALLBACKS, Callback, StopAfterLoss, StopAtStep, build_callbacks, register_callback
-    from mf_trainer.evaluation import EvalResult, Evaluator, evaluate
+    from mf_trainer.evaluation import EvalResult, Evaluator, evaluate, evaluated_model
     from mf_trainer.lr_schedulers import SCHEDULERS, LRScheduler, build_scheduler
     from mf_trainer.memory import MemoryPlan, RankMemory, memory_plan
     from mf_trainer.monitor import MetricsLogger
@@ -68,6 +68,7 @@ __all__ = [
     "decay_mask",
     "dry_run",
     "evaluate",
+    "evaluated_model",
     "memory_plan",
     "preflight",
     "register_callback",
@@ -78,7 +79,7 @@ __all__ = [
 _LAZY = {
     **{name: "callbacks" for name in ("CALLBACKS", "Callback", "StopAfterLoss", "StopAtStep", "build_callbacks",
                                       "register_callback")},
-    **{name: "evaluation" for name in ("EvalResult", "Evaluator", "evaluate")},
+    **{name: "evaluation" for name in ("EvalResult", "Evaluator", "evaluate", "evaluated_model")},
     **{name: "lr_schedulers" for name in ("SCHEDULERS", "LRScheduler", "build_scheduler")},
     "MetricsLogger": "monitor",
     "AdamW": "optimizer", "build_adamw": "optimizer", "build_optimizer": "optimizer",

@@ -20,15 +20,12 @@ from mf_trainer.errors import TrainerConfigError
 
 
 def _resolve(layer, path: str, key: str):
-    cell = layer
-    for part in mf_models.layer_module_path(path).split("."):
-        children = dict(cell.name_cells())
-        if part not in children:
-            raise TrainerConfigError(f"{key}: the layer has no module {path!r}; its modules are: "
-                                     f"{', '.join(children)} (or MindFormers' names for them: "
-                                     f"{', '.join(mf_models.LAYER_MODULE_ALIASES)})")
-        cell = children[part]
-    return cell
+    """The module `path` names in `layer` (mf's names or MindFormers'; `mlp` is a routed layer's
+    `moe` too), or one line listing the layer's modules."""
+    try:
+        return mf_models.resolve_layer_module(layer, path, key)
+    except mf_models.ModelConfigError as exc:
+        raise TrainerConfigError(str(exc)) from None
 
 
 def apply_recompute(model, recompute_cfg) -> list[str]:
@@ -48,7 +45,8 @@ def apply_recompute(model, recompute_cfg) -> list[str]:
         key = f"recompute.select_module.{path}"
         for i in mf_config.parse_layer_spec(specs, n, key):
             _resolve(layers[i], path, key).recompute()
-            marked.append(f"layers.{i}.{mf_models.layer_module_path(path)}")
+            resolved = mf_models.module_in_layer(path, tuple(layers[i].name_cells()))
+            marked.append(f"layers.{i}.{resolved}")
     return marked
 
 

@@ -42,6 +42,7 @@ from mf_trainer.data import build_loader
 from mf_trainer.demo_data import prepare_demo_data
 from mf_trainer.errors import TrainerConfigError, TrainingError
 from mf_trainer.evaluation import build_evaluator
+from mf_trainer.heartbeat import watch_for_hangs
 from mf_trainer.loss import MaskedLMLoss
 from mf_trainer.lr_schedulers import build_scheduler
 from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device, training_flops_per_token
@@ -61,6 +62,8 @@ from mf_trainer.session import RunSession, fp16_hint, hparams
 from mf_trainer.sources import complete_model_section
 from mf_trainer.start import start_plan
 from mf_trainer.step import GradNorm, StepResult, StepRunner
+from mf_trainer.swap import GRAPH_MODE_BLOCKER as SWAP_GRAPH_MODE_BLOCKER
+from mf_trainer.swap import SwapReport, apply_swap
 
 log = logging.getLogger("mf_trainer")
 
@@ -129,17 +132,21 @@ class Trainer:
         self.mode = cfg.context.mode
         self.parallel = ParallelContext(cfg, dims)    # joins the world (collective) when there are ranks
         self.session.set_writer(self.parallel.is_rank0)
+        self.heartbeat = watch_for_hangs(cfg.training.hang_timeout_s)
         blocker = self.parallel.graph_mode_blocker()
         if dims.pp > 1:   # the pipeline executor runs per micro-batch (pipeline_step.py)
             blocker = "the pipeline executor differentiates each micro-batch of each stage in PyNative"
+        if cfg.swap.enable and not blocker:
+            blocker = SWAP_GRAPH_MODE_BLOCKER
         if blocker and self.mode == 0:
-            log.warning("context.mode 0: %s (mf_parallel.graph_mode_blocker); training in PyNative", blocker)
+            log.warning("context.mode 0: %s; training in PyNative", blocker)
             runtime.use_pynative()
             self.mode = 1
         runtime.seed_everything(cfg.training.seed)
 
         # Where the weights come from and what a checkpoint holds (run_mode train / finetune).
         self.start = start_plan(cfg, cfg.training.seed, self.run_directory)
+        self.offload = None           # swap's ActivationOffload, set while the model's plan is applied
         self.model = self._build_model()
         # Balance loss, expert-bias update and routing metrics of MoE models (inactive for dense ones).
         self.moe = MoETraining(self.model, self.model.args, cfg.monitor.moe_monitor,
@@ -158,7 +165,9 @@ class Trainer:
         self.state = TrainState(total_steps=cfg.training.steps)
         source = self.start.restore_source()
         if source is not None:
+            self._beat(0, "loading the checkpoint")
             self._restore(*source)
+        self._beat(self.state.step, "setting up")
         self.loader = self._build_loader()
         self._check_data()
         self.evaluator = build_evaluator(cfg, self.model, cfg.training.local_batch_size, self.parallel, self.pipeline)
@@ -182,6 +191,8 @@ class Trainer:
         if cfg.profiler.enable_profiling:   # every rank profiler.profiler_rank names (null: every rank)
             built_in.append(ProfilerCallback(cfg.profiler, self.output_dir, self.device, self.parallel.rank,
                                              self.parallel.world))
+        if self.offload is not None and self.parallel.is_rank0:
+            built_in.append(SwapReport(self.offload))
         self.callbacks = CallbackList([*built_in, *user_callbacks])
 
     def _parameter_counts(self) -> str:
@@ -206,14 +217,15 @@ class Trainer:
         except mf_models.ModelConfigError as exc:
             raise TrainerConfigError(str(exc)) from None
         self.start.prepare_model(model)   # base weights, LoRA adapters: before the plan
-        # The model's plan: tensor + sequence parallelism, recompute, FSDP/HSDP, in that order.
-        self.parallel.parallelize(model, self._recompute)
+        # The model's plan: tensor + sequence parallelism, recompute and swap, FSDP/HSDP, in that order.
+        self.parallel.parallelize(model, self._mark_memory)
         return model
 
-    def _recompute(self, model) -> None:
+    def _mark_memory(self, model) -> None:
         marked = apply_recompute(model, self.config.recompute)
         if marked:
             log.info("recompute: %s", ", ".join(marked))
+        self.offload = apply_swap(model, self.config.swap, self.device)
 
     def _build_loader(self):
         cfg, par = self.config, self.parallel
@@ -328,6 +340,11 @@ class Trainer:
             self.callbacks.on_save(self, step, path)
 
     # ---- the loop ------------------------------------------------------------------------------
+    def _beat(self, step: int, phase: str) -> None:
+        """Where this rank is, for the launcher's hang watchdog (heartbeat.py's line if it goes silent)."""
+        if self.heartbeat is not None:
+            self.heartbeat.at(step, phase)
+
     def _run_step(self, micro_batches, lr) -> tuple[StepResult, float]:
         """(the step's result, seconds spent compiling it: GRAPH_MODE's first step only)."""
         first_compiled = self.mode == 0 and self.state.step == self.state.start_step
@@ -405,6 +422,7 @@ class Trainer:
         try:
             while state.step < state.total_steps and not self.should_stop:
                 step = state.step + 1
+                self._beat(step, "training")
                 self.callbacks.on_step_begin(self, step)
                 micro = [self.parallel.shard_sequence(next(batches)) for _ in range(self.accumulation)]
                 lr = self.scheduler(self.optimizer.step)
@@ -431,11 +449,14 @@ class Trainer:
                             + fp16_hint(cfg, self.device))
                 # Before the save of this step: a run resumed from it must not need this evaluation again.
                 if self.evaluator is not None and self.evaluator.due(step, state.total_steps, self.should_stop):
+                    self._beat(step, "evaluating")
                     self.callbacks.on_evaluate(self, self.evaluator.run(step).metrics(step))
                 if self.checkpointer.should_save(step):
+                    self._beat(step, "saving a checkpoint")
                     self.save_checkpoint()
                 else:
                     self._announce(self.checkpointer.poll())
+            self._beat(state.step, "finishing")
             if (self.config.checkpoint.enable_save and state.step > state.start_step
                     and self.checkpointer.last_saved_step != state.step):
                 self.save_checkpoint()

@@ -57,6 +57,25 @@ class TokenizerAdapter:
     def eos_token_id(self) -> int | None:
         return self._tok.eod
 
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._tok.bos
+
+    @property
+    def special_tokens(self) -> dict[str, str | None]:
+        return dict(self._tok.special_tokens)
+
+    def token_to_id(self, text: str) -> int | None:
+        return self._tok.token_to_id(text)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._tok.chat_template
+
+    @property
+    def tokenizer_class(self) -> str:
+        return type(self._tok).__name__
+
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode([text])[0])
 

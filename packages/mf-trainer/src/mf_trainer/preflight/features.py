@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import mf_parallel as mp
 from mf_trainer.preflight.parallel import changed
 from mf_trainer.preflight.registry import Notice, check
 
@@ -41,15 +42,45 @@ def recompute_comm(t):
 
 @check()
 def swap(t):
-    """Activation swapping is not implemented."""
+    """swap: its fields act with enable (and free memory off CPU); op_swap names a module of each layer."""
+    import mf_config
+    import mf_models
+    from mf_trainer.preflight.registry import split_line
+
     sw = t.cfg.swap
-    if sw.enable:
-        reason = ("activations already live in host memory on CPU" if t.device == "CPU"
-                  else "activation offload is not implemented yet")
-        yield "swap.enable", f"not supported on device_target {t.device or 'any'}: {reason}"
-    for name in ("layer_swap", "op_swap"):
-        if getattr(sw, name) is not None and not sw.enable:
-            yield f"swap.{name}", "set while swap.enable is false: it would do nothing"
+    if not sw.enable:
+        for name in ("layer_swap", "op_swap", "default_prefetch"):
+            if changed(sw, name):
+                yield Notice(f"swap.{name}", "set while swap.enable is false: nothing to act on")
+        return
+    if t.device == "CPU":
+        yield Notice("swap.enable", "device_target CPU keeps activations in host memory: the selected ones are still "
+                                    "copied out and back, but nothing is freed and default_prefetch has no transfer "
+                                    "to hide")
+    args = t.model_args
+    if args is None:
+        return
+    n = args.num_hidden_layers
+    owner: dict[tuple[str, int], int] = {}     # mf's (module, layer): MindFormers' and mf's names may meet
+    for i, entry in enumerate(sw.op_swap or []):
+        try:
+            layers = mf_config.parse_layer_spec(entry.layers, n, f"swap.op_swap[{i}].layers")
+        except mf_config.ConfigError as exc:      # the model's layer count, when mf-config did not know it
+            yield split_line(str(exc), f"swap.op_swap[{i}].layers")
+            continue
+        for layer in layers:
+            modules = mf_models.layer_modules(args, layer)
+            module = mf_models.module_in_layer(entry.op_name, modules)
+            if module is None:
+                yield (f"swap.op_swap[{i}].op_name", f"{entry.op_name!r} is not a module of layer {layer}; its modules "
+                       f"are {', '.join(modules)} (or MindFormers' names for them: "
+                       f"{', '.join(mf_models.LAYER_MODULE_ALIASES)})")
+                break
+            if (module, layer) in owner:
+                yield (f"swap.op_swap[{i}].op_name", f"{entry.op_name!r} is {module} in layer {layer}, already "
+                       f"offloaded by swap.op_swap[{owner[module, layer]}]")
+                break
+            owner[module, layer] = i
 
 
 @check()
@@ -65,6 +96,15 @@ def monitors(t):
             compile_pattern(mon.train_state.local_norm)
         except TrainerConfigError as exc:
             yield split_line(str(exc), "monitor.train_state.local_norm")
+
+
+@check(commands=("train",))
+def hang_watchdog(t):
+    """training.hang_timeout_s: the watchdog is mf launch's."""
+    timeout = t.cfg.training.hang_timeout_s
+    if changed(t.cfg.training, "hang_timeout_s") and not mp.watched_by_launcher():
+        yield Notice("training.hang_timeout_s", f"{timeout:g} s: the hang watchdog is mf launch's (its launcher watches "
+                                                "every rank's heartbeat); a run started without it has none")
 
 
 @check()
