@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -182,6 +183,21 @@ def open_builders(paths: dict[str, str], dtypes: dict[str, Any]) -> dict[str, In
     return builders
 
 
+@contextmanager
+def writing(builders: dict[str, IndexedDatasetBuilder], bar: Any) -> Iterator[None]:
+    """The body fills `builders`: when it fails, every builder is aborted (its partial files
+    removed); the progress bar is closed either way."""
+    try:
+        yield
+    except BaseException:
+        for builder in builders.values():
+            builder.abort()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def check_outputs(output_prefix: str, prefixes, overwrite: bool) -> None:
     """The output directory exists, and no `.bin/.idx` of `prefixes` is there unless `overwrite`."""
     out_dir = os.path.dirname(os.path.abspath(output_prefix))
@@ -235,35 +251,30 @@ def preprocess(
     started = time.perf_counter()
     results: Iterator[Encoded] = iter(())
     bar = progress_bar(inputs, progress)
-    try:
-        tasks = ((chunk, list(json_keys), eod) for chunk in read_chunks(inputs, chunk_lines))
-        if workers == 1:
-            results = (encode_chunk(c, k, e, tokenizer) for c, k, e in tasks)
-        else:
-            results = encode_threads(((c, k, e, tokenizer) for c, k, e in tasks), workers, encode_chunk)
-        for enc in results:
-            bad.record(enc.bad, strict)
-            totals["documents"] += enc.documents
+    with writing(builders, bar):
+        try:
+            tasks = ((chunk, list(json_keys), eod) for chunk in read_chunks(inputs, chunk_lines))
+            if workers == 1:
+                results = (encode_chunk(c, k, e, tokenizer) for c, k, e in tasks)
+            else:
+                results = encode_threads(((c, k, e, tokenizer) for c, k, e in tasks), workers, encode_chunk)
+            for enc in results:
+                bad.record(enc.bad, strict)
+                totals["documents"] += enc.documents
+                for key, builder in builders.items():
+                    builder.add_documents(enc.tokens[key], enc.lengths[key], enc.per_doc[key])
+                    totals["tokens"][key] += int(enc.tokens[key].size)
+                    totals["empty"][key] += enc.empty[key]
+                if bar is not None:
+                    bar.update(enc.nbytes)
+            if totals["documents"] == 0:
+                raise InputError(f"no documents in {', '.join(inputs)} (every line was blank or bad)")
             for key, builder in builders.items():
-                builder.add_documents(enc.tokens[key], enc.lengths[key], enc.per_doc[key])
-                totals["tokens"][key] += int(enc.tokens[key].size)
-                totals["empty"][key] += enc.empty[key]
-            if bar is not None:
-                bar.update(enc.nbytes)
-        if totals["documents"] == 0:
-            raise InputError(f"no documents in {', '.join(inputs)} (every line was blank or bad)")
-        for key, builder in builders.items():
-            builder.finalize(get_idx_path(prefixes[key]))
-    except BaseException:
-        for builder in builders.values():
-            builder.abort()
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-        close = getattr(results, "close", None)
-        if close is not None:   # stops the encoding threads (after the chunks they hold) on an error
-            close()
+                builder.finalize(get_idx_path(prefixes[key]))
+        finally:
+            close = getattr(results, "close", None)
+            if close is not None:   # stops the encoding threads (after the chunks they hold) on an error
+                close()
     seconds = time.perf_counter() - started
     all_tokens = sum(totals["tokens"].values())
     summary = {

@@ -29,7 +29,16 @@ from .chat import SFTKeys, conversation_from_json
 from .errors import InputError
 from .indexed_dataset import DType, get_bin_path, get_idx_path
 from .jsonl import BadLines, LineError, parse_json_line
-from .preprocess import Chunk, check_outputs, encode_pool, open_builders, progress_bar, read_chunks, usable_workers
+from .preprocess import (
+    Chunk,
+    check_outputs,
+    encode_pool,
+    open_builders,
+    progress_bar,
+    read_chunks,
+    usable_workers,
+    writing,
+)
 from .sft_encode import ChatEncoder, load_tokenizer
 from .sft_indexed import loss_mask_prefix
 
@@ -153,37 +162,32 @@ def preprocess_sft(
     started = time.perf_counter()
     pool = None
     bar = progress_bar(inputs, progress)
-    try:
-        tasks = ((chunk, options) for chunk in read_chunks(inputs, chunk_lines))
-        if workers == 1:
-            results: Iterator[EncodedSFT] = (encode_sft_chunk(c, o, encoder) for c, o in tasks)
-        else:
-            pool, results = encode_pool(tasks, workers, _init_worker, (tok.model_path, add_bos, use_template),
-                                        _encode_in_worker)
-        for enc in results:
-            bad.record(enc.bad, strict)
-            ones = np.ones(enc.lengths.size, dtype=np.int64)
-            builders["tokens"].add_documents(enc.tokens, enc.lengths, ones)
-            builders["mask"].add_documents(enc.mask, enc.lengths, ones)
-            for key in _COUNTS:
-                totals[key] += enc.counts[key]
-            if bar is not None:
-                bar.update(enc.nbytes)
-        if totals["samples"] == 0:
-            raise InputError(f"no usable samples in {', '.join(inputs)} (every line was blank, bad, too long or "
-                             "left without a response token)")
-        builders["mask"].finalize(get_idx_path(prefixes["mask"]))
-        builders["tokens"].finalize(get_idx_path(prefix))  # last: the file whose presence makes the pair usable
-    except BaseException:
-        for builder in builders.values():
-            builder.abort()
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-        if pool is not None:
-            pool.terminate()
-            pool.join()
+    with writing(builders, bar):
+        try:
+            tasks = ((chunk, options) for chunk in read_chunks(inputs, chunk_lines))
+            if workers == 1:
+                results: Iterator[EncodedSFT] = (encode_sft_chunk(c, o, encoder) for c, o in tasks)
+            else:
+                pool, results = encode_pool(tasks, workers, _init_worker, (tok.model_path, add_bos, use_template),
+                                            _encode_in_worker)
+            for enc in results:
+                bad.record(enc.bad, strict)
+                ones = np.ones(enc.lengths.size, dtype=np.int64)
+                builders["tokens"].add_documents(enc.tokens, enc.lengths, ones)
+                builders["mask"].add_documents(enc.mask, enc.lengths, ones)
+                for key in _COUNTS:
+                    totals[key] += enc.counts[key]
+                if bar is not None:
+                    bar.update(enc.nbytes)
+            if totals["samples"] == 0:
+                raise InputError(f"no usable samples in {', '.join(inputs)} (every line was blank, bad, too long or "
+                                 "left without a response token)")
+            builders["mask"].finalize(get_idx_path(prefixes["mask"]))
+            builders["tokens"].finalize(get_idx_path(prefix))  # last: the file whose presence makes the pair usable
+        finally:
+            if pool is not None:
+                pool.terminate()
+                pool.join()
     seconds = time.perf_counter() - started
     summary: dict[str, Any] = {
         **totals,
