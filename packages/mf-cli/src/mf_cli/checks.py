@@ -77,3 +77,20 @@ def explicit_weights(args) -> str | None:
         value = yaml.safe_load(given[-1])
         return str(value) if value else None
     return None
+
+
+def checked_eval_config(args, unused: tuple[str, ...] = ()):
+    """`mf eval`'s YAML and the weights its command line names (--weights / --set
+    checkpoint.load_path), checked by the preflight with those weights (`unused`: as `check`).
+    Returns (config, weights); bad input is a UsageError."""
+    from mf_trainer.environment import world_size_from_env
+    from mf_trainer.sources import weights_for_inference
+
+    config = load_config(args.config, args.overrides)
+    weights = explicit_weights(args)
+    try:
+        checked, _ = weights_for_inference(completed(config), weights)
+    except bad_input_errors() as exc:
+        raise UsageError(bad_input_message(exc)) from None
+    check(checked, "eval", world_size_from_env(), config.context.device_target, source=args.config, unused=unused)
+    return config, weights

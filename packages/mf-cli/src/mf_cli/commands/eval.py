@@ -92,17 +92,9 @@ def run(args) -> int:
     given = [f"--{name.replace('_', '-')}" for name in HARNESS_ONLY if getattr(args, name) not in (None, False)]
     if given:
         raise UsageError(f"{given[0]} applies to lm-eval tasks: add --tasks NAMES")
-    from mf_cli.checks import bad_input_errors, bad_input_message, check, completed, explicit_weights, load_config
-    from mf_trainer.environment import world_size_from_env
-    from mf_trainer.sources import weights_for_inference
+    from mf_cli.checks import bad_input_errors, bad_input_message, checked_eval_config
 
-    config = load_config(args.config, args.overrides)
-    weights = explicit_weights(args)
-    try:
-        checked, _ = weights_for_inference(completed(config), weights)
-    except bad_input_errors() as exc:
-        raise UsageError(bad_input_message(exc)) from None
-    check(checked, "eval", world_size_from_env(), config.context.device_target, source=args.config)
+    config, weights = checked_eval_config(args)
     from mf_cli.console import progress_logging
 
     progress_logging("stderr")  # stdout carries the result

@@ -100,20 +100,11 @@ def _from_directory(args) -> Loaded:
 
 
 def _from_config(args) -> Loaded:
-    from mf_cli.checks import bad_input_errors, bad_input_message, check, completed, explicit_weights, load_config
+    from mf_cli.checks import bad_input_errors, bad_input_message, checked_eval_config
     from mf_cli.commands.generate import TokenizerAdapter
-    from mf_trainer.environment import world_size_from_env
     from mf_trainer.evaluation import DATA_SECTIONS
-    from mf_trainer.sources import weights_for_inference
 
-    config = load_config(args.config, args.overrides)
-    weights = explicit_weights(args)
-    try:
-        checked, _ = weights_for_inference(completed(config), weights)
-    except bad_input_errors() as exc:
-        raise UsageError(bad_input_message(exc)) from None
-    check(checked, "eval", world_size_from_env(), config.context.device_target, source=args.config,
-          unused=DATA_SECTIONS)
+    config, weights = checked_eval_config(args, unused=DATA_SECTIONS)
     import mf_trainer
 
     try:
