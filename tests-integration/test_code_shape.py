@@ -5,6 +5,7 @@ both sides can import). Read from the source with `ast`, so nothing is imported.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -110,14 +111,19 @@ def _circles(edges: dict[str, set[str]]) -> list[set[str]]:
     return out
 
 
+@functools.cache
+def _packages_read():
+    return _imports(_modules())
+
+
 def test_no_import_circles_inside_a_package():
-    edges, _ = _imports(_modules())
+    edges, _ = _packages_read()
     circles = [c for c in _circles(edges) if c not in KNOWN_CIRCLES]
     assert not circles, "import circles: " + "; ".join(" <-> ".join(sorted(c)) for c in circles)
 
 
 def test_no_private_names_across_modules():
-    _, private = _imports(_modules())
+    _, private = _packages_read()
     found = sorted({(m, t) for m, t in private if (m, t.replace(":", ".")) not in KNOWN_PRIVATE})
     assert not found, "private names used by other modules: " + "; ".join(f"{m} -> {t}" for m, t in found)
 
