@@ -16,7 +16,7 @@ from pathlib import Path
 from . import assets as carried
 from . import jsonable
 from .carried_configs import carried_generation_config, carried_hf_config
-from .ckpt_dir import COMMON
+from .ckpt_dir import COMMON, check_iteration
 from .errors import CheckpointError
 from .extract import read_box
 from .fsutil import atomic_output_dir, check_not_an_input, check_output_dir
@@ -71,6 +71,7 @@ def convert_hf_to_mf(src, dst, *, arch: str | None = None, iteration: int = 0, h
     LoRA directory (adapter_config.json) becomes an adapter checkpoint (peft.py; `hf_config` is
     the base's config.json when the adapter does not name a local base)."""
 
+    iteration = check_iteration(iteration, "--iteration")
     check_not_an_input(dst, [src, hf_config if isinstance(hf_config, (str, Path)) else None], "DST")
     check_output_dir(Path(dst), overwrite=overwrite)
     if not Path(src).is_dir():
@@ -126,6 +127,6 @@ def convert_mf_to_hf(src, dst, *, iteration: int | None = None, hf_config=None, 
             for p in target.pieces:
                 entries.append(Entry(p.hf, code, p.hf_shape, lambda name=name, p=p: read_box(
                     layout, pool, "model", name, p.offset, p.shape).reshape(p.hf_shape)))
-        write_hf_files(tmp, entries, config, limit, generation_config=carried_generation_config(layout), tokenizer=tokenizer,
-                       progress=progress)
+        write_hf_files(tmp, entries, config, limit, generation_config=carried_generation_config(layout),
+                       tokenizer=tokenizer, progress=progress, source=str(layout.root))
     return Path(dst)
