@@ -24,7 +24,6 @@ from mf_parallel.pipeline.stages import (
     PipelineSpec,
     Placement,
     StageLayout,
-    pipeline_from_config,
     resolve_pipeline,
 )
 from mf_parallel.pipeline.validate import ScheduleError
@@ -33,7 +32,7 @@ from mf_parallel.pipeline.validate import validate as validate_schedule
 __all__ = [
     "SCHEDULES", "ChunkInfo", "Combined", "Comm", "Compute", "Costs", "Message", "PipelineSpec", "Placement",
     "Schedule", "ScheduleError", "Simulation", "StageLayout", "build_schedule", "compute_orders", "expected_bubble",
-    "overlap_b_f_idle_reason", "pipeline_from_config", "resolve_pipeline", "save_png", "simulate_schedule",
+    "overlap_b_f_idle_reason", "resolve_pipeline", "save_png", "simulate_schedule",
     "text_timeline", "textbook_bubble", "validate_schedule",
     # MindSpore (lazy)
     "PipelineExecutor", "StepResult", "defer_weight_grads", "register_weight_grad_split", "WeightGradStash",
