@@ -272,6 +272,12 @@ def eval_section(workdir: Path, local_batch_size: int) -> dict:
 
 
 def config(workdir: Path, name: str, steps: int | None = None, load_path: str | None = None, out: str | None = None):
+    return mf_config.load_config(raw_config(workdir, name, steps, load_path, out))
+
+
+def raw_config(workdir: Path, name: str, steps: int | None = None, load_path: str | None = None,
+               out: str | None = None) -> dict:
+    """Case `name`'s YAML as plain data (test_multinode.py writes it to a file for `mf launch`)."""
     base = name.split("_from_")[0]
     steps = steps_of(base) if steps is None else steps
     parallelism, training, mode, _ = CASES[base]
@@ -306,7 +312,7 @@ def config(workdir: Path, name: str, steps: int | None = None, load_path: str | 
         raw["swap"] = SWAP[base]
     if evaluated:
         raw["eval_dataset"] = eval_section(workdir, training["local_batch_size"])
-    return mf_config.load_config(raw)
+    return raw
 
 
 class Recorder(Callback):

@@ -12,7 +12,9 @@ test items share one launch (an msrun start-up costs ~20 s here). The launches o
 * world 8 (`_trainer_worker.py`): the seed's parallelism example scaled down (`world8`);
 * world 2 (`_pipeline_worker.py`): interleaved + dx/dw split + overlap flags, executor alone,
   against one process (fixture in test_pipeline_parity.py; the others are Trainer cases above);
-* plus one-process reference runs of `_trainer_worker.py` (no msrun) and the launcher tests.
+* plus one-process reference runs of `_trainer_worker.py` (no msrun), the launcher tests, and the
+  three two-node `mf launch` jobs of test_multinode.py (two network namespaces; after world 4,
+  whose `fsdp2_tp2` case is the uninterrupted run they resume bit for bit).
 """
 
 from __future__ import annotations

@@ -64,8 +64,16 @@ NOT_RUN = {
     "mf plan CONFIG": "a placeholder (`mf plan train.yaml` runs below)",
     "mf report A B --compare": "a placeholder for two run directories (the compare is mf-cli's test_report_command)",
     "mf train FILE --dry-run --world N": "a placeholder: each preset's dry run at its world is test_examples.py's",
+    "mf serve": "names the command in prose (test_serve.py and test_lm_eval.py run the server)",
+    "mf eval output/tiny/checkpoint --tasks arc_easy": "arc_easy is fetched from the Hugging Face hub, which this "
+                                                       "machine cannot reach; test_lm_eval.py runs the same command "
+                                                       "form on a local task",
     "mf train train.yaml": "train.yaml is the reference's skeleton, a cluster-size DeepSeek-V3 (its dry run runs below)",
     "mf launch -n 8 train.yaml": "8 ranks of the reference's cluster-size skeleton (its dry run at world 8 runs below)",
+    "mf launch -n 2 --nodes 2 --node-rank 0 --master-addr 10.231.0.1 --master-port 29500 train.yaml":
+        "node 0 of two machines: test_multinode.py runs it as written, beside node 1's, in two network namespaces",
+    "mf launch -n 2 --nodes 2 --node-rank 1 --master-addr 10.231.0.1 --master-port 29500 train.yaml":
+        "node 1 of two machines: test_multinode.py runs it as written, beside node 0's, in two network namespaces",
 }
 
 
@@ -122,6 +130,11 @@ def _metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _eval_loss(stdout: str) -> float:
+    """The loss of `mf eval`'s summary line (`mf eval: loss 6.1234, ppl ...`)."""
+    return float(re.search(r"^mf eval: loss ([0-9.]+),", stdout, re.M).group(1))
+
+
 def _steps(run: Path) -> list[int]:
     return [r["step"] for r in _metrics(run / "metrics.jsonl") if "loss" in r]
 
@@ -131,11 +144,33 @@ def _steps(run: Path) -> list[int]:
 
 def test_bootstrap_demo(session):
     """The README's first command: the demo corpus, tokenizer and data built, 4 steps trained, the
-    held-out split evaluated at the last step (its eval_interval 100 is beyond a short run)."""
+    held-out split evaluated at the last step (its eval_interval 100 is beyond a short run), the
+    run directory explaining itself, two samples."""
     out = session.run("./bootstrap demo", *STEPS).stdout
+    run = session.work / "output" / "tiny"
+    lines = out.splitlines()
+    first = [x for x in lines if x.startswith("[mf_trainer] ")][:6]
+    assert first == ["[mf_trainer] output_dir: output/tiny (the resolved config.yaml; summary.json at the end)",
+                     "[mf_trainer] metrics: output/tiny/metrics.jsonl",
+                     "[mf_trainer] tensorboard: output/tiny/tensorboard",
+                     "[mf_trainer] log: output/tiny/train.log",
+                     "[mf_trainer] checkpoints: output/tiny/checkpoint (every 100 steps and at the end, 2 kept)",
+                     "[mf_trainer] a new run"], first
     assert "demo corpus: trained a 2000-piece sentencepiece model" in out
+    assert "[mf_data] train_dataset: " in out and "[mf_data] eval_dataset (valid split): " in out
     assert "eval at step 4: loss" in out and "mf train: done at step 4" in out
-    assert _steps(session.work / "output" / "tiny") == [1, 2, 3, 4]
+    assert not [x for x in lines if "notice: " in x], "the demo as written has no knob with nothing to act on"
+    assert _steps(run) == [1, 2, 3, 4]
+    evals = [r for r in _metrics(run / "metrics.jsonl") if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [4] and evals[0]["eval_batches"] == 2
+    for i, prompt in enumerate(("The for statement", "A class definition"), start=1):
+        at = lines.index(f"[mf_trainer] sample {i}/2")
+        assert lines[at + 1] == f"  prompt     | {prompt}" and lines[at + 2].startswith("  completion | ")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["step"] == 4 and summary["sessions"] == 1
+    assert summary["last_checkpoint"]["path"].endswith("iteration_00000004")
+    assert (run / "config.yaml").is_file()
+    assert (run / "train.log").read_text().count(" [mf_trainer] step ") == out.count("[mf_trainer] step ") >= 2
 
 
 def test_the_demo_command_again_continues_it(session):
@@ -151,11 +186,17 @@ def test_bootstrap_demo_with_fewer_steps_continues_the_run(session):
 
 def test_report_of_the_demo(session):
     out = session.run("mf report output/tiny").stdout
-    assert out.startswith("tiny (") and "steps 1-6" in out
+    assert out.startswith("tiny (") and "steps 1-6 (6 recorded, 0 skipped); wall time " in out
+    # checkpoint records hold absolute paths, so the report finds them from any directory
+    assert re.search(r"last checkpoint: step 6, /\S*/output/tiny/checkpoint/iteration_00000006 \(on disk", out), out
 
 
 def test_eval_of_the_training_yaml(session):
-    session.run("mf eval examples/tiny/train.yaml")
+    """The run's own weights on the held-out split: the evaluation the run logged at its last step."""
+    done = session.run("mf eval examples/tiny/train.yaml")
+    assert "weights: output/tiny/checkpoint (the run's trained weights: checkpoint.save_path, iteration 6)" in done.stderr
+    last = [r for r in _metrics(session.work / "output" / "tiny" / "metrics.jsonl") if "eval_loss" in r][-1]
+    assert last["step"] == 6 and _eval_loss(done.stdout) == pytest.approx(last["eval_loss"], rel=1e-4), done.stdout
 
 
 def test_training_continues_with_more_steps(session):
@@ -179,8 +220,18 @@ def _launch(session, command: str, out_dir: str, *expected: str):
 
 
 def test_tensor_parallel_demo(session):
-    _launch(session, "mf launch -n 2 examples/tiny/train.yaml --set parallelism.tensor_parallel=2 "
-                     "--set output_dir=output/tiny_tp2", "output/tiny_tp2", "(TP+SP)", "eval at step 4")
+    console = _launch(session, "mf launch -n 2 examples/tiny/train.yaml --set parallelism.tensor_parallel=2 "
+                               "--set output_dir=output/tiny_tp2", "output/tiny_tp2", "mf launch: 2 ranks", "(TP+SP)",
+                      "eval at step 4", "comm ", "  prompt     | A class definition", " per rank (of 2)")
+    out = session.work / "output" / "tiny_tp2"
+    assert (out / "logs" / "worker_1.log").read_text().count("mf train: done at step 4") == 1
+    rows = [r for r in _metrics(out / "metrics.jsonl") if "loss" in r]
+    assert all(r["comm_bytes"] > 0 for r in rows)
+    files = {p.name for p in (out / "checkpoint" / "iteration_00000004").iterdir()}
+    assert "checkpoint-model-0000000-0000002.safetensors" in files and "metadata.json" in files
+    # MindSpore's own INFO lines stay in the rank logs, off the console; rank 0 alone writes the run files
+    assert not [line for line in console.splitlines() if line.startswith("[INFO] ")], console[-3000:]
+    assert (out / "summary.json").is_file() and (out / "train.log").read_text().count("step 4/4") == 1
 
 
 def test_context_parallel_demo(session):
@@ -219,31 +270,50 @@ def test_reference_skeleton_validate_dry_run_and_plan(session):
 # examples/README.md, in its table's order
 
 def test_eval_yaml(session):
-    session.run("mf eval examples/tiny/eval.yaml")
+    """The run's checkpoint and split, named explicitly: the loss the run logged at its last step
+    (9, after the continuations above)."""
+    got = session.run("mf eval examples/tiny/eval.yaml").stdout
+    last = [r for r in _metrics(session.work / "output" / "tiny" / "metrics.jsonl") if "eval_loss" in r][-1]
+    assert last["step"] == 9 and _eval_loss(got) == pytest.approx(last["eval_loss"], rel=1e-4), (last, got)
 
 
 def test_predict_yaml(session):
-    out = session.run("mf generate examples/tiny/predict.yaml").stdout
-    assert out.startswith("The for statement")
+    done = session.run("mf generate examples/tiny/predict.yaml")
+    assert done.stdout.startswith("The for statement")          # the prompts in order, each completed
+    assert all(prompt in done.stdout for prompt in ("A class definition", "Exceptions"))
+    assert "mf generate: 3 prompt(s)" in done.stderr
 
 
 def test_lora_fine_tune_then_its_eval_and_generate(session):
     out = session.run("mf train examples/tiny/lora.yaml", *STEPS).stdout
-    assert "LoRA: rank 8" in out and "mf train: done at step 4" in out
-    session.run("mf eval examples/tiny/lora.yaml")
-    session.run('mf generate examples/tiny/lora.yaml --prompt "..."')
+    assert "model: taken from output/tiny/checkpoint (hf_config) (llama: num_hidden_layers 4, hidden_size 192" in out
+    assert re.search(r"demo SFT data: \d+ conversations from pydoc_data.topics", out) and "LoRA: rank 8" in out
+    assert "trainable (" in next(x for x in out.splitlines() if "parameters: " in x)
+    assert "mf train: done at step 4" in out
+    evals = [r for r in _metrics(session.work / "output" / "tiny_lora" / "metrics.jsonl") if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [4]
+    # mf eval on the fine-tune YAML: the fine-tuned adapters (merged into their base), not the base
+    got = session.run("mf eval examples/tiny/lora.yaml")
+    assert "the run's fine-tuned weights: checkpoint.save_path, iteration 4" in got.stderr
+    assert _eval_loss(got.stdout) == pytest.approx(evals[-1]["eval_loss"], rel=1e-4), (evals[-1], got.stdout)
+    generated = session.run('mf generate examples/tiny/lora.yaml --prompt "..."')
+    assert "mf generate: note: weights: output/tiny_lora/checkpoint (the run's fine-tuned weights" in generated.stderr
 
 
 def test_hf_export_then_full_fine_tune_from_it(session):
     session.run("mf ckpt convert --from mf --to hf output/tiny/checkpoint output/tiny/hf")
     out = session.run("mf train examples/tiny/finetune_hf.yaml", *STEPS).stdout
-    assert "model: taken from output/tiny/hf/config.json" in out and "mf train: done at step 4" in out
+    assert "model: taken from output/tiny/hf/config.json (llama: num_hidden_layers 4, hidden_size 192" in out
+    assert "[mf_trainer] finetune: weights of " in out and "mf train: done at step 4" in out
+    assert "hidden_size: 192" in (session.work / "output" / "tiny_ft" / "config.yaml").read_text()
 
 
 @pytest.mark.parametrize("name", ["qwen3", "deepseek_v3"])
 def test_the_other_architectures(session, name):
     out = session.run(f"mf train examples/tiny/{name}.yaml", *STEPS).stdout
     assert "demo corpus: using the cached" in out and "mf train: done at step 4" in out
+    losses = [r["loss"] for r in _metrics(session.work / "output" / f"tiny_{name}" / "metrics.jsonl") if "loss" in r]
+    assert len(losses) == 4 and all(3.0 < x < 12.0 for x in losses)   # about ln(2000) = 7.6 untrained
 
 
 # ------------------------------------------------------------------------------------ the harness

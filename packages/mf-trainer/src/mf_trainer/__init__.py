@@ -48,6 +48,7 @@ __all__ = [
     "decay_mask",
     "dry_run",
     "evaluate",
+    "evaluated_model",
     "memory_plan",
     "preflight",
     "register_callback",
@@ -56,7 +57,7 @@ __all__ = [
 _LAZY = {
     **{name: "callbacks" for name in ("CALLBACKS", "Callback", "StopAfterLoss", "StopAtStep", "build_callbacks",
                                       "register_callback")},
-    **{name: "evaluation" for name in ("EvalResult", "Evaluator", "evaluate")},
+    **{name: "evaluation" for name in ("EvalResult", "Evaluator", "evaluate", "evaluated_model")},
     **{name: "lr_schedulers" for name in ("SCHEDULERS", "LRScheduler", "build_scheduler")},
     "MetricsLogger": "monitor",
     "AdamW": "optimizer", "build_adamw": "optimizer", "build_optimizer": "optimizer",

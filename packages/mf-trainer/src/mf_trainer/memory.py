@@ -141,6 +141,8 @@ def parse_bytes(text: str, key: str = "--device-memory") -> int:
     scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
     if value <= 0:
         raise TrainerConfigError(f"{key}: must be positive, got {text!r}")
+    if not math.isfinite(value * scale) or value * scale >= 2 ** 80:      # a yobibyte: no device holds it
+        raise TrainerConfigError(f"{key}: {text!r} is not a size any device has (at most 2**80 bytes)")
     return int(value * scale)
 
 
@@ -316,16 +318,23 @@ def memory_plan(cfg, layout: mp.Layout) -> MemoryPlan:
 
     # FSDP keeps every unit's gathered parameters from forward to backward (its policy, resolved)
     never = not layout.reshard_after_forward(last=False)
+    # Each entry's layer, found once: a stage looks only at its own layers' entries and the rest
+    # (ranks x entries would be quadratic in pipeline stages).
+    by_layer: dict[int, list] = {}
+    others = []
+    for e in inventory:
+        m = LAYER.match(e.name)
+        if m:
+            by_layer.setdefault(int(m.group(1)), []).append(e)
+        else:
+            others.append(e)
     ranks = []
     for pp_rank, (ids, first, last, in_flight) in enumerate(stages):
-        mine = set(ids)
         stored = local_total = trained = kept_gathered = 0
         unit_local: dict[str, int] = {}
-        for e in inventory:
+        for e in [e for i in sorted(set(ids)) for e in by_layer.get(i, ())] + others:
             m = LAYER.match(e.name)
             if m:
-                if int(m.group(1)) not in mine:
-                    continue
                 unit = f"layers.{m.group(1)}"
             elif e.name == "tok_embeddings.weight":
                 if not (first or (last and args.tie_word_embeddings)):

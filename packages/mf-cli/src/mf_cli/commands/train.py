@@ -143,6 +143,7 @@ def run(args) -> int:
     bad_input = _bad_input_errors()
     try:
         trainer = mf_trainer.Trainer(config, overwrite=args.overwrite)
+        trainer.prepare_outputs()     # output_dir and save_path written to before step 1, by every rank
     except bad_input as exc:
         raise UsageError(bad_input_message(exc)) from None
     try:

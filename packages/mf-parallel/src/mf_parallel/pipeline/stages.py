@@ -27,6 +27,9 @@ from mf_parallel.errors import ParallelConfigError
 
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zbv")
 _KEY = "parallelism.pipeline_parallel"
+# The schedule is Python objects per computation (planned, validated and simulated before the
+# first step): beyond this it takes minutes and gigabytes, for a step no pipeline runs.
+MAX_COMPUTATIONS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,13 @@ class PipelineSpec:
         """Raise unless this schedule can run `microbatches` micro-batches per optimizer step."""
         if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
             raise ParallelConfigError(f"pipeline: the micro-batch count must be a positive integer, got {microbatches!r}")
+        computations = microbatches * self.pp * self.chunks * (3 if self.split_backward else 2)
+        if computations > MAX_COMPUTATIONS:
+            raise ParallelConfigError(
+                f"training.global_batch_size: {microbatches:,} micro-batches per step through {self.pp * self.chunks} "
+                f"virtual pipeline stages is {computations:,} computations per step, more than the "
+                f"{MAX_COMPUTATIONS:,} a pipeline schedule is built for (the micro-batch count is global_batch_size / "
+                f"(data-parallel size x local_batch_size)): lower global_batch_size or raise local_batch_size")
         if self.schedule == "interleaved_1f1b" and microbatches % self.pp:
             options = [self.pp * k for k in range(1, 5)]
             raise ParallelConfigError(

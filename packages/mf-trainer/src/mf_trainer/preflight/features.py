@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import mf_parallel as mp
 from mf_trainer.preflight.registry import Notice, changed, check
 
 
@@ -94,6 +95,15 @@ def monitors(t):
             compile_pattern(mon.train_state.local_norm)
         except TrainerConfigError as exc:
             yield split_line(str(exc), "monitor.train_state.local_norm")
+
+
+@check(commands=("train",))
+def hang_watchdog(t):
+    """training.hang_timeout_s: the watchdog is mf launch's."""
+    timeout = t.cfg.training.hang_timeout_s
+    if changed(t.cfg.training, "hang_timeout_s") and not mp.watched_by_launcher():
+        yield Notice("training.hang_timeout_s", f"{timeout:g} s: the hang watchdog is mf launch's (its launcher watches "
+                                                "every rank's heartbeat); a run started without it has none")
 
 
 @check()

@@ -35,6 +35,14 @@ def layout_problem(t, part: str):
 
 
 @check()
+def parallelism_fields(t):
+    """The parallelism section's fields can be read (the layout resolves nothing otherwise)."""
+    problem = layout_problem(t, "fields")
+    if problem:
+        yield problem
+
+
+@check()
 def idle_fields(t):
     """The fields with nothing to act on in this layout or on this device: a notice each."""
     if t.layout is None:
@@ -71,10 +79,8 @@ def lora_layers(t):
 @check(needs=("world",))
 def layout(t):
     """The parallel degrees fit the world size."""
-    fields = t.layout_problems.get("fields")
-    if fields:
-        yield split_line(fields, "parallelism")
-        return
+    if t.layout is None:
+        return              # parallelism_fields says why
     if t.command == TRAIN and t.world == 1:
         found = False
         for key in ("tensor_parallel", "context_parallel", "pipeline_parallel", "data_parallel_shard"):
