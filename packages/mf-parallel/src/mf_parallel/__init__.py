@@ -1,11 +1,13 @@
 """MindSpore parallel runtime: device mesh, collectives, FSDP/HSDP, TP/SP, PP, CP, EP.
 
-`ParallelDims`, the error type, the pipeline planning names (`resolve_pipeline`,
-`build_schedule`, `simulate_schedule`, ...) and context parallelism's sequence layout, batch
-slicing and settings import without MindSpore; everything else needs it. MindSpore takes seconds
-to import: the names under `TYPE_CHECKING` below are imported on first use at run time (PEP 562,
-`_LAZY`), so readers and type checkers see where each comes from while `import mf_parallel` stays
-cheap (the trainer's preflight reads ParallelDims without MindSpore).
+`Layout` (the `parallelism` section resolved once: the world split, the pipeline spec, the CP
+settings, the FSDP and dispatcher options, the idle fields), `ParallelDims`, the error type, the
+pipeline planning names (`resolve_pipeline`, `build_schedule`, `simulate_schedule`, ...) and
+context parallelism's sequence layout, batch slicing and settings import without MindSpore;
+everything else needs it. MindSpore takes seconds to import: the names under `TYPE_CHECKING`
+below are imported on first use at run time (PEP 562, `_LAZY`), so readers and type checkers see
+where each comes from while `import mf_parallel` stays cheap (the trainer's preflight resolves the
+Layout without MindSpore).
 """
 
 __version__ = "0.6.0"
@@ -20,8 +22,21 @@ from mf_parallel.cp.layout import (
     zigzag_indices,
 )
 from mf_parallel.cp.methods import ContextParallelSettings, check_context_parallel, context_parallel_problems
-from mf_parallel.dims import AXES, EP_DISPATCHERS, GROUP_NAMES, ParallelDims
+from mf_parallel.dims import AXES, GROUP_NAMES, ParallelDims
 from mf_parallel.errors import ParallelConfigError
+from mf_parallel.layout import (
+    EP_DISPATCHERS,
+    FIELDS,
+    STRATEGIES,
+    DispatcherOptions,
+    FsdpOptions,
+    Idle,
+    Layout,
+    LayoutCheck,
+    changed_fields,
+    deredundancy_problem,
+    reshard_after_forward_for,
+)
 
 if TYPE_CHECKING:  # imported on first use at run time (`_LAZY`, the same table)
     from mf_parallel.autograd import (
@@ -57,12 +72,11 @@ if TYPE_CHECKING:  # imported on first use at run time (`_LAZY`, the same table)
     from mf_parallel.cp.ulysses import HybridAttention, UlyssesAttention
     from mf_parallel.expert_deredundancy import (
         DeredundancyTokenDispatcher,
-        deredundancy_problem,
         routed_rows,
         two_level_groups,
     )
     from mf_parallel.expert_parallel import AllToAllTokenDispatcher, ExpertExchange, shard_experts
-    from mf_parallel.fsdp import check_cpu_offload, fully_shard, reshard_after_forward_for
+    from mf_parallel.fsdp import check_cpu_offload, fully_shard
     from mf_parallel.heartbeat import Heartbeat, start_heartbeat, watched_by_launcher
     from mf_parallel.launcher import launch, node_log_dir
     from mf_parallel.leaf import register_param_forward
@@ -80,7 +94,6 @@ if TYPE_CHECKING:  # imported on first use at run time (`_LAZY`, the same table)
         WeightGradStash,
         build_schedule,
         defer_weight_grads,
-        pipeline_from_config,
         register_weight_grad_split,
         resolve_pipeline,
         simulate_schedule,
@@ -109,13 +122,15 @@ if TYPE_CHECKING:  # imported on first use at run time (`_LAZY`, the same table)
         parallelize_module,
     )
 
-_PIPELINE = ("PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "pipeline_from_config", "build_schedule",
+_PIPELINE = ("PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "build_schedule",
              "validate_schedule", "simulate_schedule", "Costs", "Schedule", "ScheduleError", "text_timeline",
              "PipelineExecutor", "StepResult", "register_weight_grad_split", "defer_weight_grads",
              "WeightGradStash")
 
 __all__ = [
     "__version__", "AXES", "EP_DISPATCHERS", "GROUP_NAMES", "ParallelDims", "ParallelConfigError",
+    # the resolved parallelism section (layout.py)
+    "Layout", "LayoutCheck", "FsdpOptions", "DispatcherOptions", "Idle", "FIELDS", "STRATEGIES", "changed_fields",
     # context parallelism: the sequence layout and batch slicing (numpy), the settings and checks
     "zigzag_indices", "slice_for_context_parallel", "masked_from_segments", "segment_ids_from_attention_mask",
     "segment_ids_from_actual_seq_len", "ContextParallelSettings", "check_context_parallel",
@@ -144,7 +159,7 @@ __all__ = [
     # launching (per-node logs, the ranks' heartbeat the launcher watches) and the checkpoint collective interface
     "launch", "node_log_dir", "Heartbeat", "start_heartbeat", "watched_by_launcher", "Communicator",
     # pipeline parallelism (mf_parallel.pipeline: pure Python except the executor)
-    "PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "pipeline_from_config", "build_schedule",
+    "PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "build_schedule",
     "validate_schedule", "simulate_schedule", "Costs", "Schedule", "ScheduleError", "text_timeline",
     "PipelineExecutor", "StepResult", "register_weight_grad_split", "defer_weight_grads", "WeightGradStash",
 ]
@@ -166,7 +181,7 @@ _LAZY = {
                                             "VocabParallelEmbedding", "SequenceParallel", "PrepareModuleInput",
                                             "parallelize_module", "local_heads")},
     "VocabParallelCrossEntropy": "loss", "VocabParallelArgmax": "loss",
-    "fully_shard": "fsdp", "reshard_after_forward_for": "fsdp", "check_cpu_offload": "fsdp",
+    "fully_shard": "fsdp", "check_cpu_offload": "fsdp",
     "GlobalNormClip": "clip", "sum_of_squares": "clip",
     **{name: "prefetch" for name in ("enable_gather_prefetch", "gather_prefetch_pays_off", "GatherPrefetcher",
                                      "GatherSource")},
@@ -174,7 +189,7 @@ _LAZY = {
     "HybridAttention": "cp.ulysses", "RingExchange": "cp.exchange",
     **{name: "expert_parallel" for name in ("shard_experts", "AllToAllTokenDispatcher", "ExpertExchange")},
     **{name: "expert_deredundancy" for name in ("DeredundancyTokenDispatcher", "two_level_groups",
-                                                "deredundancy_problem", "routed_rows")},
+                                                "routed_rows")},
     **{name: "state" for name in ("ParamLayout", "param_layouts", "shard_metadata", "local_blocks",
                                   "gather_full_state", "load_full_state", "load_sharded_state")},
     "launch": "launcher", "node_log_dir": "launcher", "Heartbeat": "heartbeat", "start_heartbeat": "heartbeat",

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +33,6 @@ COMBINED: dict[str, tuple[str, ...]] = {
 }
 EXPERT_GROUPS: tuple[str, ...] = ("ep", "dp_shard_mod_ep")
 GROUP_NAMES: tuple[str, ...] = (*AXES, *COMBINED, *EXPERT_GROUPS)
-# moe_token_dispatcher_type values expert parallelism implements (mf_parallel.expert_parallel).
-EP_DISPATCHERS: tuple[str, ...] = ("alltoall", "alltoall_deredundancy")
 
 # YAML key -> attribute, for the messages: users know the YAML names.
 _YAML_KEY = {
@@ -68,7 +65,7 @@ class ParallelDims:
     """Degrees of every parallel axis for `world_size` ranks.
 
     `dp_shard=-1` takes every rank the other axes leave (pure FSDP when dp_replicate is 1).
-    Construct from YAML-shaped settings with `ParallelDims.from_config`.
+    A YAML `parallelism` section becomes one through `mf_parallel.Layout.resolve` (layout.py).
     """
 
     world_size: int
@@ -110,46 +107,6 @@ class ParallelDims:
             strides[axis] = stride
             stride *= getattr(self, axis)
         object.__setattr__(self, "_strides", strides)
-
-    # ----------------------------------------------------------------- construction from YAML
-    @classmethod
-    def from_config(cls, parallelism: Mapping[str, Any] | Any | None, world_size: int) -> ParallelDims:
-        """Build from the YAML `parallelism` block (a mapping or an object with those attributes).
-
-        Reads only the degree keys (data_parallel_shard, tensor_parallel, pipeline_parallel,
-        context_parallel, expert_parallel); the strategy options in the same block belong to the
-        strategies (`fully_shard` etc.). data_parallel_shard: -1 = pure FSDP over every data-parallel
-        rank; a positive value s < dp gives HSDP with dp / s replicas of s-way shards.
-        """
-        def get(key: str, default: int) -> Any:
-            if parallelism is None:
-                return default
-            if isinstance(parallelism, Mapping):
-                value = parallelism.get(key, default)
-            else:
-                value = getattr(parallelism, key, default)
-            return default if value is None else value
-
-        tp = _check_degree("tp", get("tensor_parallel", 1))
-        pp = _check_degree("pp", get("pipeline_parallel", 1))
-        cp = _check_degree("cp", get("context_parallel", 1))
-        ep = _check_degree("ep", get("expert_parallel", 1))
-        shard = _check_degree("dp_shard", get("data_parallel_shard", -1), allow_auto=True)
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ParallelConfigError(f"world size must be a positive integer, got {world_size!r}")
-        non_dp = pp * cp * tp
-        if world_size % non_dp:
-            raise ParallelConfigError(
-                f"parallelism: pipeline_parallel ({pp}) x context_parallel ({cp}) x tensor_parallel ({tp}) = {non_dp} "
-                f"does not divide the world size {world_size}; pick degrees whose product divides {world_size}")
-        dp = world_size // non_dp
-        if shard == -1:
-            shard = dp
-        if dp % shard:
-            raise ParallelConfigError(
-                f"parallelism.data_parallel_shard: {shard} does not divide the data-parallel size {dp} "
-                f"(= world {world_size} / (pp {pp} x cp {cp} x tp {tp})); use -1 or one of {_divisors(dp)}")
-        return cls(world_size=world_size, dp_replicate=dp // shard, dp_shard=shard, cp=cp, tp=tp, pp=pp, ep=ep)
 
     # ----------------------------------------------------------------- derived sizes and flags
     @property

@@ -1,7 +1,7 @@
 """Pipeline-parallel training (`parallelism.pipeline_parallel > 1`): the Trainer's model, step,
 norm and checkpoint state when every pipeline rank holds a part of the model.
 
-    plan = pipeline_plan(cfg, parallel, model, accumulation)   # None when pipeline_parallel is 1
+    plan = pipeline_plan(parallel, model, accumulation)   # None when pipeline_parallel is 1
     stage = plan.stage                  # this rank's parameters under their global names
     runner = plan.runner(optimizer, max_norm, local_norm)       # a StepRunner: (micro_batches, lr) -> StepResult
     plan.sharded_state(optimizer, held)  # checkpoint state in the global layout
@@ -77,15 +77,11 @@ from mf_trainer.step import (
 log = logging.getLogger("mf_trainer")
 
 
-def stage_layout(cfg, num_layers: int, accumulation: int) -> tuple[mp.PipelineSpec, mp.StageLayout]:
-    """The resolved schedule and the layers of every virtual stage, or one TrainerConfigError line."""
-    par = cfg.parallelism
+def stage_layout(layout: mp.Layout, num_layers: int, accumulation: int) -> tuple[mp.PipelineSpec, mp.StageLayout]:
+    """The layout's schedule and the layers of every virtual stage, or one TrainerConfigError line."""
     try:
-        spec = mp.pipeline_from_config(par)
-        spec.check_microbatches(accumulation)
-        layers = mf_config.pipeline_layer_placement(par.pipeline_parallel_layers_per_stage, spec.pp, spec.chunks,
-                                                    num_layers, schedule=spec.schedule)
-        return spec, mp.StageLayout.build(spec, layers)
+        layout.pipeline.check_microbatches(accumulation)
+        return layout.pipeline, layout.stage_layout(num_layers, mf_config.pipeline_layer_placement)
     except (mp.ParallelConfigError, mf_config.ConfigError) as exc:
         raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
 
@@ -197,11 +193,11 @@ class PipelineShardedState(ShardedState):
 class PipelinePlan:
     """This rank's stage, executor and the pieces the Trainer swaps in (see the module doc)."""
 
-    def __init__(self, cfg, parallel, model, accumulation: int) -> None:
+    def __init__(self, parallel, model, accumulation: int) -> None:
         self.parallel = parallel
         self.model = model                                   # the whole model (flops, names, shapes)
         mesh = parallel.mesh
-        self.spec, self.layout = stage_layout(cfg, model.args.num_hidden_layers, accumulation)
+        self.spec, self.layout = stage_layout(parallel.layout, model.args.num_hidden_layers, accumulation)
         self.schedule = mp.build_schedule(self.spec, accumulation)
         mp.validate_schedule(self.schedule)
         self.pp_rank = mesh["pp"].rank
@@ -268,8 +264,9 @@ class PipelinePlan:
                                     skip=[p for p in self.stage.tied if id(p) in self.copies])
 
 
-def pipeline_plan(cfg, parallel, model, accumulation: int) -> PipelinePlan | None:
-    """The pipeline plan of this rank, or None when pipeline_parallel is 1."""
+def pipeline_plan(parallel, model, accumulation: int) -> PipelinePlan | None:
+    """The pipeline plan of this rank (the schedule and stages of `parallel.layout`), or None when
+    pipeline_parallel is 1."""
     if parallel.dims.pp <= 1:
         return None
-    return PipelinePlan(cfg, parallel, model, accumulation)
+    return PipelinePlan(parallel, model, accumulation)

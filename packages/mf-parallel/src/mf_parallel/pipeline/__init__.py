@@ -27,7 +27,6 @@ from mf_parallel.pipeline.stages import (
     PipelineSpec,
     Placement,
     StageLayout,
-    pipeline_from_config,
     resolve_pipeline,
 )
 from mf_parallel.pipeline.validate import ScheduleError
@@ -40,7 +39,7 @@ if TYPE_CHECKING:  # MindSpore: imported on first use at run time (`_LAZY`, the 
 __all__ = [
     "SCHEDULES", "ChunkInfo", "Combined", "Comm", "Compute", "Costs", "Message", "PipelineSpec", "Placement",
     "Schedule", "ScheduleError", "Simulation", "StageLayout", "build_schedule", "compute_orders", "expected_bubble",
-    "overlap_b_f_idle_reason", "pipeline_from_config", "resolve_pipeline", "save_png", "simulate_schedule",
+    "overlap_b_f_idle_reason", "resolve_pipeline", "save_png", "simulate_schedule",
     "text_timeline", "textbook_bubble", "validate_schedule",
     # MindSpore (lazy)
     "PipelineExecutor", "StepResult", "defer_weight_grads", "register_weight_grad_split", "WeightGradStash",
