@@ -12,11 +12,7 @@ from pathlib import Path
 PACKAGES = Path(__file__).resolve().parents[1] / "packages"
 
 # What stays, and why. Each entry names its way out; delete it when that lands.
-KNOWN_CIRCLES = [
-    # effective_dims (the no_shard rule) is read by registry.Target.dims; the resolved layout of
-    # issue 29's first item replaces it with mf-parallel's
-    {"mf_trainer.preflight.parallel", "mf_trainer.preflight.registry"},
-]
+KNOWN_CIRCLES: list[set[str]] = []   # none left (issue 29's layout removed the last one)
 KNOWN_PRIVATE = {
     ("mf_data.helpers", "mf_data._chelpers"),   # the wrapper of its own compiled extension
 }

@@ -45,11 +45,11 @@ _YAML_KEY = {
 }
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _check_degree(name: str, value: Any, allow_auto: bool = False) -> int:
+def check_degree(name: str, value: Any, allow_auto: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ParallelConfigError(f"parallelism.{_YAML_KEY[name]}: must be an integer, got {value!r}")
     if value == -1 and allow_auto:
@@ -81,8 +81,8 @@ class ParallelDims:
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
             raise ParallelConfigError(f"world size must be a positive integer, got {self.world_size!r}")
         for name in ("dp_replicate", "cp", "tp", "pp", "ep"):
-            _check_degree(name, getattr(self, name))
-        _check_degree("dp_shard", self.dp_shard, allow_auto=True)
+            check_degree(name, getattr(self, name))
+        check_degree("dp_shard", self.dp_shard, allow_auto=True)
         others = self.pp * self.dp_replicate * self.cp * self.tp
         if self.dp_shard == -1:
             if self.world_size % others:
@@ -98,7 +98,7 @@ class ParallelDims:
                 f"{self.cp} x tp {self.tp} = {product}, but the world has {self.world_size} ranks; make the product "
                 f"equal the world size (data_parallel_shard: -1 fills the rest)")
         if (self.dp_shard * self.cp) % self.ep:
-            options = [d for d in _divisors(self.dp_shard * self.cp)]
+            options = [d for d in divisors(self.dp_shard * self.cp)]
             raise ParallelConfigError(
                 f"parallelism.expert_parallel: {self.ep} does not divide data_parallel_shard x context_parallel = "
                 f"{self.dp_shard} x {self.cp} = {self.dp_shard * self.cp}; use one of {options}")
@@ -211,7 +211,7 @@ class ParallelDims:
         if ulysses_degree < 1 or self.cp % ulysses_degree:
             raise ParallelConfigError(
                 f"parallelism.ulysses_degree_in_cp: {ulysses_degree} does not divide context_parallel {self.cp}; "
-                f"use one of {_divisors(self.cp)}")
+                f"use one of {divisors(self.cp)}")
         cp_ranks = self.group_ranks("cp", rank)
         pos = cp_ranks.index(rank)
         if name == "cp_ulysses":
@@ -235,7 +235,7 @@ class ParallelDims:
         kv = num_heads if num_kv_heads is None else num_kv_heads
         for label, count in (("num_attention_heads", num_heads), ("num_key_value_heads", kv)):
             if count % self.tp:
-                options = [d for d in _divisors(math.gcd(num_heads, kv)) if self.world_size % d == 0]
+                options = [d for d in divisors(math.gcd(num_heads, kv)) if self.world_size % d == 0]
                 raise ParallelConfigError(
                     f"parallelism.tensor_parallel: {self.tp} does not divide model.{label} = {count}; use a "
                     f"tensor_parallel that divides both head counts: one of {options}")
@@ -245,7 +245,7 @@ class ParallelDims:
         if num_heads % self.tp:
             raise ParallelConfigError(
                 f"parallelism.tensor_parallel: {self.tp} does not divide {num_heads} heads; "
-                f"use one of {_divisors(num_heads)}")
+                f"use one of {divisors(num_heads)}")
         return num_heads // self.tp
 
     def describe(self) -> str:

@@ -38,7 +38,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from mf_parallel.cp.methods import ContextParallelSettings
-from mf_parallel.dims import ParallelDims, _check_degree, _divisors
+from mf_parallel.dims import ParallelDims, check_degree, divisors
 from mf_parallel.errors import ParallelConfigError
 from mf_parallel.pipeline.stages import PipelineSpec, StageLayout, resolve_pipeline
 
@@ -129,7 +129,7 @@ def reshard_after_forward_for(policy: str, *, pp_enabled: bool = False, last: bo
 def deredundancy_problem(ep: int, npu_nums_per_device: int) -> str | None:
     """Why `ep` ranks cannot form device groups of `npu_nums_per_device` (the seed's rule: ep >=
     npu_nums_per_device, and the groups must tile the ep group), or None."""
-    options = _divisors(ep)
+    options = divisors(ep)
     if npu_nums_per_device < 1 or ep < npu_nums_per_device:
         return (f"{npu_nums_per_device} ranks per device group, but expert_parallel is {ep} (alltoall_deredundancy "
                 f"needs expert_parallel >= npu_nums_per_device); use one of {options}")
@@ -245,8 +245,8 @@ class Layout:
         try:
             values = read_fields(fields)
             for axis, name in _DEGREES.items():
-                _check_degree(axis, values[name])
-            _check_degree("dp_shard", values["data_parallel_shard"], allow_auto=True)
+                check_degree(axis, values[name])
+            check_degree("dp_shard", values["data_parallel_shard"], allow_auto=True)
         except ParallelConfigError as exc:
             return LayoutCheck(None, {"fields": str(exc)})
         return _build(values, world, device).answer()
@@ -392,7 +392,7 @@ def _world_split(values: dict[str, Any], world: int) -> ParallelDims:
     if dp % shard:
         raise ParallelConfigError(
             f"parallelism.data_parallel_shard: {shard} does not divide the data-parallel size {dp} "
-            f"(= world {world} / (pp {pp} x cp {cp} x tp {tp})); use -1 or one of {_divisors(dp)}")
+            f"(= world {world} / (pp {pp} x cp {cp} x tp {tp})); use -1 or one of {divisors(dp)}")
     replicas = dp // shard
     if values["data_parallel_shard_strategy"] == "no_shard" and shard > 1:
         if declared > 1:

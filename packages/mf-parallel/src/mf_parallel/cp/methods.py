@@ -27,14 +27,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from mf_parallel.dims import divisors
 from mf_parallel.errors import ParallelConfigError
 
 METHODS: tuple[str, ...] = ("colossal", "ulysses", "hybrid")
 MASK_TYPES: tuple[str, ...] = ("causal",)
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclass(frozen=True)
@@ -79,7 +76,7 @@ def context_parallel_problems(dims, settings: ContextParallelSettings, heads: in
         return problems
     tp_note = f" ({heads * dims.tp} / tensor_parallel {dims.tp})" if dims.tp > 1 else ""
     if settings.method == "ulysses" and heads % cp:
-        options = [d for d in _divisors(heads) if d > 1 and dims.world_size % (d * dims.tp) == 0]
+        options = [d for d in divisors(heads) if d > 1 and dims.world_size % (d * dims.tp) == 0]
         problems.append(
             f"parallelism.context_parallel: {cp} does not divide the {heads} attention heads a tensor-parallel rank "
             f"holds{tp_note}; Ulysses splits heads over the cp ranks: use context_parallel one of {options or [1]} "
@@ -87,12 +84,12 @@ def context_parallel_problems(dims, settings: ContextParallelSettings, heads: in
     if settings.method == "hybrid":
         u = settings.ulysses_degree
         if not 1 < u < cp or cp % u:
-            valid = [d for d in _divisors(cp) if 1 < d < cp and heads % d == 0]
+            valid = [d for d in divisors(cp) if 1 < d < cp and heads % d == 0]
             problems.append(
                 f"parallelism.ulysses_degree_in_cp: {u} must divide context_parallel {cp} and lie strictly between 1 "
                 f"and {cp} (1 is 'colossal', {cp} is 'ulysses'); valid here: {valid or 'none'}")
         elif heads % u:
-            valid = [d for d in _divisors(math.gcd(cp, heads)) if 1 < d < cp]
+            valid = [d for d in divisors(math.gcd(cp, heads)) if 1 < d < cp]
             problems.append(
                 f"parallelism.ulysses_degree_in_cp: {u} does not divide the {heads} attention heads a tensor-parallel "
                 f"rank holds{tp_note}; valid here: {valid or 'none (use colossal)'}")
