@@ -66,7 +66,8 @@ def worker(seq: int, method: str) -> None:
     if world > 1:
         mesh = mp.init_mesh(mp.ParallelDims(world, cp=world))
         rank = mesh.rank
-        mf_models.parallelize_model(model, mesh, mf_models.ParallelOptions(context_parallel_method=method))
+        layout = mp.Layout.for_dims(mesh.dims, {"context_parallel_method": method})
+        mf_models.parallelize_model(model, mesh, mf_models.ParallelOptions(layout))
         batch = mp.slice_for_context_parallel(batch, world, mesh.dims.coordinate("cp", rank))
     ids = Tensor(batch["input_ids"].astype(np.int32))
     labels = Tensor(batch["labels"].astype(np.int32))

@@ -269,7 +269,7 @@ def model_case(name: str):
                                      batch["input_ids"], batch["position_ids"], ref_mask)
 
     model = mf_models.build_model(section, seed=11)
-    mf_models.parallelize_model(model, mesh, mf_models.ParallelOptions(**options))
+    mf_models.parallelize_model(model, mesh, mf_models.ParallelOptions(mp.Layout.for_dims(dims, options)))
     rows = slice(dims.dp_rank(mesh.rank) * BATCH // dims.dp, (dims.dp_rank(mesh.rank) + 1) * BATCH // dims.dp)
     mine = mp.slice_for_context_parallel({k: v[rows] for k, v in batch.items()}, dims.cp,
                                          dims.coordinate("cp", mesh.rank))

@@ -46,7 +46,8 @@ def train(mesh, prefetch: bool):
     """(losses, gradients of every step, comm snapshot per step, the prefetcher or None)."""
     section = mf_models.tiny_model_section("llama", tie_word_embeddings=True)
     model = mf_models.build_model(section, seed=11)
-    mf_models.parallelize_model(model, mesh, mf_models.ParallelOptions(reshard_after_forward_policy="always"))
+    layout = mp.Layout.for_dims(mesh.dims, {"reshard_after_forward_policy": "always"})
+    mf_models.parallelize_model(model, mesh, mf_models.ParallelOptions(layout))
     prefetcher = mp.enable_gather_prefetch(model, tracing=True) if prefetch else None
     params = model.trainable_params()
     grad_fn = ms.value_and_grad(LossCell(model), None, params)

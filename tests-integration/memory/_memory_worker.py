@@ -112,7 +112,7 @@ def main(workdir: Path, name: str) -> None:
     trainer = Trainer(cfg)
     trainer.train()
     rank = trainer.parallel.rank
-    plan = memory_plan(cfg, world, device="CPU")
+    plan = memory_plan(cfg, trainer.layout)     # the layout the run itself resolved
     mine = plan.ranks[0]
     out = workdir / name
     out.mkdir(parents=True, exist_ok=True)

@@ -109,6 +109,18 @@ def test_no_pipeline(tmp_path, capsys):
     assert rc == 0 and "pipeline: none" in out and "timeline" not in out
 
 
+def test_the_plan_is_the_layout_the_trainer_runs(tmp_path, capsys):
+    """One resolved layout (mf_parallel.Layout): no_shard's replicas in the layout line and in the
+    memory plan alike, and a pipeline knob without stages planned as its default, said once."""
+    rc, out, _ = _plan(capsys, _yaml(tmp_path, pp=1), "--world", "2", "--set", "model.seq_length=16", "--set",
+                       "parallelism.data_parallel_shard_strategy=no_shard", "--set",
+                       "parallelism.pipeline_parallel_schedule=zbv")
+    assert rc == 0 and "layout: world=2 pp=1 dp_replicate=2 dp_shard=1 cp=1 tp=1 ep=1 (DDP)" in out
+    assert "memory per rank (world=2 pp=1 dp_replicate=2 dp_shard=1 cp=1 tp=1 ep=1 (DDP))" in out
+    assert out.count("notice: parallelism.pipeline_parallel_schedule: 'zbv' only acts with pipeline_parallel > 1") == 1
+    assert "pipeline: none" in out
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--costs", "1,2"], "--costs: expected three numbers F,B,W"),
     (["--world", "6"], "does not divide the world size 6"),
@@ -118,6 +130,7 @@ def test_no_pipeline(tmp_path, capsys):
       "parallelism.pipeline_parallel_enable_dxdw_split=true"], "gpipe runs every backward after every forward"),
     (["--set", "parallelism.pipeline_parallel_layers_per_stage=[3,3]"], "one layer count per virtual stage"),
     (["--set", "model.num_hidden_layers=3"], "at least one layer per virtual stage"),
+    (["--set", "parallelism.data_parallel_shard_strategy=optim"], "'optim' (ZeRO-1: sharded optimizer states"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, extra, message):
     rc, out, err = _plan(capsys, _yaml(tmp_path), *extra)

@@ -26,7 +26,7 @@ def _encode_and_say_who(task):
     return os.getpid(), encode_chunk(chunk, keys, eod, _tokenizer)
 
 
-def _chunks(demo_corpus):
+def read_chunks(demo_corpus):
     lines = demo_corpus.read_bytes().splitlines(keepends=True)[:60]
     return [Chunk("corpus.jsonl", 1 + 3 * k, lines[3 * k:3 * k + 3]) for k in range(20)]
 
@@ -41,7 +41,7 @@ def _assert_same(got, want):
 
 def test_threads_encode_every_chunk_in_input_order(demo_corpus, spm_model):
     tok = SentencePieceTokenizer(str(spm_model))
-    chunks = _chunks(demo_corpus)
+    chunks = read_chunks(demo_corpus)
     threads = set()
     rng = random.Random(0)
     delays = [rng.random() * 0.01 for _ in chunks]   # finish out of order
@@ -72,7 +72,7 @@ def test_threads_read_ahead_is_bounded():
 
 def test_helpers_encode_every_chunk_in_input_order(demo_corpus, spm_model):
     tok = SentencePieceTokenizer(str(spm_model))
-    chunks = _chunks(demo_corpus)
+    chunks = read_chunks(demo_corpus)
     pool, results = encode_pool(iter((c, ["text"], tok.eod) for c in chunks), 2, _init, (str(spm_model),),
                                 _encode_and_say_who)
     try:

@@ -235,7 +235,7 @@ def test_update_expert_bias_on_an_fsdp_sharded_model():
 
     model = build_model(tiny_model_section("deepseek_v3"), seed=0)
     mesh = mp.init_mesh(mp.ParallelDims(1))
-    apply_fsdp(model, mesh, mf_models.ParallelOptions(), moe_units)
+    apply_fsdp(model, mesh, mp.Layout.for_dims(mesh.dims), moe_units)
     load = np.array([[5, 1, 1, 1]], np.float32)
     update_expert_bias(model, load, mesh=mesh)
     np.testing.assert_array_equal(mp.gather_full_state(model, mesh)["layers.1.moe.router.expert_bias"],

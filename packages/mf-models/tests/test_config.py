@@ -52,16 +52,14 @@ def test_architecture_alone_selects_the_model():
     section = {k: v for k, v in LLAMA.items() if k != "model_type"}
     spec, _ = build_args({**section, "architectures": ["LlamaForCausalLM"]})
     assert spec.model_type == "llama"
-    assert mf_models.available_models() == {
+    assert mf_models.available_models().items() >= {   # and every other model folder (test_model_folders.py)
         "deepseek_v3": "DeepseekV3ForCausalLM", "llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
-        "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-        "gpt2": "GPT2LMHeadModel", "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-        "glm4_moe": "Glm4MoeForCausalLM"}
+        "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}.items()
 
 
 @pytest.mark.parametrize("change, match", [
     ({"hidden_sizee": 8}, r"^model\.hidden_sizee: unknown key for llama \(LlamaForCausalLM\); did you mean 'hidden_size'\? accepted keys: vocab_size, "),
-    ({"model_type": "lama"}, r"^model\.model_type: unknown 'lama'; did you mean 'llama'\? available: deepseek_v3 \(DeepseekV3ForCausalLM\), glm \(GlmForCausalLM\), glm4 "),
+    ({"model_type": "lama"}, r"^model\.model_type: unknown 'lama'; did you mean 'llama'\? available: deepseek_v3 \(DeepseekV3ForCausalLM\), "),
     ({"architectures": "LlamaForCausalLMM"}, r"^model\.architectures: unknown 'LlamaForCausalLMM'; did you mean 'LlamaForCausalLM'\?"),
     ({"architectures": "Qwen3ForCausalLM"}, r"does not belong to model_type 'llama'"),
     ({"architectures": ["LlamaForCausalLM", "X"]}, r"expected one architecture"),

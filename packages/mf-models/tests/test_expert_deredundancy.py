@@ -27,7 +27,7 @@ import mf_parallel as mp
 from mf_models.common.dispatch import LocalDispatcher
 from mf_models.common.moe import MoE, experts_forward
 from mf_models.common.router import RouterSpec
-from mf_parallel.collectives import _Collective
+from mf_parallel.collectives import CollectiveOp
 from mf_parallel.expert_deredundancy import device_group_ranks
 from mf_parallel.mesh import Group
 
@@ -71,7 +71,7 @@ def _simulate(dispatcher, members, wire, rank):
     label -> world ranks."""
     sims = []
     for name, cell in dispatcher.cells_and_names():
-        if isinstance(cell, _Collective) and cell.n > 1:
+        if isinstance(cell, CollectiveOp) and cell.n > 1:
             sim = _SimAllReduce(wire, name, members[cell.group_label], rank)
             object.__setattr__(cell, "sum_prim", sim)
             sims.append(sim)

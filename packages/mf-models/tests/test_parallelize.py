@@ -49,7 +49,7 @@ def mesh1():
 def _fsdp_one_rank(model, mesh, policy):
     untie_output(model)
     units = moe_units if model.moe_layer_ids() else None
-    apply_fsdp(model, mesh, mf_models.ParallelOptions(reshard_after_forward_policy=policy), units)
+    apply_fsdp(model, mesh, mp.Layout.for_dims(mesh.dims, {"reshard_after_forward_policy": policy}), units)
 
 
 def _compare(section, mesh, policy):
@@ -211,8 +211,6 @@ def _model(model_type="llama", **extra):
      r"parallelism.context_parallel_method: must be one of colossal, ulysses, hybrid, got 'ring'"),
     (mp.ParallelDims(8, cp=8), dict(context_parallel_method="ulysses"),
      r"parallelism.context_parallel: 8 does not divide the 4 attention heads"),
-    (mp.ParallelDims(2), dict(context_parallel_method="ulysses"),
-     r"parallelism.context_parallel_method: 'ulysses' only acts with context_parallel > 1"),
     (mp.ParallelDims(2), dict(cpu_offload=True), r"parallelism.cpu_offload: means nothing on device_target CPU"),
     (mp.ParallelDims(2), dict(reshard_after_forward_policy="sometimes"),
      r"reshard_after_forward_policy: must be one of always, never, default, got 'sometimes'"),
@@ -222,7 +220,8 @@ def test_bad_layouts_are_one_line_and_change_nothing(dims, options, message):
     before = {n: p for n, p in model.parameters_and_names()}
     group = Group(label="tp", ranks=tuple(range(dims.tp)), rank=0, name="x", backend="mccl", is_world=False)
     with pytest.raises(ValueError, match=message):
-        mf_models.parallelize_model(model, _Mesh(dims, group), mf_models.ParallelOptions(**(options or {})))
+        layout = mp.Layout.for_dims(dims, options)
+        mf_models.parallelize_model(model, _Mesh(dims, group), mf_models.ParallelOptions(layout))
     assert {n: p for n, p in model.parameters_and_names()} == before
     assert model.tie_word_embeddings and not hasattr(model, "output")
 

@@ -138,14 +138,6 @@ def test_settings_with_nothing_to_act_on_are_accepted():
     assert mp.ContextParallelSettings(method="ulysses", async_comm=True).ulysses_degree_for(4) == 4
 
 
-def test_settings_from_the_yaml_block():
-    got = mp.ContextParallelSettings.from_config({"context_parallel_method": "hybrid", "ulysses_degree_in_cp": 2,
-                                                  "context_parallel_async": True, "context_parallel": 4})
-    assert got == mp.ContextParallelSettings("hybrid", 2, "causal", True)
-    assert mp.ContextParallelSettings.from_config(None) == mp.ContextParallelSettings()
-    assert got.ulysses_degree_for(4) == 2 and mp.ContextParallelSettings("ulysses").ulysses_degree_for(4) == 4
-
-
 @pytest.mark.parametrize("dims, settings, heads, seq, message", [
     (mp.ParallelDims(8, cp=8), mp.ContextParallelSettings("ulysses"), 12, None,
      r"context_parallel: 8 does not divide the 12 attention heads a tensor-parallel rank holds; Ulysses splits heads "

@@ -1,4 +1,4 @@
-"""ParallelDims: mesh arithmetic, the YAML mapping, named groups, and every layout error."""
+"""ParallelDims: mesh arithmetic, named groups, and every layout error (the YAML block: test_layout.py)."""
 
 from __future__ import annotations
 
@@ -82,48 +82,6 @@ def test_flags():
     tp = ParallelDims(2, tp=2)
     assert tp.tp_enabled and tp.sp_enabled and not tp.fsdp_enabled
     assert ParallelDims(1).describe().endswith("(single rank)")
-
-
-# ----------------------------------------------------------------------------- from the YAML block
-def test_from_config_defaults_to_pure_fsdp():
-    dims = ParallelDims.from_config({}, 8)
-    assert (dims.dp_replicate, dims.dp_shard, dims.tp) == (1, 8, 1)
-    assert ParallelDims.from_config(None, 4).dp_shard == 4
-
-
-def test_from_config_positive_shard_is_hsdp():
-    dims = ParallelDims.from_config({"data_parallel_shard": 2, "tensor_parallel": 2}, 8)
-    assert (dims.dp_replicate, dims.dp_shard, dims.tp) == (2, 2, 2)
-
-
-def test_from_config_reads_objects_and_ignores_strategy_options():
-    class Block:
-        data_parallel_shard = -1
-        tensor_parallel = 2
-        pipeline_parallel = 2
-        reshard_after_forward_policy = "always"   # belongs to fully_shard, not to the mesh
-
-    dims = ParallelDims.from_config(Block(), 8)
-    assert (dims.pp, dims.dp_shard, dims.tp) == (2, 2, 2)
-
-
-@pytest.mark.parametrize("block, world, fragment", [
-    ({"data_parallel_shard": 3}, 8, "parallelism.data_parallel_shard: 3 does not divide the data-parallel size 8"),
-    ({"tensor_parallel": 3}, 8, "tensor_parallel (3) = 3 does not divide the world size 8"),
-    ({"pipeline_parallel": 2, "tensor_parallel": 4}, 4, "= 8 does not divide the world size 4"),
-    ({"expert_parallel": 3}, 8, "parallelism.expert_parallel: 3 does not divide data_parallel_shard x context_parallel = 8 x 1 = 8"),
-    ({"tensor_parallel": 0}, 8, "parallelism.tensor_parallel: must be a positive integer, got 0"),
-    ({"context_parallel": -2}, 8, "parallelism.context_parallel: must be a positive integer, got -2"),
-    ({"data_parallel_shard": 0}, 8, "must be a positive integer (or -1 for all remaining ranks), got 0"),
-    ({"tensor_parallel": "2"}, 8, "parallelism.tensor_parallel: must be an integer, got '2'"),
-    ({"tensor_parallel": True}, 8, "parallelism.tensor_parallel: must be an integer, got True"),
-    ({}, 0, "world size must be a positive integer, got 0"),
-])
-def test_from_config_errors_are_one_clear_line(block, world, fragment):
-    with pytest.raises(ParallelConfigError) as err:
-        ParallelDims.from_config(block, world)
-    message = str(err.value)
-    assert fragment in message and "\n" not in message
 
 
 def test_explicit_product_mismatch_says_how_to_fix():

@@ -271,13 +271,6 @@ def test_micro_batch_count_the_schedule_cannot_use_names_the_fix():
         mp.build_schedule(mp.resolve_pipeline(2), 0)
 
 
-def test_from_config_reads_the_yaml_names():
-    spec = mp.pipeline_from_config({"pipeline_parallel": 4, "pipeline_parallel_interleave_num": 2,
-                                    "pipeline_parallel_enable_dxdw_split": True, "pipeline_parallel_overlap_p2p": True})
-    assert (spec.schedule, spec.chunks, spec.split_backward, spec.overlap_p2p) == ("interleaved_1f1b", 2, True, True)
-    assert mp.pipeline_from_config(None).pp == 1
-
-
 # ----------------------------------------------------------------------------- placement and layers
 def test_loop_and_v_placements():
     loop = Placement(4, 2, "loop")

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import mf_config
+import mf_parallel as mp
 import mf_trainer
 from mf_trainer.memory import candidate_layouts, parse_bytes
 
@@ -23,7 +24,7 @@ HEAD = 32 * 32 + 32 * 32 + 2 * 32 * 64
 
 def _plan(tmp_path, tiny_config, world=1, **sections):
     cfg = mf_config.load_config(tiny_config(tmp_path, tmp_path / "none", **sections))
-    return mf_trainer.memory_plan(cfg, world, device="CPU")
+    return mf_trainer.memory_plan(cfg, mp.Layout.resolve(cfg.parallelism, world, "CPU"))
 
 
 def test_one_rank_by_hand(tmp_path, tiny_config):
@@ -66,7 +67,7 @@ def test_recompute_keeps_the_layer_input_and_rebuilds_one_layer(tmp_path, tiny_c
 def test_swap_moves_kept_activations_off_the_device_but_not_on_cpu(tmp_path, tiny_config):
     def plan(device, **sections):
         cfg = mf_config.load_config(tiny_config(tmp_path, tmp_path / "none", **sections))
-        return mf_trainer.memory_plan(cfg, 1, device=device)
+        return mf_trainer.memory_plan(cfg, mp.Layout.resolve(cfg.parallelism, 1, device))
 
     swap = {"enable": True, "layer_swap": [{"layers": ["0"]}], "op_swap": [{"op_name": "mlp", "layers": ["1"]}]}
     (cpu,) = plan("CPU", swap=swap).ranks
@@ -178,9 +179,9 @@ def test_candidate_layouts_mark_what_fits(tmp_path, tiny_config):
 
 
 def test_the_memory_plan_imports_no_mindspore(tmp_path, tiny_config):
-    code = ("import sys, mf_config, mf_trainer\n"
+    code = ("import sys, mf_config, mf_parallel, mf_trainer\n"
             f"cfg = mf_config.load_config({tiny_config(tmp_path, tmp_path / 'none')!r})\n"
-            "print(mf_trainer.memory_plan(cfg, 1).peak)\n"
+            "print(mf_trainer.memory_plan(cfg, mf_parallel.Layout.resolve(cfg.parallelism, 1)).peak)\n"
             "assert not any(m.split('.')[0] == 'mindspore' for m in sys.modules), 'mindspore imported'\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
@@ -210,7 +211,7 @@ def test_recompute_comm_estimate_drops_the_gathered_inputs(tmp_path, tiny_config
     def plan(**extra):
         cfg = mf_config.load_config(tiny_config(tmp_path, tmp_path / "none", parallelism={"tensor_parallel": 2},
                                                 **extra))
-        return mf_trainer.memory_plan(cfg, 2, device="CPU")
+        return mf_trainer.memory_plan(cfg, mp.Layout.resolve(cfg.parallelism, 2, "CPU"))
 
     base = plan()
     some = plan(recompute_comm={"enable": True, "select_module": {"attention_norm": ["0-1"], "feed_forward": ["0"]}})

@@ -32,6 +32,8 @@ def test_one_process_is_the_one_rank_layout_bit_for_bit(tmp_path, tiny_corpus, t
     seen = Batches()
     trainer = Trainer(cfg, callbacks=[seen])
     assert trainer.parallel.world == 1 and trainer.parallel.dims.describe().endswith("(single rank)")
+    # one resolved layout, the preflight's, handed unchanged to the context and the model's plan
+    assert trainer.parallel.layout is trainer.layout and trainer.parallel.options(None).layout is trainer.layout
     assert set(trainer.sharded.model_state()) == set(mf_models.model_state(trainer.model))   # whole tensors
     result = trainer.train()
 

@@ -21,11 +21,11 @@ from .lora_tools import merge_lora_checkpoint
 from .options import LoadOptions, SaveOptions
 from .saver import Saver, SaveResult, save
 from .sharding import ShardedTensor, replicated, shard_array, split_evenly, split_padded, split_sizes
+from .sources import find_tokenizer
 from .tokenizer_files import (
     HF_TOKENIZER_FILES,
     TOKENIZER_DIR,
     CarriedTokenizer,
-    find_tokenizer,
     hf_tokenizer_files,
     tokenizer_assets,
 )

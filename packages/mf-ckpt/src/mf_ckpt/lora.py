@@ -73,7 +73,7 @@ def read_adapter_meta(common: Mapping[str, Any], where: str = "checkpoint") -> d
     return validate_adapter_meta(common[ADAPTER_KEY], f"{where}: common.json adapter")
 
 
-def _modules(adapter_names, where: str) -> list[str]:
+def adapter_modules(adapter_names, where: str) -> list[str]:
     modules = set()
     for name in adapter_names:
         if not name.endswith(SUFFIXES):
@@ -89,7 +89,7 @@ def plan_merge(base_shapes: Mapping[str, tuple[int, ...]], adapter_shapes: Mappi
                meta: Mapping[str, Any], where: str = "adapter") -> dict[str, str]:
     """Check an adapter against its base by shapes alone; {base weight name: module name}."""
     meta = validate_adapter_meta(meta, where)
-    modules = _modules(set(adapter_shapes), where)
+    modules = adapter_modules(set(adapter_shapes), where)
     if not modules:
         raise CheckpointError(f"{where}: the adapter holds no LoRA tensors")
     listed = meta.get("modules")
@@ -165,7 +165,7 @@ def load_lora_adapter(path, iteration: int | None = None) -> tuple[dict[str, Any
     layout, meta = open_lora_adapter(path, iteration)
     state = read_all(layout)
     plan_merge({m + ".weight": (state[m + ".lora_b"].shape[0], state[m + ".lora_a"].shape[-1])
-                for m in _modules(set(state), str(layout.root))},
+                for m in adapter_modules(set(state), str(layout.root))},
                {n: a.shape for n, a in state.items()}, meta, str(layout.root))
     return meta, state, dict(layout.common)
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import assets as carried
+from .carried_configs import carried_generation_config, carried_hf_config
 from .errors import CheckpointError
 from .extract import read_box
 from .fsutil import atomic_output_dir, check_not_an_input, check_output_dir
@@ -28,10 +29,10 @@ from .hf.rules import check_mf
 from .layout import CheckpointLayout
 from .lora import merged_weight, open_adapter_base, open_lora_adapter, plan_merge, read_all
 from .progress import Progress
+from .single_rank import write_single_rank_checkpoint
 from .sources import validate_files
 from .st_io import Entry, ReaderPool
 from .tokenizer_files import tokenizer_assets, tokenizer_bytes
-from .tools import _generation_config, _hf_config, write_single_rank_checkpoint
 from .units import parse_size
 
 
@@ -94,7 +95,7 @@ def merge_lora_checkpoint(base, adapter, out, *, to: str = "mf", hf_config=None,
     if to == "hf":
         # The base's own config.json (HF base, or the hf_config an mf base carries), else the run's.
         own = hf_config is not None or isinstance(layout.common.get("hf_config"), dict)
-        config = _hf_config(layout if own else _with_common(layout, adapter_common), hf_config)
+        config = carried_hf_config(layout if own else _with_common(layout, adapter_common), hf_config)
         hf_plan = plan_for(config, mf_names=metas)
         check_mf(hf_plan, {n: (m.dtype, m.shape) for n, m in metas.items()}, str(layout.root))
     else:
@@ -119,7 +120,7 @@ def merge_lora_checkpoint(base, adapter, out, *, to: str = "mf", hf_config=None,
                 return read_box(layout, pool, "model", name, p.offset, p.shape)
 
             entries = hf_entries(hf_plan, {n: m.dtype for n, m in metas.items()}, read)
-            generation = _generation_config(adapter_layout) or _generation_config(layout)
+            generation = carried_generation_config(adapter_layout) or carried_generation_config(layout)
             write_hf_files(tmp, entries, config, limit, generation_config=generation, tokenizer=tokenizer,
                            progress=progress, source=tokenizer_source)
     return {"modules": len(plan), "rank": meta["rank"], "alpha": meta["alpha"], "bytes": total,

@@ -29,8 +29,9 @@ from .hf.convert import plan_for
 from .hf.io import read_config
 from .hf.rules import Plan
 from .layout import CheckpointLayout
-from .lora import _modules, make_lora_adapter_meta, plan_merge, read_all
+from .lora import adapter_modules, make_lora_adapter_meta, plan_merge, read_all
 from .progress import Progress
+from .single_rank import write_single_rank_checkpoint
 from .st_io import Entry, ReaderPool, read_header, write_file
 from .tokenizer_files import hf_export_files, hf_tokenizer_files, tokenizer_assets, tokenizer_bytes, write_files
 
@@ -93,7 +94,7 @@ def export_peft(layout: CheckpointLayout, meta: Mapping[str, Any], dst, *, hf_co
     plan_merge({t.mf: t.shape for t in plan.targets.values()}, {n: a.shape for n, a in state.items()}, meta, where)
     entries = []
     adapted = []
-    for module in _modules(set(state), where):
+    for module in adapter_modules(set(state), where):
         hf = names.get(module)
         if hf is None:
             raise CheckpointError(f"{where}: adapted module {module!r} has no transformers module of its own "
@@ -235,8 +236,6 @@ def import_peft(src, dst, *, arch: str | None = None, iteration: int = 0, hf_con
                 overwrite: bool = False) -> Path:
     """A PEFT LoRA directory -> an mf adapter checkpoint (marked with its base when that is a local
     HF directory, so `mf generate` / `mf-ckpt merge-lora` find it)."""
-    from .tools import write_single_rank_checkpoint
-
     src = Path(src)
     where = str(src / ADAPTER_CONFIG)
     cfg = read_json(src / ADAPTER_CONFIG, ADAPTER_CONFIG)
@@ -263,7 +262,7 @@ def import_peft(src, dst, *, arch: str | None = None, iteration: int = 0, hf_con
             raise CheckpointError(f"{weights}: tensor {key!r}: module {m.group(1)!r} is not a module of this "
                                   f"{plan.summary} model")
         found[f"{module}.lora_{m.group(2).lower()}"] = key
-    modules = _modules(set(found), str(weights))
+    modules = adapter_modules(set(found), str(weights))
     # What PEFT itself would adapt: weights for a module its config does not target are ignored
     # there (an unexpected key), so converting them would merge what PEFT never applies.
     hf_modules = module_names(plan)

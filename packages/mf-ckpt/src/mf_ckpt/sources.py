@@ -10,6 +10,7 @@ intact, key present, dtype and shape as the metadata says.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -24,6 +25,7 @@ from .hf.io import is_hf_dir, open_hf_dir
 from .layout import PARTS, CheckpointLayout, Chunk, TensorMeta, parse_tensors
 from .st_dir import has_tensors, tensor_locations
 from .st_io import FileHeader, read_header
+from .tokenizer_files import CarriedTokenizer, tokenizer_of
 
 MERGED_BASES = {"model": "model", "optimizer": "optimizer"}
 
@@ -49,6 +51,12 @@ def open_source(path, iteration: int | None = None) -> CheckpointLayout:
 
 _PARSED: OrderedDict[tuple, tuple[dict, dict]] = OrderedDict()
 _PARSED_LOCK = threading.Lock()
+
+
+def find_tokenizer(path: str | os.PathLike, iteration: int | None = None) -> CarriedTokenizer | None:
+    """The tokenizer a checkpoint directory (any kind `load` accepts) carries, or None
+    (tokenizer_files.py reads it from the opened source)."""
+    return tokenizer_of(open_source(path, iteration))
 
 
 def _parse_metadata(path: Path) -> tuple[dict, dict[str, dict[str, TensorMeta]]]:

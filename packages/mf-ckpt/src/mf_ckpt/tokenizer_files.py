@@ -99,13 +99,6 @@ def tokenizer_bytes(layout: CheckpointLayout) -> dict[str, bytes]:
     return {name: assets.read(layout.root, record) for name, record in sorted(records.items())}
 
 
-def find_tokenizer(path: str | os.PathLike, iteration: int | None = None) -> CarriedTokenizer | None:
-    """The tokenizer a checkpoint directory (any kind `load` accepts) carries, or None."""
-    from .sources import open_source
-
-    return tokenizer_of(open_source(path, iteration))
-
-
 def hf_export_files(files: Mapping[str, bytes], hf_config: Mapping[str, Any], where: str) -> dict[str, bytes]:
     """The tokenizer files of an HF export: as carried, with `model_max_length` in
     tokenizer_config.json (the model's max_position_embeddings) when the tokenizer does not say.

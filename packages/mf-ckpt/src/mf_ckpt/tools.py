@@ -12,33 +12,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from . import assets as carried
 from . import jsonable
-from .ckpt_dir import COMMON, METADATA, check_iteration, iteration_name, shard_file, write_marker
+from .carried_configs import carried_generation_config, carried_hf_config
+from .ckpt_dir import COMMON, check_iteration
 from .errors import CheckpointError
 from .extract import read_box
-from .fsutil import atomic_output_dir, check_not_an_input, check_output_dir, read_json
-from .global_layout import LocalEntry, build
+from .fsutil import atomic_output_dir, check_not_an_input, check_output_dir
 from .hf.convert import architecture, hf_entries, plan_for
 from .hf.io import read_config, write_hf_files
 from .hf.rules import check_mf
 from .layout import CheckpointLayout
+from .peft import export_peft, import_peft, is_peft_dir
 from .progress import Progress
-from .saver import common_info, with_checksums
+from .saver import common_info
+from .single_rank import model_entries, write_single_rank_checkpoint
 from .sources import open_source, validate_files
 from .st_dir import write_tensors
-from .st_io import Entry, ReaderPool, write_file
+from .st_io import ReaderPool
 from .tokenizer_files import hf_tokenizer_files, tokenizer_assets, tokenizer_bytes
 from .units import parse_size
-
-
-def _entries(layout: CheckpointLayout, pool: ReaderPool, part: str) -> list[Entry]:
-    return [
-        Entry(name, meta.dtype, meta.shape, lambda name=name: read_box(layout, pool, part, name))
-        for name, meta in layout.parts[part].items()
-    ]
 
 
 def _total(layout: CheckpointLayout, parts) -> int:
@@ -60,35 +54,13 @@ def merge(src, out, *, iteration: int | None = None, max_shard_size: int | str |
     with atomic_output_dir(out, overwrite=overwrite) as tmp, ReaderPool(headers) as pool, \
             Progress(_total(layout, parts), "merge", enabled=progress) as bar:
         for part in parts:
-            write_tensors(tmp, _entries(layout, pool, part), part, limit, {"format": "mf-ckpt"}, on_bytes=bar.update)
+            write_tensors(tmp, model_entries(layout, pool, part), part, limit, {"format": "mf-ckpt"}, on_bytes=bar.update)
         info = common_info(layout.iteration or 0, 1, jsonable.encode(layout.common))
         info["merged_from"] = {"path": str(layout.root), "kind": layout.kind, "world_size": layout.world_size}
         if tokenizer:
             info[carried.KEY] = carried.to_json(carried.write(tmp, tokenizer))
         (tmp / COMMON).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return Path(out)
-
-
-def write_single_rank_checkpoint(out: Path, layout: CheckpointLayout | None, pool: ReaderPool | None, iteration: int,
-                                 common: dict[str, Any], bar: Progress, prefix: str = "checkpoint",
-                                 entries: list[Entry] | None = None, assets: dict[str, bytes] | None = None) -> None:
-    """An mf save directory (marker + one iteration, world size 1) holding `layout`'s model, or
-    `entries` (same names, dtypes and shapes, e.g. computed from it; required without a layout)
-    instead of its stored values, and `assets` (prepared: {"dir/file": bytes})."""
-    if entries is None:
-        entries = _entries(layout, pool, "model")
-    desc = {"model": [LocalEntry(e.name, e.dtype, e.shape, (0,) * len(e.shape), e.shape, 0) for e in entries]}
-    global_layout = build([desc], prefix, remove_redundancy=False)
-    it_dir = out / iteration_name(iteration)
-    it_dir.mkdir()
-    file = shard_file(prefix, "model", 0, 1)
-    sums: dict[str, int] = {}
-    write_file(it_dir / file, entries, {"format": "mf-ckpt"}, on_bytes=bar.update, checksums=sums)
-    records = carried.write(it_dir, assets or {})
-    (it_dir / METADATA).write_bytes(with_checksums(global_layout.metadata_bytes, {file: sums}, records))
-    (it_dir / COMMON).write_text(json.dumps(common_info(iteration, 1, jsonable.encode(common)), indent=2,
-                                            sort_keys=True) + "\n")
-    write_marker(out, iteration, fsync=False)  # the whole directory is renamed into place afterwards
 
 
 def convert_hf_to_mf(src, dst, *, arch: str | None = None, iteration: int = 0, hf_config=None,
@@ -98,7 +70,6 @@ def convert_hf_to_mf(src, dst, *, arch: str | None = None, iteration: int = 0, h
     The architecture is config.json's model_type; `arch`, when given, must agree with it. A PEFT
     LoRA directory (adapter_config.json) becomes an adapter checkpoint (peft.py; `hf_config` is
     the base's config.json when the adapter does not name a local base)."""
-    from .peft import import_peft, is_peft_dir
 
     iteration = check_iteration(iteration, "--iteration")
     check_not_an_input(dst, [src, hf_config if isinstance(hf_config, (str, Path)) else None], "DST")
@@ -133,7 +104,6 @@ def convert_mf_to_hf(src, dst, *, iteration: int | None = None, hf_config=None, 
     carried in the checkpoint (common.json["hf_config"]) unless `hf_config` (a dict, config.json or
     its dir) is given. A LoRA adapter checkpoint becomes a PEFT adapter directory (peft.py)."""
     from .lora import read_adapter_meta
-    from .peft import export_peft
 
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
     check_not_an_input(dst, [src, hf_config if isinstance(hf_config, (str, Path)) else None], "DST")
@@ -144,8 +114,8 @@ def convert_mf_to_hf(src, dst, *, iteration: int | None = None, hf_config=None, 
         if limit is not None:
             raise CheckpointError(f"{layout.root}: --max-shard-size does not apply to a LoRA adapter (PEFT writes one "
                                   "adapter_model.safetensors)")
-        return export_peft(layout, meta, dst, hf_config=_hf_config(layout, hf_config), overwrite=overwrite)
-    config = _hf_config(layout, hf_config)
+        return export_peft(layout, meta, dst, hf_config=carried_hf_config(layout, hf_config), overwrite=overwrite)
+    config = carried_hf_config(layout, hf_config)
     plan = plan_for(config, mf_names=layout.parts["model"])
     check_mf(plan, {n: (m.dtype, m.shape) for n, m in layout.parts["model"].items()}, str(layout.root))
     headers = validate_files(layout, {("model", n) for n in plan.targets})
@@ -153,31 +123,6 @@ def convert_mf_to_hf(src, dst, *, iteration: int | None = None, hf_config=None, 
     with atomic_output_dir(dst, overwrite=overwrite) as tmp, ReaderPool(headers) as pool:
         entries = hf_entries(plan, {n: m.dtype for n, m in layout.parts["model"].items()},
                              lambda name, p: read_box(layout, pool, "model", name, p.offset, p.shape))
-        write_hf_files(tmp, entries, config, limit, generation_config=_generation_config(layout), tokenizer=tokenizer,
-                       progress=progress, source=str(layout.root))
+        write_hf_files(tmp, entries, config, limit, generation_config=carried_generation_config(layout),
+                       tokenizer=tokenizer, progress=progress, source=str(layout.root))
     return Path(dst)
-
-
-def _generation_config(layout: CheckpointLayout) -> dict | None:
-    generation = layout.common.get("hf_generation_config")
-    if generation is not None and not isinstance(generation, dict):
-        raise CheckpointError(f"{layout.root}: common.json hf_generation_config must be an object, got "
-                              f"{type(generation).__name__}")
-    return generation
-
-
-def _hf_config(layout: CheckpointLayout, hf_config) -> dict:
-    if hf_config is None:
-        config = layout.common.get("hf_config")
-        if not isinstance(config, dict):
-            raise CheckpointError(
-                f"{layout.root}: no Hugging Face config.json carried in the checkpoint; pass one with --hf-config"
-            )
-        return config
-    if isinstance(hf_config, dict):
-        return hf_config
-    path = Path(hf_config)
-    config = read_json(path / "config.json" if path.is_dir() else path, "config.json")
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path}: config.json must be a JSON object")
-    return config

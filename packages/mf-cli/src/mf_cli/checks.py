@@ -52,3 +52,45 @@ def check(cfg, command: str, world: int | None = None, device: str | None = None
     if report.problems:
         raise UsageError("\n".join(report.lines()))
     return report
+
+
+def bad_input_errors() -> tuple[type[BaseException], ...]:
+    """The exception types that mean bad input (exit 2 with one line), whichever package raises them."""
+    import mf_ckpt
+    import mf_config
+    import mf_data
+    import mf_models
+    import mf_trainer
+
+    return (mf_config.ConfigError, mf_trainer.TrainerConfigError, mf_models.ModelConfigError,
+            mf_models.ModelStateError, mf_data.MFDataError, mf_ckpt.CheckpointError)
+
+
+def explicit_weights(args) -> str | None:
+    """Weights the command line names: --weights, else the last --set checkpoint.load_path=..."""
+    if getattr(args, "weights", None):
+        return args.weights
+    given = [o.split("=", 1)[1] for o in args.overrides if o.split("=", 1)[0].strip() == "checkpoint.load_path"]
+    if given:
+        import yaml
+
+        value = yaml.safe_load(given[-1])
+        return str(value) if value else None
+    return None
+
+
+def checked_eval_config(args, unused: tuple[str, ...] = ()):
+    """`mf eval`'s YAML and the weights its command line names (--weights / --set
+    checkpoint.load_path), checked by the preflight with those weights (`unused`: as `check`).
+    Returns (config, weights); bad input is a UsageError."""
+    from mf_trainer.environment import world_size_from_env
+    from mf_trainer.sources import weights_for_inference
+
+    config = load_config(args.config, args.overrides)
+    weights = explicit_weights(args)
+    try:
+        checked, _ = weights_for_inference(completed(config), weights)
+    except bad_input_errors() as exc:
+        raise UsageError(bad_input_message(exc)) from None
+    check(checked, "eval", world_size_from_env(), config.context.device_target, source=args.config, unused=unused)
+    return config, weights

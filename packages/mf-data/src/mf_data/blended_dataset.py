@@ -21,15 +21,12 @@ from . import helpers
 from .cache import CACHE_FORMAT_VERSION, Expected, IndexCache, describe, load_or_build
 from .config import BlendedMegatronDatasetConfig
 from .errors import DatasetConfigError, DatasetTooSmallError
+from .split_dataset import always
 from .utils import normalize
 
 logger = logging.getLogger("mf_data")
 
 _INDEX_NAMES = ("dataset_index", "dataset_sample_index")
-
-
-def _always() -> bool:
-    return True
 
 
 class BlendedDataset:
@@ -76,7 +73,7 @@ class BlendedDataset:
         self.weights = weights
         self.size = size
         self.config = config
-        self.is_built_on_rank = is_built_on_rank or _always
+        self.is_built_on_rank = is_built_on_rank or always
         ids: OrderedDict[str, Any] = OrderedDict()
         ids["class"] = type(self).__name__
         ids["datasets"] = [d.unique_identifiers for d in self.datasets]
@@ -96,7 +93,7 @@ class BlendedDataset:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.is_built_on_rank = _always
+        self.is_built_on_rank = always
 
     def _build(self) -> dict[str, np.ndarray]:
         if self.size is not None:

@@ -45,12 +45,12 @@ def _check_blend(blend: Any, where: str) -> tuple[list[str], list[float] | None]
     return prefixes, weights
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
+def check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise DatasetConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
-def _check_bool(name: str, value: Any) -> None:
+def check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise DatasetConfigError(f"{name} must be true or false, got {value!r}")
 
@@ -72,12 +72,12 @@ class BlendedMegatronDatasetConfig:
     cache_wait_timeout: float = 600.0
 
     def __post_init__(self) -> None:
-        _check_int("random_seed", self.random_seed, 0)
+        check_int("random_seed", self.random_seed, 0)
         if self.random_seed >= 2**32:
             raise DatasetConfigError(f"random_seed must be below 2**32 (a numpy RandomState seed), got {self.random_seed}")
-        _check_int("sequence_length", self.sequence_length, 1)
-        _check_int("num_dataset_builder_threads", self.num_dataset_builder_threads, 1)
-        _check_bool("mmap_bin_files", self.mmap_bin_files)
+        check_int("sequence_length", self.sequence_length, 1)
+        check_int("num_dataset_builder_threads", self.num_dataset_builder_threads, 1)
+        check_bool("mmap_bin_files", self.mmap_bin_files)
         s = self.mid_level_dataset_surplus
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s < 0:
             raise DatasetConfigError(f"mid_level_dataset_surplus must be a finite number >= 0, got {s!r}")
@@ -133,8 +133,8 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
             "reset_position_ids", "reset_attention_mask", "eod_mask_loss", "create_attention_mask",
             "create_compressed_eod_mask", "drop_last_partial_validation_sequence", "add_extra_token_to_sequence",
         ):
-            _check_bool(name, getattr(self, name))
-        _check_int("eod_pad_length", self.eod_pad_length, 1)
+            check_bool(name, getattr(self, name))
+        check_int("eod_pad_length", self.eod_pad_length, 1)
         if self.tokenizer is not None:
             if self.eod is None:
                 self.eod = getattr(self.tokenizer, "eod", None)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,25 +25,21 @@ from typing import Any
 import numpy as np
 
 from . import helpers
-from .cache import CACHE_FORMAT_VERSION, Expected, IndexCache, describe, directory_writable, load_or_build
+from .cache import CACHE_FORMAT_VERSION, Expected, describe, load_or_build
 from .config import GPTDatasetConfig
 from .errors import DatasetTooSmallError
 from .indexed_dataset import IndexedDataset
 from .samples import build_columns
-from .utils import Split, as_split
+from .split_dataset import SplitDataset
+from .utils import Split
 
 logger = logging.getLogger("mf_data")
 
 _SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
-_INDEX_NAMES = ("document_index", "sample_index", "shuffle_index")
 _LOOP_BATCH = 32  # up to this many samples per read, a Python loop beats the vectorised bookkeeping
 
 
-def _always() -> bool:
-    return True
-
-
-class GPTDataset:
+class GPTDataset(SplitDataset):
     """Megatron-Core's `GPTDataset` over one split of an `IndexedDataset`.
 
     Args mirror Megatron's: `indexed_dataset`, `dataset_path` (for bookkeeping and the cache
@@ -52,6 +47,8 @@ class GPTDataset:
     least this many samples, or None for one epoch), `index_split`, `config`. `is_built_on_rank`
     says whether this process builds and writes the index cache (see `mf_data.cache`).
     """
+
+    INDEX_NAMES = ("document_index", "sample_index", "shuffle_index")
 
     def __init__(
         self,
@@ -64,15 +61,8 @@ class GPTDataset:
         *,
         is_built_on_rank: Callable[[], bool] | None = None,
     ) -> None:
-        self.dataset = indexed_dataset
-        self.dataset_path = dataset_path
-        self.indices = np.asarray(indexed_indices, dtype=np.int32)
-        if num_samples is not None and (isinstance(num_samples, bool) or int(num_samples) != num_samples or num_samples < 0):
-            raise ValueError(f"num_samples must be None or an integer >= 0, got {num_samples!r}")
-        self.num_samples = None if num_samples is None else int(num_samples)
-        self.index_split = as_split(index_split)
-        self.config = config
-        self.is_built_on_rank = is_built_on_rank or _always
+        self._init_split(indexed_dataset, dataset_path, indexed_indices, num_samples, index_split, config,
+                         is_built_on_rank, np.int32)
         self._pad = int(config.pad)
         self._eod = config.eod
         info = np.iinfo(self.dataset.dtype) if np.issubdtype(self.dataset.dtype, np.integer) else None
@@ -83,18 +73,14 @@ class GPTDataset:
         self.document_index, self.sample_index, self.shuffle_index = self._build_document_sample_shuffle_indices()
         # Plain-ndarray views for the read path (indexing np.memmap objects costs extra per call).
         self._hot = (np.asarray(self.shuffle_index), np.asarray(self.sample_index), np.asarray(self.document_index))
-        self._padding_sample: dict[str, np.ndarray] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # The build callback is only needed while building; it may not pickle (a lambda).
-        state = dict(self.__dict__)
-        state["is_built_on_rank"] = None
+        state = super().__getstate__()
         state["_hot"] = None  # views of the index arrays: rebuilt, not pickled twice
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.is_built_on_rank = _always
+        super().__setstate__(state)
         self._hot = (np.asarray(self.shuffle_index), np.asarray(self.sample_index), np.asarray(self.document_index))
 
     # --- Megatron's low-level hooks ----------------------------------------------------------
@@ -110,15 +96,7 @@ class GPTDataset:
     # --- description and cache -----------------------------------------------------------------
     def _identifiers(self) -> OrderedDict:
         cfg = self.config
-        ids: OrderedDict[str, Any] = OrderedDict()
-        ids["class"] = type(self).__name__
-        ids["dataset_path"] = self.dataset_path
-        ids["num_samples"] = self.num_samples
-        ids["index_split"] = self.index_split.name
-        ids["random_seed"] = cfg.random_seed
-        ids["sequence_length"] = cfg.sequence_length
-        ids["split"] = cfg.split
-        ids["split_matrix"] = cfg.split_matrix
+        ids = self._split_identifiers()
         # Beyond Megatron's key: what else the arrays depend on, so a changed input never hits
         # a stale cache (re-preprocessed data under the same prefix, other documents, ...).
         ids["add_extra_token_to_sequence"] = cfg.add_extra_token_to_sequence
@@ -135,22 +113,6 @@ class GPTDataset:
         if self.index_split == Split.valid:
             return self.config.drop_last_partial_validation_sequence
         return True
-
-    def _cache(self) -> IndexCache | None:
-        path = self.config.path_to_cache
-        if path is None:
-            prefix = getattr(self.dataset, "path_prefix", None)
-            if prefix is None:
-                return None
-            path = os.path.join(prefix, "cache", f"{type(self).__name__}_indices")
-            if not directory_writable(path):
-                logger.warning(
-                    "cannot create the index cache beside the data (%s): building the %s indices in memory; "
-                    "set path_to_cache to share them between runs and ranks", path, self.index_split.name,
-                )
-                return None
-        base = f"{self.unique_description_hash}-{type(self).__name__}-{self.index_split.name}"
-        return IndexCache(path, base, self.unique_description, _INDEX_NAMES)
 
     # --- index building ---------------------------------------------------------------------
     def _plan(self) -> dict[str, Any]:
@@ -230,24 +192,6 @@ class GPTDataset:
         return arrays["document_index"], arrays["sample_index"], arrays["shuffle_index"]
 
     # --- samples ------------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return int(self.sample_index.shape[0] - 1)
-
-    def __getitem__(self, idx: int | None) -> dict[str, np.ndarray]:
-        """One sample as a dict of arrays; `None` gives Megatron's batch-padding sample."""
-        if idx is None:
-            return self.padding_sample()
-        batch = self.get_batch([idx])
-        return {k: v[0] for k, v in batch.items()}
-
-    def padding_sample(self) -> dict[str, np.ndarray]:
-        """Sample 0 with a zero loss mask: fills a short last batch without adding to the loss."""
-        if self._padding_sample is None:
-            sample = self[0]
-            sample["loss_mask"] = np.zeros_like(sample["loss_mask"])
-            self._padding_sample = sample
-        return {k: v.copy() for k, v in self._padding_sample.items()}
-
     def get_batch(self, idxs: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
         """Samples `idxs` stacked: each column gets a leading batch dimension."""
         text, short = self.read_text(idxs)

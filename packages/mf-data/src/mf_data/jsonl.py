@@ -147,6 +147,14 @@ class BadLines:
         if len(self.examples) < self.keep:
             self.examples.append(f"{where}: {reason}")
 
+    def record(self, lines, strict: bool) -> None:
+        """Add a chunk's bad `(path, line number, reason)` lines; with `strict` the first one is an
+        InputError instead (`--strict`)."""
+        for path, number, reason in lines:
+            if strict:
+                raise InputError(f"{path}:{number}: {reason} (--strict)")
+            self.add(f"{path}:{number}", reason)
+
     def summary(self) -> str:
         more = f" (and {self.count - len(self.examples)} more)" if self.count > len(self.examples) else ""
         return f"skipped {self.count} bad line(s): " + "; ".join(self.examples) + more

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -129,7 +130,7 @@ def encode_pool(tasks: Iterator[Any], workers: int, initializer: Callable[..., N
     return pool, pool.imap(remote, tasks, chunksize=1)
 
 
-def _chunks(paths: Sequence[str], chunk_lines: int) -> Iterator[Chunk]:
+def read_chunks(paths: Sequence[str], chunk_lines: int) -> Iterator[Chunk]:
     for path in paths:
         lines: list[bytes] = []
         first = 1
@@ -182,6 +183,32 @@ def open_builders(paths: dict[str, str], dtypes: dict[str, Any]) -> dict[str, In
     return builders
 
 
+@contextmanager
+def writing(builders: dict[str, IndexedDatasetBuilder], bar: Any) -> Iterator[None]:
+    """The body fills `builders`: when it fails, every builder is aborted (its partial files
+    removed); the progress bar is closed either way."""
+    try:
+        yield
+    except BaseException:
+        for builder in builders.values():
+            builder.abort()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def check_outputs(output_prefix: str, prefixes, overwrite: bool) -> None:
+    """The output directory exists, and no `.bin/.idx` of `prefixes` is there unless `overwrite`."""
+    out_dir = os.path.dirname(os.path.abspath(output_prefix))
+    if not os.path.isdir(out_dir):
+        raise InputError(f"{out_dir}: output directory does not exist")
+    for prefix in prefixes:
+        for path in (get_bin_path(prefix), get_idx_path(prefix)):
+            if os.path.exists(path) and not overwrite:
+                raise InputError(f"{path}: exists; refusing to overwrite (pass --overwrite)")
+
+
 def output_prefixes(output_prefix: str, json_keys: Sequence[str]) -> dict[str, str]:
     return {key: f"{output_prefix}_{key}_document" for key in json_keys}
 
@@ -216,52 +243,38 @@ def preprocess(
             raise InputError(f"{tokenizer_model}: the model has no end-of-sentence piece, so --append-eod has no id to add")
     dtype = DType.optimal_dtype(tokenizer.vocab_size)
     prefixes = output_prefixes(output_prefix, json_keys)
-    out_dir = os.path.dirname(os.path.abspath(output_prefix))
-    if not os.path.isdir(out_dir):
-        raise InputError(f"{out_dir}: output directory does not exist")
-    for prefix in prefixes.values():
-        for path in (get_bin_path(prefix), get_idx_path(prefix)):
-            if os.path.exists(path) and not overwrite:
-                raise InputError(f"{path}: exists; refusing to overwrite (pass --overwrite)")
+    check_outputs(output_prefix, prefixes.values(), overwrite)
 
     builders = open_builders({key: get_bin_path(p) for key, p in prefixes.items()}, dict.fromkeys(prefixes, dtype))
     bad = BadLines()
     totals = {"documents": 0, "tokens": dict.fromkeys(json_keys, 0), "empty": dict.fromkeys(json_keys, 0)}
     started = time.perf_counter()
     results: Iterator[Encoded] = iter(())
-    bar = _progress_bar(inputs, progress)
-    try:
-        tasks = ((chunk, list(json_keys), eod) for chunk in _chunks(inputs, chunk_lines))
-        if workers == 1:
-            results = (encode_chunk(c, k, e, tokenizer) for c, k, e in tasks)
-        else:
-            results = encode_threads(((c, k, e, tokenizer) for c, k, e in tasks), workers, encode_chunk)
-        for enc in results:
-            for path, number, reason in enc.bad:
-                if strict:
-                    raise InputError(f"{path}:{number}: {reason} (--strict)")
-                bad.add(f"{path}:{number}", reason)
-            totals["documents"] += enc.documents
+    bar = progress_bar(inputs, progress)
+    with writing(builders, bar):
+        try:
+            tasks = ((chunk, list(json_keys), eod) for chunk in read_chunks(inputs, chunk_lines))
+            if workers == 1:
+                results = (encode_chunk(c, k, e, tokenizer) for c, k, e in tasks)
+            else:
+                results = encode_threads(((c, k, e, tokenizer) for c, k, e in tasks), workers, encode_chunk)
+            for enc in results:
+                bad.record(enc.bad, strict)
+                totals["documents"] += enc.documents
+                for key, builder in builders.items():
+                    builder.add_documents(enc.tokens[key], enc.lengths[key], enc.per_doc[key])
+                    totals["tokens"][key] += int(enc.tokens[key].size)
+                    totals["empty"][key] += enc.empty[key]
+                if bar is not None:
+                    bar.update(enc.nbytes)
+            if totals["documents"] == 0:
+                raise InputError(f"no documents in {', '.join(inputs)} (every line was blank or bad)")
             for key, builder in builders.items():
-                builder.add_documents(enc.tokens[key], enc.lengths[key], enc.per_doc[key])
-                totals["tokens"][key] += int(enc.tokens[key].size)
-                totals["empty"][key] += enc.empty[key]
-            if bar is not None:
-                bar.update(enc.nbytes)
-        if totals["documents"] == 0:
-            raise InputError(f"no documents in {', '.join(inputs)} (every line was blank or bad)")
-        for key, builder in builders.items():
-            builder.finalize(get_idx_path(prefixes[key]))
-    except BaseException:
-        for builder in builders.values():
-            builder.abort()
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-        close = getattr(results, "close", None)
-        if close is not None:   # stops the encoding threads (after the chunks they hold) on an error
-            close()
+                builder.finalize(get_idx_path(prefixes[key]))
+        finally:
+            close = getattr(results, "close", None)
+            if close is not None:   # stops the encoding threads (after the chunks they hold) on an error
+                close()
     seconds = time.perf_counter() - started
     all_tokens = sum(totals["tokens"].values())
     summary = {
@@ -285,7 +298,7 @@ def preprocess(
     return summary
 
 
-def _progress_bar(inputs: Sequence[str], enabled: bool | None) -> Any:
+def progress_bar(inputs: Sequence[str], enabled: bool | None) -> Any:
     if enabled is False:
         return None
     try:

@@ -39,7 +39,7 @@ _warned_overflow = [False]
 
 
 @lru_cache(maxsize=8)
-def _causal_mask(seq: int) -> np.ndarray:
+def causal_mask(seq: int) -> np.ndarray:
     mask = np.triu(np.ones((seq, seq), dtype=bool), k=1)
     mask.setflags(write=False)
     return mask
@@ -92,7 +92,7 @@ def build_columns(
         position_ids[...] = arange
 
     if create_attention_mask:
-        causal = _causal_mask(seq)
+        causal = causal_mask(seq)
         if reset_attention_mask:
             # Document number of each position = eods strictly before it; attend within one only.
             doc = np.zeros((batch, seq), dtype=np.int64)

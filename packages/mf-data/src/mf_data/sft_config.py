@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config import BlendedMegatronDatasetConfig, _check_bool, _check_int
+from .config import BlendedMegatronDatasetConfig, check_bool, check_int
 from .loader_config import config_from_dict
 
 _SAME = (
@@ -53,9 +53,9 @@ class SFTDatasetConfig(BlendedMegatronDatasetConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_bool("create_attention_mask", self.create_attention_mask)
-        _check_bool("create_compressed_eod_mask", self.create_compressed_eod_mask)
-        _check_int("eod_pad_length", self.eod_pad_length, 2)
+        check_bool("create_attention_mask", self.create_attention_mask)
+        check_bool("create_compressed_eod_mask", self.create_compressed_eod_mask)
+        check_int("eod_pad_length", self.eod_pad_length, 2)
 
     @property
     def max_samples_per_row(self) -> int:

@@ -19,32 +19,29 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
-from .cache import CACHE_FORMAT_VERSION, Expected, IndexCache, describe, directory_writable, load_or_build
+from .cache import CACHE_FORMAT_VERSION, Expected, describe, load_or_build
 from .errors import DatasetTooSmallError
 from .sft_config import SFTDatasetConfig
 from .sft_indexed import SFTIndexedDataset
 from .sft_packing import build_sft_columns, pack_rows
-from .utils import Split, as_split
+from .split_dataset import SplitDataset
+from .utils import Split
 
 logger = logging.getLogger("mf_data")
 
-_INDEX_NAMES = ("document_index", "sample_index")
 PACKING = "sequential-v1"  # part of the cache description: a new packing rule gets new caches
 
 
-def _always() -> bool:
-    return True
+class SFTDataset(SplitDataset):
+    """Packed SFT rows over one split of an `SFTIndexedDataset` (arguments as GPTDataset's); a row is
+    a sample (`__getitem__`, `padding_sample`: split_dataset.py)."""
 
-
-class SFTDataset:
-    """Packed SFT rows over one split of an `SFTIndexedDataset` (arguments as GPTDataset's)."""
+    INDEX_NAMES = ("document_index", "sample_index")
 
     def __init__(
         self,
@@ -57,21 +54,13 @@ class SFTDataset:
         *,
         is_built_on_rank: Callable[[], bool] | None = None,
     ) -> None:
-        self.dataset = indexed_dataset
-        self.dataset_path = dataset_path
-        self.indices = np.asarray(indexed_indices, dtype=np.int64)
-        if num_samples is not None and (isinstance(num_samples, bool) or int(num_samples) != num_samples or num_samples < 0):
-            raise ValueError(f"num_samples must be None or an integer >= 0, got {num_samples!r}")
-        self.num_samples = None if num_samples is None else int(num_samples)
-        self.index_split = as_split(index_split)
-        self.config = config
-        self.is_built_on_rank = is_built_on_rank or _always
+        self._init_split(indexed_dataset, dataset_path, indexed_indices, num_samples, index_split, config,
+                         is_built_on_rank, np.int64)
         lengths = self.dataset.sequence_lengths[self.indices] if self.indices.size else np.zeros(0, np.int32)
         self.truncated = int((lengths > config.sequence_length).sum())
         self.unique_identifiers = self._identifiers()
         self.unique_description, self.unique_description_hash = describe(self.unique_identifiers)
         self.document_index, self.sample_index = self._build_indices()
-        self._padding_sample: dict[str, np.ndarray] | None = None
         if self.truncated and len(self):
             logger.warning(
                 "%s (%s split): %d of %d samples are longer than seq_length %d and are truncated to their first "
@@ -83,15 +72,6 @@ class SFTDataset:
                 "SFTDataset without create_attention_mask or create_compressed_eod_mask: the samples packed into "
                 "a row can attend to each other unless the model separates them itself",
             )
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["is_built_on_rank"] = None  # may be a lambda; only needed while building
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.is_built_on_rank = _always
 
     # --- the builder's hooks -------------------------------------------------------------
     @staticmethod
@@ -105,15 +85,7 @@ class SFTDataset:
     # --- indices --------------------------------------------------------------------------
     def _identifiers(self) -> OrderedDict:
         cfg = self.config
-        ids: OrderedDict[str, Any] = OrderedDict()
-        ids["class"] = type(self).__name__
-        ids["dataset_path"] = self.dataset_path
-        ids["num_samples"] = self.num_samples
-        ids["index_split"] = self.index_split.name
-        ids["random_seed"] = cfg.random_seed
-        ids["sequence_length"] = cfg.sequence_length
-        ids["split"] = cfg.split
-        ids["split_matrix"] = cfg.split_matrix
+        ids = self._split_identifiers()
         ids["max_samples_per_row"] = cfg.max_samples_per_row
         ids["packing"] = PACKING
         ids["documents"] = {
@@ -128,20 +100,6 @@ class SFTDataset:
         }
         ids["format"] = CACHE_FORMAT_VERSION
         return ids
-
-    def _cache(self) -> IndexCache | None:
-        path = self.config.path_to_cache
-        if path is None:
-            prefix = getattr(self.dataset, "path_prefix", None)
-            if prefix is None:
-                return None
-            path = os.path.join(prefix, "cache", f"{type(self).__name__}_indices")
-            if not directory_writable(path):
-                logger.warning("cannot create the index cache beside the data (%s): building the %s indices in memory",
-                               path, self.index_split.name)
-                return None
-        base = f"{self.unique_description_hash}-{type(self).__name__}-{self.index_split.name}"
-        return IndexCache(path, base, self.unique_description, _INDEX_NAMES)
 
     def _build(self) -> dict[str, np.ndarray]:
         cfg = self.config
@@ -196,24 +154,6 @@ class SFTDataset:
         return arrays["document_index"], arrays["sample_index"]
 
     # --- rows -----------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return int(self.sample_index.shape[0] - 1)
-
-    def __getitem__(self, idx: int | None) -> dict[str, np.ndarray]:
-        """One packed row as a dict of arrays; `None` gives the batch-padding row."""
-        if idx is None:
-            return self.padding_sample()
-        batch = self.get_batch([idx])
-        return {k: v[0] for k, v in batch.items()}
-
-    def padding_sample(self) -> dict[str, np.ndarray]:
-        """Row 0 with a zero loss mask: fills a short last batch without adding to the loss."""
-        if self._padding_sample is None:
-            sample = self[0]
-            sample["loss_mask"] = np.zeros_like(sample["loss_mask"])
-            self._padding_sample = sample
-        return {k: v.copy() for k, v in self._padding_sample.items()}
-
     def row_samples(self, idx: int) -> np.ndarray:
         """The sequence ids packed into row `idx`, in order."""
         return np.asarray(self.document_index[int(self.sample_index[idx]) : int(self.sample_index[idx + 1])])

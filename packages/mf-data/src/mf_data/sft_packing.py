@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .samples import _causal_mask
+from .samples import causal_mask
 
 
 def pack_rows(lengths: np.ndarray, seq_length: int, max_per_row: int) -> np.ndarray:
@@ -82,7 +82,7 @@ def build_sft_columns(
     }
     if segment is not None:
         blocked = segment[:, :, None] != segment[:, None, :]
-        blocked |= _causal_mask(seq)
+        blocked |= causal_mask(seq)
         out["attention_mask"] = blocked[:, None, :, :]
     if create_compressed_eod_mask:
         actual = np.full((batch, eod_pad_length), seq, dtype=np.int32)

@@ -29,7 +29,16 @@ from .chat import SFTKeys, conversation_from_json
 from .errors import InputError
 from .indexed_dataset import DType, get_bin_path, get_idx_path
 from .jsonl import BadLines, LineError, parse_json_line
-from .preprocess import Chunk, _chunks, _progress_bar, encode_pool, open_builders, usable_workers
+from .preprocess import (
+    Chunk,
+    check_outputs,
+    encode_pool,
+    open_builders,
+    progress_bar,
+    read_chunks,
+    usable_workers,
+    writing,
+)
 from .sft_encode import ChatEncoder, load_tokenizer
 from .sft_indexed import loss_mask_prefix
 
@@ -143,13 +152,7 @@ def preprocess_sft(
     dtype = DType.optimal_dtype(tok.vocab_size)
     prefix = sft_output_prefix(output_prefix)
     prefixes = {"tokens": prefix, "mask": loss_mask_prefix(prefix)}
-    out_dir = os.path.dirname(os.path.abspath(output_prefix))
-    if not os.path.isdir(out_dir):
-        raise InputError(f"{out_dir}: output directory does not exist")
-    for p in prefixes.values():
-        for path in (get_bin_path(p), get_idx_path(p)):
-            if os.path.exists(path) and not overwrite:
-                raise InputError(f"{path}: exists; refusing to overwrite (pass --overwrite)")
+    check_outputs(output_prefix, prefixes.values(), overwrite)
 
     options = SFTOptions(keys, seq_length, drop_long)
     builders = open_builders({"tokens": get_bin_path(prefix), "mask": get_bin_path(prefixes["mask"])},
@@ -158,41 +161,33 @@ def preprocess_sft(
     totals = dict.fromkeys(_COUNTS, 0)
     started = time.perf_counter()
     pool = None
-    bar = _progress_bar(inputs, progress)
-    try:
-        tasks = ((chunk, options) for chunk in _chunks(inputs, chunk_lines))
-        if workers == 1:
-            results: Iterator[EncodedSFT] = (encode_sft_chunk(c, o, encoder) for c, o in tasks)
-        else:
-            pool, results = encode_pool(tasks, workers, _init_worker, (tok.model_path, add_bos, use_template),
-                                        _encode_in_worker)
-        for enc in results:
-            for path, number, reason in enc.bad:
-                if strict:
-                    raise InputError(f"{path}:{number}: {reason} (--strict)")
-                bad.add(f"{path}:{number}", reason)
-            ones = np.ones(enc.lengths.size, dtype=np.int64)
-            builders["tokens"].add_documents(enc.tokens, enc.lengths, ones)
-            builders["mask"].add_documents(enc.mask, enc.lengths, ones)
-            for key in _COUNTS:
-                totals[key] += enc.counts[key]
-            if bar is not None:
-                bar.update(enc.nbytes)
-        if totals["samples"] == 0:
-            raise InputError(f"no usable samples in {', '.join(inputs)} (every line was blank, bad, too long or "
-                             "left without a response token)")
-        builders["mask"].finalize(get_idx_path(prefixes["mask"]))
-        builders["tokens"].finalize(get_idx_path(prefix))  # last: the file whose presence makes the pair usable
-    except BaseException:
-        for builder in builders.values():
-            builder.abort()
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-        if pool is not None:
-            pool.terminate()
-            pool.join()
+    bar = progress_bar(inputs, progress)
+    with writing(builders, bar):
+        try:
+            tasks = ((chunk, options) for chunk in read_chunks(inputs, chunk_lines))
+            if workers == 1:
+                results: Iterator[EncodedSFT] = (encode_sft_chunk(c, o, encoder) for c, o in tasks)
+            else:
+                pool, results = encode_pool(tasks, workers, _init_worker, (tok.model_path, add_bos, use_template),
+                                            _encode_in_worker)
+            for enc in results:
+                bad.record(enc.bad, strict)
+                ones = np.ones(enc.lengths.size, dtype=np.int64)
+                builders["tokens"].add_documents(enc.tokens, enc.lengths, ones)
+                builders["mask"].add_documents(enc.mask, enc.lengths, ones)
+                for key in _COUNTS:
+                    totals[key] += enc.counts[key]
+                if bar is not None:
+                    bar.update(enc.nbytes)
+            if totals["samples"] == 0:
+                raise InputError(f"no usable samples in {', '.join(inputs)} (every line was blank, bad, too long or "
+                                 "left without a response token)")
+            builders["mask"].finalize(get_idx_path(prefixes["mask"]))
+            builders["tokens"].finalize(get_idx_path(prefix))  # last: the file whose presence makes the pair usable
+        finally:
+            if pool is not None:
+                pool.terminate()
+                pool.join()
     seconds = time.perf_counter() - started
     summary: dict[str, Any] = {
         **totals,

@@ -27,7 +27,7 @@ from .common.transformer import CausalLM
 
 
 @contextmanager
-def _synchronous_pynative() -> Iterator[None]:
+def synchronous_pynative() -> Iterator[None]:
     # Decoding is hundreds of tiny ops per token. MindSpore's asynchronous PyNative pipeline spends
     # far more on thread hand-offs than on the ops (measured on 2 busy cores: 10 tokens of the
     # DeepSeek fixture 20 s async vs 0.5 s synchronous), so run them synchronously for the call.
@@ -176,7 +176,7 @@ def generate(model: CausalLM, prompt_ids, max_new_tokens: int, do_sample: bool =
     rng = np.random.default_rng(seed)
     finished = np.zeros(batch, dtype=bool)
     length = prompt_len
-    with _synchronous_pynative():
+    with synchronous_pynative():
         while length < total:
             if not use_cache:
                 logits = step(Tensor(tokens, ms.int32), Tensor(positions), Tensor([length - 1], ms.int32), mask)

@@ -1,61 +1,26 @@
-"""Model registry: `model_type` / `architectures` -> (args dataclass, model class), and build_model.
+"""Model registry: `model_type` / `architectures` -> the model's spec, and build_model.
 
-A spec names its model class and parallel plan as "module:attribute" strings, imported on first
-use: resolving a model_type and validating its arguments (`build_args`, what `mf config validate`
-and the trainer's preflight do) needs only the args dataclasses, never MindSpore.
+Every model folder declares itself in its `spec.py` (`SPEC = common.model_spec.ModelSpec(...)`): the
+registry finds the folders of this package holding one and registers their specs when it is
+imported, so adding a model is adding its folder (README: "Adding a model"). A spec names its model
+class and parallel plan as "module:attribute" strings, imported on first use: resolving a
+model_type, validating its arguments (`build_args`, what `mf config validate` and the trainer's
+preflight do) and its inventory (`mf plan`) need only the args classes, never MindSpore.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from .common.args import BaseArgs
-from .deepseek_v3.args import DeepseekV3Args
+from .common.inventory import ParamEntry
+from .common.model_spec import ModelSpec
 from .errors import ModelConfigError, did_you_mean
-from .glm.args import GlmArgs
-from .glm4.args import Glm4Args
-from .glm4_moe.args import Glm4MoeArgs
-from .gpt2.args import Gpt2Args
-from .llama.args import LlamaArgs
-from .mixtral.args import MixtralArgs
-from .qwen2.args import Qwen2Args
-from .qwen2_moe.args import Qwen2MoeArgs
-from .qwen3.args import Qwen3Args
-from .qwen3_moe.args import Qwen3MoeArgs
 
-
-def _resolve(ref: Any) -> Any:
-    """A class or function given as itself or as "package.module:name" (imported now)."""
-    if not isinstance(ref, str):
-        return ref
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """`model_ref` / `parallelize_ref`: the model class and its plan, or "module:name" strings for them
-    (imported on first use of `model_cls` / `parallelize`: they need MindSpore)."""
-
-    model_type: str
-    architecture: str
-    args_cls: type[BaseArgs]
-    model_ref: Any
-    # `parallelize(model, mesh, options) -> model`: the model's TP/recompute/FSDP plan (None: the
-    # model has none, and a layout with more than one rank is refused for it).
-    parallelize_ref: Any = None
-
-    @property
-    def model_cls(self) -> type:
-        return _resolve(self.model_ref)
-
-    @property
-    def parallelize(self) -> Callable[..., Any] | None:
-        return _resolve(self.parallelize_ref)
-
+__all__ = ["ModelSpec", "available_models", "build_args", "build_model", "parallelize_model", "parameter_inventory",
+           "register_model", "resolve_spec", "saved_activations", "spec_for_args"]
 
 _BY_TYPE: dict[str, ModelSpec] = {}
 _BY_ARCH: dict[str, ModelSpec] = {}
@@ -69,31 +34,16 @@ def register_model(spec: ModelSpec) -> None:
         table[key] = spec
 
 
-for _spec in (ModelSpec("llama", "LlamaForCausalLM", LlamaArgs, "mf_models.llama.model:LlamaForCausalLM",
-                        "mf_models.llama.parallelize:parallelize_llama"),
-              ModelSpec("qwen3", "Qwen3ForCausalLM", Qwen3Args, "mf_models.qwen3.model:Qwen3ForCausalLM",
-                        "mf_models.qwen3.parallelize:parallelize_qwen3"),
-              ModelSpec("deepseek_v3", "DeepseekV3ForCausalLM", DeepseekV3Args,
-                        "mf_models.deepseek_v3.model:DeepseekV3ForCausalLM",
-                        "mf_models.deepseek_v3.parallelize:parallelize_deepseek_v3"),
-              ModelSpec("qwen2", "Qwen2ForCausalLM", Qwen2Args, "mf_models.qwen2.model:Qwen2ForCausalLM",
-                        "mf_models.qwen2.parallelize:parallelize_qwen2"),
-              ModelSpec("mixtral", "MixtralForCausalLM", MixtralArgs, "mf_models.mixtral.model:MixtralForCausalLM",
-                        "mf_models.mixtral.parallelize:parallelize_mixtral"),
-              ModelSpec("qwen3_moe", "Qwen3MoeForCausalLM", Qwen3MoeArgs,
-                        "mf_models.qwen3_moe.model:Qwen3MoeForCausalLM",
-                        "mf_models.qwen3_moe.parallelize:parallelize_qwen3_moe"),
-              ModelSpec("gpt2", "GPT2LMHeadModel", Gpt2Args, "mf_models.gpt2.model:Gpt2LMHeadModel",
-                        "mf_models.gpt2.parallelize:parallelize_gpt2"),
-              ModelSpec("glm", "GlmForCausalLM", GlmArgs, "mf_models.glm.model:GlmForCausalLM",
-                        "mf_models.glm.parallelize:parallelize_glm"),
-              ModelSpec("glm4", "Glm4ForCausalLM", Glm4Args, "mf_models.glm4.model:Glm4ForCausalLM",
-                        "mf_models.glm4.parallelize:parallelize_glm4"),
-              ModelSpec("qwen2_moe", "Qwen2MoeForCausalLM", Qwen2MoeArgs, "mf_models.qwen2_moe.model:Qwen2MoeForCausalLM",
-                        "mf_models.qwen2_moe.parallelize:parallelize_qwen2_moe"),
-              ModelSpec("glm4_moe", "Glm4MoeForCausalLM", Glm4MoeArgs, "mf_models.glm4_moe.model:Glm4MoeForCausalLM",
-                        "mf_models.glm4_moe.parallelize:parallelize_glm4_moe")):
-    register_model(_spec)
+def _register_folders() -> None:
+    """Register the SPEC of every folder of this package that holds a `spec.py` (its name is the
+    folder's; listing the folders reads a directory, importing a spec imports its args only)."""
+    for entry in sorted(resources.files(__package__).iterdir(), key=lambda e: e.name):
+        if entry.is_dir() and entry.joinpath("spec.py").is_file():
+            spec = importlib.import_module(f"{__package__}.{entry.name}.spec").SPEC
+            if spec.model_type != entry.name:
+                raise ValueError(f"mf_models/{entry.name}/spec.py declares model_type {spec.model_type!r}; a "
+                                 f"model folder is named after its model_type")
+            register_model(spec)
 
 
 def available_models() -> dict[str, str]:
@@ -172,3 +122,38 @@ def parallelize_model(model, mesh, options=None):
             raise ModelConfigError(f"parallelism: {spec.model_type} has no parallel plan; run it on one rank")
         return model
     return spec.parallelize(model, mesh, options)
+
+
+def spec_for_args(args: BaseArgs) -> ModelSpec:
+    """The spec whose args class `args` is an instance of (exactly: a subclass is another model)."""
+    for spec in _BY_TYPE.values():
+        if type(args) is spec.args_cls:
+            return spec
+    raise ModelConfigError(f"model: no registered model for arguments of type {type(args).__name__}")
+
+
+def _inventory(args: BaseArgs, what: str):
+    spec = spec_for_args(args)
+    if spec.inventory is None:
+        covered = ", ".join(t for t, s in sorted(_BY_TYPE.items()) if s.inventory is not None)
+        raise ModelConfigError(f"model.model_type: the {what} inventory of {spec.model_type} is not tabulated yet; "
+                               f"covered: {covered}")
+    return spec.inventory
+
+
+def parameter_inventory(args: BaseArgs) -> list[ParamEntry]:
+    """The parameters `build_model` makes for `args` (validated args, e.g. from `build_args`): names,
+    shapes and tensor-parallel axes in `parameters_and_names()` order, without building the model
+    (common/inventory.py)."""
+    return _inventory(args, "parameter").parameters(args)
+
+
+def saved_activations(args: BaseArgs, seq: int, tp: int = 1, *, fused_attention: bool = False, layer: int = 0
+                      ) -> dict[str, int]:
+    """Elements one sample of `seq` tokens keeps alive from forward to backward, per module of decoder
+    layer `layer` and for the model's ends, on one of `tp` tensor-parallel ranks (the terms:
+    `DecoderInventory.activations`)."""
+    return _inventory(args, "activation").activations(args, seq, tp, fused_attention=fused_attention, layer=layer)
+
+
+_register_folders()

@@ -1,11 +1,18 @@
 """MindSpore parallel runtime: device mesh, collectives, FSDP/HSDP, TP/SP, PP, CP, EP.
 
-`ParallelDims`, the error type, the pipeline planning names (`resolve_pipeline`,
-`build_schedule`, `simulate_schedule`, ...) and context parallelism's sequence layout, batch
-slicing and settings import without MindSpore; everything else needs it.
+`Layout` (the `parallelism` section resolved once: the world split, the pipeline spec, the CP
+settings, the FSDP and dispatcher options, the idle fields), `ParallelDims`, the error type, the
+pipeline planning names (`resolve_pipeline`, `build_schedule`, `simulate_schedule`, ...) and
+context parallelism's sequence layout, batch slicing and settings import without MindSpore;
+everything else needs it. MindSpore takes seconds to import: the names under `TYPE_CHECKING`
+below are imported on first use at run time (PEP 562, `_LAZY`), so readers and type checkers see
+where each comes from while `import mf_parallel` stays cheap (the trainer's preflight resolves the
+Layout without MindSpore).
 """
 
 __version__ = "0.6.0"
+
+from typing import TYPE_CHECKING
 
 from mf_parallel.cp.layout import (
     masked_from_segments,
@@ -15,16 +22,115 @@ from mf_parallel.cp.layout import (
     zigzag_indices,
 )
 from mf_parallel.cp.methods import ContextParallelSettings, check_context_parallel, context_parallel_problems
-from mf_parallel.dims import AXES, EP_DISPATCHERS, GROUP_NAMES, ParallelDims
+from mf_parallel.dims import AXES, GROUP_NAMES, ParallelDims
 from mf_parallel.errors import ParallelConfigError
+from mf_parallel.layout import (
+    EP_DISPATCHERS,
+    FIELDS,
+    STRATEGIES,
+    DispatcherOptions,
+    FsdpOptions,
+    Idle,
+    Layout,
+    LayoutCheck,
+    changed_fields,
+    deredundancy_problem,
+    reshard_after_forward_for,
+)
 
-_PIPELINE = ("PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "pipeline_from_config", "build_schedule",
+if TYPE_CHECKING:  # imported on first use at run time (`_LAZY`, the same table)
+    from mf_parallel.autograd import (
+        CopyToGroup,
+        GatherFromGroup,
+        GatherSplit,
+        ReduceFromGroup,
+        ReduceScatterToGroup,
+        SplitToGroup,
+    )
+    from mf_parallel.backend import CAPABILITIES, Support, capability_table, graph_mode_blocker, init_distributed
+    from mf_parallel.clip import GlobalNormClip, sum_of_squares
+    from mf_parallel.collectives import (
+        AllGather,
+        AllReduce,
+        AllToAll,
+        AllToAllV,
+        Broadcast,
+        ReduceScatter,
+        SendRecv,
+        all_gather,
+        all_reduce,
+        all_to_all,
+        barrier,
+        broadcast,
+        reduce_scatter,
+        send_recv,
+    )
+    from mf_parallel.communicator import Communicator
+    from mf_parallel.cp.exchange import RingExchange
+    from mf_parallel.cp.methods import context_parallel_attention
+    from mf_parallel.cp.ring import RingAttention
+    from mf_parallel.cp.ulysses import HybridAttention, UlyssesAttention
+    from mf_parallel.expert_deredundancy import (
+        DeredundancyTokenDispatcher,
+        routed_rows,
+        two_level_groups,
+    )
+    from mf_parallel.expert_parallel import AllToAllTokenDispatcher, ExpertExchange, shard_experts
+    from mf_parallel.fsdp import check_cpu_offload, fully_shard
+    from mf_parallel.heartbeat import Heartbeat, start_heartbeat, watched_by_launcher
+    from mf_parallel.launcher import launch, node_log_dir
+    from mf_parallel.leaf import register_param_forward
+    from mf_parallel.loss import VocabParallelArgmax, VocabParallelCrossEntropy
+    from mf_parallel.mesh import DeviceMesh, Group, init_mesh, make_group
+    from mf_parallel.pipeline import (
+        Costs,
+        PipelineExecutor,
+        PipelineSpec,
+        Placement,
+        Schedule,
+        ScheduleError,
+        StageLayout,
+        StepResult,
+        WeightGradStash,
+        build_schedule,
+        defer_weight_grads,
+        register_weight_grad_split,
+        resolve_pipeline,
+        simulate_schedule,
+        text_timeline,
+        validate_schedule,
+    )
+    from mf_parallel.prefetch import GatherPrefetcher, GatherSource, enable_gather_prefetch, gather_prefetch_pays_off
+    from mf_parallel.state import (
+        ParamLayout,
+        gather_full_state,
+        load_full_state,
+        load_sharded_state,
+        local_blocks,
+        param_layouts,
+        shard_metadata,
+    )
+    from mf_parallel.stats import CommStats, comm_stats
+    from mf_parallel.tensor_parallel import (
+        ColwiseParallel,
+        ParallelStyle,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        VocabParallelEmbedding,
+        local_heads,
+        parallelize_module,
+    )
+
+_PIPELINE = ("PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "build_schedule",
              "validate_schedule", "simulate_schedule", "Costs", "Schedule", "ScheduleError", "text_timeline",
              "PipelineExecutor", "StepResult", "register_weight_grad_split", "defer_weight_grads",
              "WeightGradStash")
 
 __all__ = [
     "__version__", "AXES", "EP_DISPATCHERS", "GROUP_NAMES", "ParallelDims", "ParallelConfigError",
+    # the resolved parallelism section (layout.py)
+    "Layout", "LayoutCheck", "FsdpOptions", "DispatcherOptions", "Idle", "FIELDS", "STRATEGIES", "changed_fields",
     # context parallelism: the sequence layout and batch slicing (numpy), the settings and checks
     "zigzag_indices", "slice_for_context_parallel", "masked_from_segments", "segment_ids_from_attention_mask",
     "segment_ids_from_actual_seq_len", "ContextParallelSettings", "check_context_parallel",
@@ -53,9 +159,13 @@ __all__ = [
     # launching (per-node logs, the ranks' heartbeat the launcher watches) and the checkpoint collective interface
     "launch", "node_log_dir", "Heartbeat", "start_heartbeat", "watched_by_launcher", "Communicator",
     # pipeline parallelism (mf_parallel.pipeline: pure Python except the executor)
-    *_PIPELINE,
+    "PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "build_schedule",
+    "validate_schedule", "simulate_schedule", "Costs", "Schedule", "ScheduleError", "text_timeline",
+    "PipelineExecutor", "StepResult", "register_weight_grad_split", "defer_weight_grads", "WeightGradStash",
 ]
 
+# name -> module: the TYPE_CHECKING imports above, for run time (tests/test_package.py checks that the
+# two say the same).
 _LAZY = {
     "DeviceMesh": "mesh", "Group": "mesh", "init_mesh": "mesh", "make_group": "mesh",
     "init_distributed": "backend", "CAPABILITIES": "backend", "Support": "backend", "capability_table": "backend",
@@ -71,7 +181,7 @@ _LAZY = {
                                             "VocabParallelEmbedding", "SequenceParallel", "PrepareModuleInput",
                                             "parallelize_module", "local_heads")},
     "VocabParallelCrossEntropy": "loss", "VocabParallelArgmax": "loss",
-    "fully_shard": "fsdp", "reshard_after_forward_for": "fsdp", "check_cpu_offload": "fsdp",
+    "fully_shard": "fsdp", "check_cpu_offload": "fsdp",
     "GlobalNormClip": "clip", "sum_of_squares": "clip",
     **{name: "prefetch" for name in ("enable_gather_prefetch", "gather_prefetch_pays_off", "GatherPrefetcher",
                                      "GatherSource")},
@@ -79,7 +189,7 @@ _LAZY = {
     "HybridAttention": "cp.ulysses", "RingExchange": "cp.exchange",
     **{name: "expert_parallel" for name in ("shard_experts", "AllToAllTokenDispatcher", "ExpertExchange")},
     **{name: "expert_deredundancy" for name in ("DeredundancyTokenDispatcher", "two_level_groups",
-                                                "deredundancy_problem", "routed_rows")},
+                                                "routed_rows")},
     **{name: "state" for name in ("ParamLayout", "param_layouts", "shard_metadata", "local_blocks",
                                   "gather_full_state", "load_full_state", "load_sharded_state")},
     "launch": "launcher", "node_log_dir": "launcher", "Heartbeat": "heartbeat", "start_heartbeat": "heartbeat",
@@ -90,7 +200,6 @@ _LAZY = {
 
 
 def __getattr__(name: str):
-    # MindSpore takes seconds to import: only the parts that need it pull it in.
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'mf_parallel' has no attribute {name!r}")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn
 
-from mf_parallel.collectives import AllGather, AllReduce, ReduceScatter, _take_slot
+from mf_parallel.collectives import AllGather, AllReduce, ReduceScatter, take_slot
 from mf_parallel.mesh import Group
 
 
@@ -60,13 +60,21 @@ class ReduceFromGroup(nn.Cell):
         return (dout,)
 
 
-class GatherFromGroup(nn.Cell):
-    """Forward: all-gather along `axis`. Backward: reduce-scatter the (partial) gradient along `axis`."""
+class _GatherScatter(nn.Cell):
+    """The group's all-gather and reduce-scatter along `axis`: one is the forward, the other the
+    backward (`construct` / `backward` of the subclass)."""
 
     def __init__(self, group: Group, axis: int) -> None:
         super().__init__()
         self.gather = AllGather(group, axis)
         self.scatter = ReduceScatter(group, axis)
+
+    def bprop(self, x, out, dout):
+        return (self.backward(x, dout),)
+
+
+class GatherFromGroup(_GatherScatter):
+    """Forward: all-gather along `axis`. Backward: reduce-scatter the (partial) gradient along `axis`."""
 
     def construct(self, x):
         return self.gather(x)
@@ -74,17 +82,9 @@ class GatherFromGroup(nn.Cell):
     def backward(self, x, dout):
         return self.scatter(dout)
 
-    def bprop(self, x, out, dout):
-        return (self.backward(x, dout),)
 
-
-class ReduceScatterToGroup(nn.Cell):
+class ReduceScatterToGroup(_GatherScatter):
     """Forward: reduce-scatter along `axis`. Backward: all-gather along `axis`."""
-
-    def __init__(self, group: Group, axis: int) -> None:
-        super().__init__()
-        self.gather = AllGather(group, axis)
-        self.scatter = ReduceScatter(group, axis)
 
     def construct(self, x):
         return self.scatter(x)
@@ -92,12 +92,10 @@ class ReduceScatterToGroup(nn.Cell):
     def backward(self, x, dout):
         return self.gather(dout)
 
-    def bprop(self, x, out, dout):
-        return (self.backward(x, dout),)
 
-
-class SplitToGroup(nn.Cell):
-    """Forward: keep this rank's slice along `axis` (no communication). Backward: all-gather."""
+class _GatherSlot(nn.Cell):
+    """The group's all-gather along `axis` and this rank's slot of a tensor (no communication): one
+    is the forward, the other the backward."""
 
     def __init__(self, group: Group, axis: int) -> None:
         super().__init__()
@@ -106,35 +104,30 @@ class SplitToGroup(nn.Cell):
         self.axis = axis
         self.gather = AllGather(group, axis)
 
-    def construct(self, x):
+    def slot(self, x):
         if self.n == 1:
             return x
-        return _take_slot(x, self.axis % x.ndim, self.n, self.rank)
+        return take_slot(x, self.axis % x.ndim, self.n, self.rank)
+
+    def bprop(self, x, out, dout):
+        return (self.backward(x, dout),)
+
+
+class SplitToGroup(_GatherSlot):
+    """Forward: keep this rank's slice along `axis` (no communication). Backward: all-gather."""
+
+    def construct(self, x):
+        return self.slot(x)
 
     def backward(self, x, dout):
         return self.gather(dout)
 
-    def bprop(self, x, out, dout):
-        return (self.backward(x, dout),)
 
-
-class GatherSplit(nn.Cell):
+class GatherSplit(_GatherSlot):
     """Forward: all-gather along `axis`. Backward: keep this rank's slice of the gradient."""
-
-    def __init__(self, group: Group, axis: int) -> None:
-        super().__init__()
-        self.n = group.size
-        self.rank = ms.Tensor(group.rank, ms.int32)
-        self.axis = axis
-        self.gather = AllGather(group, axis)
 
     def construct(self, x):
         return self.gather(x)
 
     def backward(self, x, dout):
-        if self.n == 1:
-            return dout
-        return _take_slot(dout, self.axis % dout.ndim, self.n, self.rank)
-
-    def bprop(self, x, out, dout):
-        return (self.backward(x, dout),)
+        return self.slot(dout)

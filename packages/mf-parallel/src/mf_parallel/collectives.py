@@ -45,7 +45,7 @@ _CAPABILITY_OF = {"all_to_all_v": "all_to_all"}
 _VARIABLE_NATIVE = ("hccl",)
 
 
-def _note_emulation(kind: str, group: Group) -> None:
+def note_emulation(kind: str, group: Group) -> None:
     if kind not in _LOGGED:
         _LOGGED.add(kind)
         where = CAPABILITIES[group.backend][_CAPABILITY_OF.get(kind, kind)].value
@@ -56,21 +56,21 @@ def _note_emulation(kind: str, group: Group) -> None:
 # Data movement is written with primitives: functional wrappers such as ops.narrow, ops.pad and
 # ops.zeros_like run Python-side checks that fail to compile inside a GRAPH_MODE bprop on 2.10.0
 # ("The func graph is empty ... check_value_type" / "... zeros_like").
-def _narrow(x, axis: int, start: int, length: int):
+def slice_axis(x, axis: int, start: int, length: int):
     """x's slice [start, start + length) along `axis`."""
     begin = (0,) * axis + (start,) + (0,) * (x.ndim - axis - 1)
     size = x.shape[:axis] + (length,) + x.shape[axis + 1:]
     return ops.Slice()(x, begin, size)
 
 
-def _take_slot(x, axis: int, n: int, rank):
+def take_slot(x, axis: int, n: int, rank):
     """Slot `rank` of `x` cut evenly into `n` along `axis`. `rank` is a 0-d int32 Tensor - data, not
-    a constant - so every rank compiles the same graph (see `_Collective.slot_mask`)."""
+    a constant - so every rank compiles the same graph (see `CollectiveOp.slot_mask`)."""
     chunk = x.shape[axis] // n
     return ops.Gather()(x.reshape(x.shape[:axis] + (n, chunk) + x.shape[axis + 1:]), rank, axis)
 
 
-def _pad_axis(x, axis: int, before: int, after: int):
+def pad_axis(x, axis: int, before: int, after: int):
     """Zero-pad `x` along `axis` with `before` / `after` slices."""
     parts = ()
     if before > 0:
@@ -90,7 +90,7 @@ def _check_sizes(sizes, n: int, what: str):
     return sizes
 
 
-class _Collective(nn.Cell):
+class CollectiveOp(nn.Cell):
     """Common state: group geometry, native-or-emulated decision and the counting op."""
 
     kind = ""
@@ -117,7 +117,7 @@ class _Collective(nn.Cell):
             self.slot_mask = ms.Tensor(np.arange(group.size) == group.rank)
             self.rank_t = ms.Tensor(group.rank, ms.int32)
             if not self.native:
-                _note_emulation(self.kind, group)
+                note_emulation(self.kind, group)
 
     def _count(self, out, payload, issued, code=None):
         """Report one call; applied to the primitive's *output*, so if the compiler merges two
@@ -143,7 +143,7 @@ class _Collective(nn.Cell):
         return decode(out, x.dtype) if self.transport else out
 
 
-class AllReduce(_Collective):
+class AllReduce(CollectiveOp):
     """Sum (or max/min/prod) over the group; every rank gets the result."""
 
     kind = "all_reduce"
@@ -173,7 +173,7 @@ class AllReduce(_Collective):
         return ops.ReduceProd()(slots, 0)
 
 
-class AllGather(_Collective):
+class AllGather(CollectiveOp):
     """Concatenate every rank's `x` along `axis` in group-rank order.
 
     `sizes` (one per rank) allows uneven extents along `axis`; without it all are equal.
@@ -198,7 +198,7 @@ class AllGather(_Collective):
         axis = self.axis if self.axis >= 0 else self.axis + x.ndim
         padded = x
         if not self.even:
-            padded = _pad_axis(x, axis, 0, self.max_size - x.shape[axis])
+            padded = pad_axis(x, axis, 0, self.max_size - x.shape[axis])
         out = self._gather0(padded, x.itemsize * x.size)     # [n * rows, ...]: slots along dim 0
         if self.even and axis == 0:
             return out
@@ -210,7 +210,7 @@ class AllGather(_Collective):
     def _trim_cat(self, slots, axis):
         pieces = ()
         for i in range(self.n):
-            pieces = pieces + (_narrow(slots[i], axis, 0, self.sizes[i]),)
+            pieces = pieces + (slice_axis(slots[i], axis, 0, self.sizes[i]),)
         return ops.Concat(axis)(pieces)
 
 
@@ -221,7 +221,7 @@ class AllGather(_Collective):
         return out.reshape((self.n * x.shape[0],) + x.shape[1:])
 
 
-class ReduceScatter(_Collective):
+class ReduceScatter(CollectiveOp):
     """Sum over the group, then keep this rank's slice along `axis` (`sizes` for uneven slices)."""
 
     kind = "reduce_scatter"
@@ -250,7 +250,7 @@ class ReduceScatter(_Collective):
             total = self._sum(x, nbytes)
             if self.uneven:
                 return ops.Gather()(total, self.own_index, axis)
-            return _take_slot(total, axis, self.n, self.rank_t)
+            return take_slot(total, axis, self.n, self.rank_t)
         if self.even and axis == 0:
             return self._count(self.prim(x), nbytes, nbytes)
         return self._native_any(x, axis, nbytes)
@@ -265,16 +265,16 @@ class ReduceScatter(_Collective):
         for i in range(self.n):
             chunk = chunks[i]
             if not self.even:
-                chunk = _pad_axis(chunk, axis, 0, self.max_size - self.sizes[i])
+                chunk = pad_axis(chunk, axis, 0, self.max_size - self.sizes[i])
             stacked = stacked + (chunk,)
         buf = ops.Concat(0)(stacked)
         mine = self._count(self.prim(buf), nbytes, buf.itemsize * buf.size)
         if self.even:
             return mine
-        return _narrow(mine, axis, 0, self.own)
+        return slice_axis(mine, axis, 0, self.own)
 
 
-class AllToAll(_Collective):
+class AllToAll(CollectiveOp):
     """Split `x` into group-size chunks along `split_axis`, send chunk j to rank j, and concatenate
     what arrives along `concat_axis` in source-rank order."""
 
@@ -301,7 +301,7 @@ class AllToAll(_Collective):
         return ops.Concat(self.concat_axis)(pieces)
 
 
-class AllToAllV(_Collective):
+class AllToAllV(CollectiveOp):
     """Variable-size all-to-all along dim 0, counts first. PyNative only: the sizes are data, read
     on the host (a compiled step keeps static buffers; see expert_parallel.py).
 
@@ -352,7 +352,7 @@ class AllToAllV(_Collective):
             out = self.prim(x.reshape(-1), [s * numel for s in send], [r * numel for r in recv])
             return self._count(out, payload, x.itemsize * x.size).reshape((sum(recv),) + row)
         offsets = np.concatenate(([0], np.cumsum(send)))
-        own = _narrow(x, 0, int(offsets[self.r]), send[self.r])
+        own = slice_axis(x, 0, int(offsets[self.r]), send[self.r])
         if pad == 0:                        # nothing crosses between any two ranks this time
             return own
         chunks = ()
@@ -360,7 +360,7 @@ class AllToAllV(_Collective):
             if j == self.r or send[j] == 0:
                 chunk = ops.Zeros()((pad,) + row, x.dtype)
             else:
-                chunk = _pad_axis(_narrow(x, 0, int(offsets[j]), send[j]), 0, 0, pad - send[j])
+                chunk = pad_axis(slice_axis(x, 0, int(offsets[j]), send[j]), 0, 0, pad - send[j])
             chunks = chunks + (chunk,)
         full = self._slots(ops.Stack(0)(chunks), payload)              # [src, dst, pad, ...]
         pieces = ()
@@ -368,11 +368,11 @@ class AllToAllV(_Collective):
             if src == self.r:
                 pieces = pieces + (own,)
             elif recv[src]:
-                pieces = pieces + (_narrow(full[src][self.r], 0, 0, recv[src]),)
+                pieces = pieces + (slice_axis(full[src][self.r], 0, 0, recv[src]),)
         return ops.Concat(0)(pieces) if len(pieces) > 1 else pieces[0]
 
 
-class Broadcast(_Collective):
+class Broadcast(CollectiveOp):
     """Every rank gets the `src` rank's `x` (`src` is a group rank; all ranks pass a same-shaped x)."""
 
     kind = "broadcast"
@@ -396,7 +396,7 @@ class Broadcast(_Collective):
         return self._sum(contribution, nbytes)
 
 
-class SendRecv(_Collective):
+class SendRecv(CollectiveOp):
     """Point-to-point: world rank `src` sends a tensor of `shape`/`dtype` to world rank `dst`.
 
     Both ranks build this Cell (it creates the two-rank group) and call it at the same point: the

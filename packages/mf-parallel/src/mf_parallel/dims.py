@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +33,6 @@ COMBINED: dict[str, tuple[str, ...]] = {
 }
 EXPERT_GROUPS: tuple[str, ...] = ("ep", "dp_shard_mod_ep")
 GROUP_NAMES: tuple[str, ...] = (*AXES, *COMBINED, *EXPERT_GROUPS)
-# moe_token_dispatcher_type values expert parallelism implements (mf_parallel.expert_parallel).
-EP_DISPATCHERS: tuple[str, ...] = ("alltoall", "alltoall_deredundancy")
 
 # YAML key -> attribute, for the messages: users know the YAML names.
 _YAML_KEY = {
@@ -48,11 +45,11 @@ _YAML_KEY = {
 }
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _check_degree(name: str, value: Any, allow_auto: bool = False) -> int:
+def check_degree(name: str, value: Any, allow_auto: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ParallelConfigError(f"parallelism.{_YAML_KEY[name]}: must be an integer, got {value!r}")
     if value == -1 and allow_auto:
@@ -68,7 +65,7 @@ class ParallelDims:
     """Degrees of every parallel axis for `world_size` ranks.
 
     `dp_shard=-1` takes every rank the other axes leave (pure FSDP when dp_replicate is 1).
-    Construct from YAML-shaped settings with `ParallelDims.from_config`.
+    A YAML `parallelism` section becomes one through `mf_parallel.Layout.resolve` (layout.py).
     """
 
     world_size: int
@@ -84,8 +81,8 @@ class ParallelDims:
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
             raise ParallelConfigError(f"world size must be a positive integer, got {self.world_size!r}")
         for name in ("dp_replicate", "cp", "tp", "pp", "ep"):
-            _check_degree(name, getattr(self, name))
-        _check_degree("dp_shard", self.dp_shard, allow_auto=True)
+            check_degree(name, getattr(self, name))
+        check_degree("dp_shard", self.dp_shard, allow_auto=True)
         others = self.pp * self.dp_replicate * self.cp * self.tp
         if self.dp_shard == -1:
             if self.world_size % others:
@@ -101,7 +98,7 @@ class ParallelDims:
                 f"{self.cp} x tp {self.tp} = {product}, but the world has {self.world_size} ranks; make the product "
                 f"equal the world size (data_parallel_shard: -1 fills the rest)")
         if (self.dp_shard * self.cp) % self.ep:
-            options = [d for d in _divisors(self.dp_shard * self.cp)]
+            options = [d for d in divisors(self.dp_shard * self.cp)]
             raise ParallelConfigError(
                 f"parallelism.expert_parallel: {self.ep} does not divide data_parallel_shard x context_parallel = "
                 f"{self.dp_shard} x {self.cp} = {self.dp_shard * self.cp}; use one of {options}")
@@ -110,46 +107,6 @@ class ParallelDims:
             strides[axis] = stride
             stride *= getattr(self, axis)
         object.__setattr__(self, "_strides", strides)
-
-    # ----------------------------------------------------------------- construction from YAML
-    @classmethod
-    def from_config(cls, parallelism: Mapping[str, Any] | Any | None, world_size: int) -> ParallelDims:
-        """Build from the YAML `parallelism` block (a mapping or an object with those attributes).
-
-        Reads only the degree keys (data_parallel_shard, tensor_parallel, pipeline_parallel,
-        context_parallel, expert_parallel); the strategy options in the same block belong to the
-        strategies (`fully_shard` etc.). data_parallel_shard: -1 = pure FSDP over every data-parallel
-        rank; a positive value s < dp gives HSDP with dp / s replicas of s-way shards.
-        """
-        def get(key: str, default: int) -> Any:
-            if parallelism is None:
-                return default
-            if isinstance(parallelism, Mapping):
-                value = parallelism.get(key, default)
-            else:
-                value = getattr(parallelism, key, default)
-            return default if value is None else value
-
-        tp = _check_degree("tp", get("tensor_parallel", 1))
-        pp = _check_degree("pp", get("pipeline_parallel", 1))
-        cp = _check_degree("cp", get("context_parallel", 1))
-        ep = _check_degree("ep", get("expert_parallel", 1))
-        shard = _check_degree("dp_shard", get("data_parallel_shard", -1), allow_auto=True)
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ParallelConfigError(f"world size must be a positive integer, got {world_size!r}")
-        non_dp = pp * cp * tp
-        if world_size % non_dp:
-            raise ParallelConfigError(
-                f"parallelism: pipeline_parallel ({pp}) x context_parallel ({cp}) x tensor_parallel ({tp}) = {non_dp} "
-                f"does not divide the world size {world_size}; pick degrees whose product divides {world_size}")
-        dp = world_size // non_dp
-        if shard == -1:
-            shard = dp
-        if dp % shard:
-            raise ParallelConfigError(
-                f"parallelism.data_parallel_shard: {shard} does not divide the data-parallel size {dp} "
-                f"(= world {world_size} / (pp {pp} x cp {cp} x tp {tp})); use -1 or one of {_divisors(dp)}")
-        return cls(world_size=world_size, dp_replicate=dp // shard, dp_shard=shard, cp=cp, tp=tp, pp=pp, ep=ep)
 
     # ----------------------------------------------------------------- derived sizes and flags
     @property
@@ -254,7 +211,7 @@ class ParallelDims:
         if ulysses_degree < 1 or self.cp % ulysses_degree:
             raise ParallelConfigError(
                 f"parallelism.ulysses_degree_in_cp: {ulysses_degree} does not divide context_parallel {self.cp}; "
-                f"use one of {_divisors(self.cp)}")
+                f"use one of {divisors(self.cp)}")
         cp_ranks = self.group_ranks("cp", rank)
         pos = cp_ranks.index(rank)
         if name == "cp_ulysses":
@@ -278,7 +235,7 @@ class ParallelDims:
         kv = num_heads if num_kv_heads is None else num_kv_heads
         for label, count in (("num_attention_heads", num_heads), ("num_key_value_heads", kv)):
             if count % self.tp:
-                options = [d for d in _divisors(math.gcd(num_heads, kv)) if self.world_size % d == 0]
+                options = [d for d in divisors(math.gcd(num_heads, kv)) if self.world_size % d == 0]
                 raise ParallelConfigError(
                     f"parallelism.tensor_parallel: {self.tp} does not divide model.{label} = {count}; use a "
                     f"tensor_parallel that divides both head counts: one of {options}")
@@ -288,7 +245,7 @@ class ParallelDims:
         if num_heads % self.tp:
             raise ParallelConfigError(
                 f"parallelism.tensor_parallel: {self.tp} does not divide {num_heads} heads; "
-                f"use one of {_divisors(num_heads)}")
+                f"use one of {divisors(num_heads)}")
         return num_heads // self.tp
 
     def describe(self) -> str:

@@ -55,22 +55,10 @@ from mf_parallel.collectives import AllGather, AllToAllV
 from mf_parallel.errors import ParallelConfigError
 from mf_parallel.expert_exchange import ExpertRoute, VariableExchange, size_tensor
 from mf_parallel.expert_parallel import ExpertExchange, TwoPathDispatcher, variable_exchange
+from mf_parallel.layout import deredundancy_problem
 from mf_parallel.mesh import DeviceMesh, Group, make_group
 
 KEY = "parallelism.npu_nums_per_device"
-
-
-def deredundancy_problem(ep: int, npu_nums_per_device: int) -> str | None:
-    """Why `ep` ranks cannot form device groups of `npu_nums_per_device` (the seed's rule: ep >=
-    npu_nums_per_device, and the groups must tile the ep group), or None."""
-    options = [d for d in range(1, ep + 1) if ep % d == 0]
-    if npu_nums_per_device < 1 or ep < npu_nums_per_device:
-        return (f"{npu_nums_per_device} ranks per device group, but expert_parallel is {ep} (alltoall_deredundancy "
-                f"needs expert_parallel >= npu_nums_per_device); use one of {options}")
-    if ep % npu_nums_per_device:
-        return (f"{npu_nums_per_device} does not divide expert_parallel {ep} (alltoall_deredundancy groups the ep "
-                f"ranks by npu_nums_per_device; expert_parallel must be a multiple of it); use one of {options}")
-    return None
 
 
 def device_group_ranks(ep_ranks, group_size: int, ep_rank: int) -> tuple[list[int], list[int]]:

@@ -56,7 +56,7 @@ from mf_parallel.expert_exchange import ExpertRoute
 from mf_parallel.fsdp import fully_shard
 from mf_parallel.leaf import ensure_plan, plan_of
 from mf_parallel.mesh import DeviceMesh, Group
-from mf_parallel.tensor_parallel import _reslice
+from mf_parallel.tensor_parallel import reslice
 
 log = logging.getLogger("mf_parallel")
 _STATIC_LOGGED: set[str] = set()
@@ -204,7 +204,7 @@ def shard_experts(experts: nn.Cell, mesh: DeviceMesh, param_names=("w1", "w2", "
         for name in param_names:
             if getattr(experts, name, None) is None:
                 raise ParallelConfigError(f"shard_experts: {type(experts).__name__} has no parameter {name!r}")
-            _reslice(experts, name, 0, group, "parallelism.expert_parallel")
+            reslice(experts, name, 0, group, "parallelism.expert_parallel")
         plan = ensure_plan(experts)
         plan.ep_shards.update({name: plan.tp_shards.pop(name) for name in param_names})
     fully_shard(experts, mesh, reshard_after_forward=False, disable_gradient_division=disable_gradient_division,

@@ -21,31 +21,13 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from mf_parallel.collectives import AllGather, AllReduce, ReduceScatter, _narrow, _pad_axis
+from mf_parallel.collectives import AllGather, AllReduce, ReduceScatter, pad_axis, slice_axis
 from mf_parallel.errors import ParallelConfigError
+from mf_parallel.layout import reshard_after_forward_for  # noqa: F401 (the policy is the layout's)
 from mf_parallel.leaf import ensure_plan, install, plan_of
 from mf_parallel.mesh import DeviceMesh, Group
 
 log = logging.getLogger("mf_parallel")
-
-RESHARD_POLICIES = ("always", "never", "default")
-
-
-def reshard_after_forward_for(policy: str, *, pp_enabled: bool = False, last: bool = False) -> bool:
-    """Resolve the YAML `reshard_after_forward_policy` for one FSDP unit.
-
-    "always" reshards every unit; "never" keeps every gathered parameter until backward; "default"
-    reshards except under pipeline parallelism (each micro-batch would gather again) and except
-    the last unit of the forward (backward needs it right away, so freeing it saves nothing).
-    """
-    if policy not in RESHARD_POLICIES:
-        raise ParallelConfigError(
-            f"parallelism.reshard_after_forward_policy: must be one of {', '.join(RESHARD_POLICIES)}, got {policy!r}")
-    if policy == "always":
-        return True
-    if policy == "never":
-        return False
-    return not pp_enabled and not last
 
 
 def check_cpu_offload(cpu_offload: bool, device_target: str | None = None) -> None:
@@ -151,13 +133,13 @@ class ShardGather(nn.Cell):
 
     def _unpad(self, full):
         if self.pad > 0:
-            full = _narrow(full, 0, 0, self.dim0)
+            full = slice_axis(full, 0, 0, self.dim0)
         return full
 
     def backward(self, shard, dout):
         grad = dout
         if self.pad > 0:
-            grad = _pad_axis(grad, 0, 0, self.pad)
+            grad = pad_axis(grad, 0, 0, self.pad)
         if self.cast:
             grad = ops.Cast()(grad, self.reduce_dtype)
         if self.replicated:

@@ -55,7 +55,7 @@ def _check(value: str, allowed: tuple[str, ...], what: str) -> str:
 _RESLICED: dict[int, tuple[Parameter, Parameter]] = {}
 
 
-def _reslice(leaf: nn.Cell, name: str, axis: int, group: Group, what: str) -> None:
+def reslice(leaf: nn.Cell, name: str, axis: int, group: Group, what: str) -> None:
     plan = plan_of(leaf)
     if plan is not None and plan.fsdp is not None:
         raise ParallelConfigError(f"{what}: apply tensor parallelism before fully_shard")
@@ -116,9 +116,9 @@ class ColwiseParallel(ParallelStyle):
         if group.size == 1:
             return
         what = f"ColwiseParallel({path})"
-        _reslice(cell, "weight", 0, group, what)
+        reslice(cell, "weight", 0, group, what)
         if getattr(cell, "bias", None) is not None:
-            _reslice(cell, "bias", 0, group, what)
+            reslice(cell, "bias", 0, group, what)
         plan = ensure_plan(cell)
         if self.input_layout == "shard_seq":
             plan.input_transform = GatherFromGroup(group, self.seq_axis)
@@ -141,7 +141,7 @@ class RowwiseParallel(ParallelStyle):
     def apply(self, cell, group, path):
         if group.size == 1:
             return
-        _reslice(cell, "weight", 1, group, f"RowwiseParallel({path})")
+        reslice(cell, "weight", 1, group, f"RowwiseParallel({path})")
         plan = ensure_plan(cell)
         if self.output_layout == "shard_seq":
             plan.output_transform = ReduceScatterToGroup(group, self.seq_axis)
@@ -178,7 +178,7 @@ class VocabParallelEmbedding(ParallelStyle):
         if len(plan.names) != 1:
             raise ParallelConfigError(f"VocabParallelEmbedding({path}): expects one table parameter, got {plan.names}")
         name = plan.names[0]
-        _reslice(cell, name, 0, group, f"VocabParallelEmbedding({path})")
+        reslice(cell, name, 0, group, f"VocabParallelEmbedding({path})")
         cell.mf_vocab_start = group.rank * getattr(cell, name).shape[0]
         # The offset enters the graph as data: a rank-dependent constant (0 on rank 0 folds away)
         # would give ranks differently shaped graphs, which issue their collectives in different orders.

@@ -52,8 +52,12 @@ class Callback:
 
 
 CALLBACKS: dict[str, type[Callback]] = {}
-# Built-ins that are always on: listing them in the YAML is refused with this reason.
-BUILT_IN_ALWAYS_ON: dict[str, str] = {}
+# Built-ins that are always on (monitor.py's MetricsLogger): listing them in the YAML is refused
+# with this reason. Named here, not registered by monitor.py: resolving a name then needs no import
+# of the monitor (MindSpore).
+BUILT_IN_ALWAYS_ON: dict[str, str] = {
+    "MetricsLogger": "configure it with monitor.log_interval and monitor.tensorboard",
+}
 
 
 def register_callback(cls_or_name: type[Callback] | str | None = None):
@@ -82,10 +86,6 @@ def register_callback(cls_or_name: type[Callback] | str | None = None):
 
 
 def _resolve(type_name: str, path: str) -> type[Callback]:
-    # The built-ins register themselves where they are defined; import it, or a built-in named in
-    # `callbacks` before the Trainer was imported reads as "unknown callback".
-    import mf_trainer.monitor  # noqa: F401
-
     if type_name in BUILT_IN_ALWAYS_ON:
         raise TrainerConfigError(f"{path}.type: {type_name} is built in and always on; {BUILT_IN_ALWAYS_ON[type_name]}")
     if type_name in CALLBACKS:

@@ -63,7 +63,7 @@ def _seq_length(cfg) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _count_parameters(cfg, dims) -> dict[str, int | str]:
+def _count_parameters(cfg, layout) -> dict[str, int | str]:
     """Build the model (no weight init) and count; LoRA adapters are added as the run would."""
     import mf_models
 
@@ -79,10 +79,11 @@ def _count_parameters(cfg, dims) -> dict[str, int | str]:
     params = [p for _, p in model.parameters_and_names()]
     counts: dict[str, int | str] = {"total": sum(p.size for p in params),
                                     "trainable": sum(p.size for p in model.trainable_params())}
+    dims = layout.dims
     if dims.tp > 1:
         counts["per rank"] = "not computed from one process with tensor_parallel > 1"
     elif dims.pp > 1:
-        counts["per rank"] = _pipeline_rank_counts(cfg, model, dims)
+        counts["per rank"] = _pipeline_rank_counts(layout, model)
     else:
         shard = dims.dp_shard * dims.cp      # FSDP shards over dp_shard x cp
         counts["per rank"] = sum(math.ceil(p.shape[0] / shard) * math.prod(p.shape[1:]) if p.shape else 1
@@ -90,21 +91,18 @@ def _count_parameters(cfg, dims) -> dict[str, int | str]:
     return counts
 
 
-def _pipeline_rank_counts(cfg, model, dims) -> str:
+def _pipeline_rank_counts(layout, model) -> str:
     """Parameters each pipeline rank holds (its layers; embedding, norm and head where its stages
     have them; the last stage's copy of a tied table counted where it lives)."""
     import mf_config
-    import mf_parallel as mp
 
-    spec = mp.pipeline_from_config(cfg.parallelism)
-    layout = mp.StageLayout.build(spec, mf_config.pipeline_layer_placement(
-        cfg.parallelism.pipeline_parallel_layers_per_stage, spec.pp, spec.chunks, model.args.num_hidden_layers,
-        schedule=spec.schedule))
+    spec = layout.pipeline
+    stages = layout.stage_layout(model.args.num_hidden_layers, mf_config.pipeline_layer_placement)
     sizes = {name: p.size for name, p in model.parameters_and_names()}
     tied = "output.weight" not in sizes
     parts = []
     for rank in range(spec.pp):
-        infos = layout.chunks(rank)
+        infos = stages.chunks(rank)
         layers = {str(i) for info in infos for i in info.layers}
         first, last = any(i.first for i in infos), any(i.last for i in infos)
         held = sum(size for name, size in sizes.items()
@@ -128,9 +126,8 @@ def dry_run(cfg, world: int | None = None, device: str | None = None, *, build_m
     cfg, model_note = complete_model_section(cfg)
     report = preflight(cfg, command, world, device, source=source, overwrite=overwrite, plan_only=True)
     report.raise_for_problems()
-    from mf_trainer.preflight.parallel import effective_dims
-
-    dims = effective_dims(cfg.parallelism, world)
+    layout = report.layout          # the section resolved once, by the preflight, for this world and device
+    dims = layout.dims
     plan = DryRun(report, world, layout=dims.describe())
     plan.accumulation = accumulation(cfg.training, dims.dp)
     plan.global_batch = plan.accumulation * dims.dp * cfg.training.local_batch_size
@@ -140,17 +137,17 @@ def dry_run(cfg, world: int | None = None, device: str | None = None, *, build_m
     plan.start = inspect_run(cfg, overwrite=overwrite).describe()
     plan.notes = [model_note] if model_note else []
     if build_model:
-        plan.parameters = _count_parameters(cfg, dims)
-    plan.memory = _memory(cfg, world, device)
+        plan.parameters = _count_parameters(cfg, layout)
+    plan.memory = _memory(cfg, layout)
     return plan
 
 
-def _memory(cfg, world: int, device: str | None) -> list[str]:
+def _memory(cfg, layout) -> list[str]:
     """The per-rank memory estimate (mf_trainer.memory), or the reason it is not made."""
     from mf_trainer.errors import TrainerConfigError
     from mf_trainer.memory import memory_plan
 
     try:
-        return memory_plan(cfg, world, device=device).lines()
+        return memory_plan(cfg, layout).lines()
     except TrainerConfigError as exc:
         return [f"memory: not estimated: {exc}"]

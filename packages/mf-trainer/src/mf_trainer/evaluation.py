@@ -42,7 +42,7 @@ from mf_trainer.data import build_loader
 from mf_trainer.errors import TrainerConfigError
 from mf_trainer.loss import token_cross_entropy
 from mf_trainer.preflight.data import eval_data as _eval_data
-from mf_trainer.step import _model_inputs, _targets
+from mf_trainer.step import batch_model_inputs, loss_targets
 
 log = logging.getLogger("mf_trainer")
 
@@ -162,10 +162,10 @@ class Evaluator:
                 if not self.compiled and ms.get_context("mode") == ms.GRAPH_MODE:
                     # Compiled ahead of its first call, so the evaluation's time is its own.
                     c0 = time.perf_counter()
-                    self.forward.compile(*_targets(mb), *_model_inputs(mb))
+                    self.forward.compile(*loss_targets(mb), *batch_model_inputs(mb))
                     compiling = time.perf_counter() - c0
                 self.compiled = True
-                part = self.forward(*_targets(mb), *_model_inputs(mb))
+                part = self.forward(*loss_targets(mb), *batch_model_inputs(mb))
                 loss_sum += float(part[0].asnumpy())
                 tokens += float(part[1].asnumpy())
                 correct += float(part[2].asnumpy())
@@ -185,13 +185,13 @@ class Evaluator:
 
     def _pipeline_sums(self, mb: dict) -> np.ndarray:
         """(loss sum, tokens, correct) of one batch through the pipeline stages, on every pp rank."""
-        from mf_trainer.pipeline_step import _micro_batch
+        from mf_trainer.pipeline_step import micro_batch_tensors
 
         def last_stage(logits, tensors):
             parts = self.forward.sums(logits, tensors["labels"], tensors["loss_mask"])
             return ops.concat([p.reshape(1) for p in parts])
 
-        return self.pipeline.executor.forward([_micro_batch(mb)], last_stage, 3).asnumpy().astype(np.float64)
+        return self.pipeline.executor.forward([micro_batch_tensors(mb)], last_stage, 3).asnumpy().astype(np.float64)
 
 
 def build_evaluator(cfg, model, micro_batch_size: int, parallel=None, pipeline=None) -> Evaluator | None:

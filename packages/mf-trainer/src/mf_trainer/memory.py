@@ -1,6 +1,7 @@
 """Per-rank memory of a training layout, from the YAML alone (no MindSpore, no model built).
 
-    plan = mf_trainer.memory_plan(cfg, world=4)
+    layout = mf_parallel.Layout.resolve(cfg.parallelism, world=4, device="CPU")   # or the preflight's
+    plan = mf_trainer.memory_plan(cfg, layout)
     for rank in plan.ranks: print(rank.pp_rank, rank.total)
     print("\\n".join(plan.lines()))
 
@@ -53,7 +54,6 @@ import mf_models
 import mf_parallel as mp
 from mf_trainer.errors import TrainerConfigError
 from mf_trainer.preflight.data import accumulation
-from mf_trainer.preflight.parallel import effective_dims
 from mf_trainer.preflight.registry import model_section
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -228,21 +228,23 @@ def _regathered(cfg, layers: int, tp: int) -> dict[int, set[str]]:
     return out
 
 
-def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
-    """The estimate for `cfg` on `world` ranks (see the module docstring). Raises
-    TrainerConfigError / ModelConfigError / ParallelConfigError (one line) for what it cannot size."""
+def memory_plan(cfg, layout: mp.Layout) -> MemoryPlan:
+    """The estimate for `cfg` run in `layout` (mf_parallel.Layout: the resolved `parallelism`
+    section with its world and device; device None = context.device_target) (see the module
+    docstring). Raises TrainerConfigError / ModelConfigError (one line) for what it cannot size."""
+    if layout.dims is None:
+        raise TrainerConfigError("parallelism: the memory estimate needs the world size")
     try:
         _, args = mf_models.build_args(model_section(cfg))
         inventory = mf_models.parameter_inventory(args)
     except mf_models.ModelConfigError as exc:
         raise TrainerConfigError(str(exc)) from None
-    par = cfg.parallelism
-    dims = effective_dims(par, world)
+    dims = layout.dims
     tp, shards = dims.tp, dims.dp_shard * dims.cp
     seq = _seq_length(cfg, args)
     local_seq = seq // dims.cp
     batch = cfg.training.local_batch_size
-    device = device or cfg.context.device_target
+    device = layout.device or cfg.context.device_target
     compute = "float32" if device == "CPU" else args.compute_dtype
     act_bytes, p_bytes = DTYPE_BYTES[compute], DTYPE_BYTES[args.params_dtype]
     accum = accumulation(cfg.training, dims.dp)
@@ -299,26 +301,23 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
         return {f"layers.{i}.{m}": per_layer[i].get(m, 0) for m in swap_modules.get(i, ()) if m not in recomputed}
 
     # Pipeline: which layers and ends each rank holds, and how many micro-batches it keeps at once.
-    spec = mp.pipeline_from_config(par)
+    spec = layout.pipeline
     stages: list[tuple[tuple[int, ...], bool, bool, int]] = []
     if spec.pp == 1:
         stages.append((tuple(range(n_layers)), True, True, 1))
     else:
-        placement = mf_config.pipeline_layer_placement(par.pipeline_parallel_layers_per_stage, spec.pp,
-                                                       par.pipeline_parallel_interleave_num, n_layers,
-                                                       schedule=spec.schedule)
-        layout = mp.StageLayout.build(spec, placement)
+        stage_layout = layout.stage_layout(n_layers, mf_config.pipeline_layer_placement)
         sim = mp.simulate_schedule(mp.build_schedule(spec, accum), mp.Costs.parse("1,1,1"), "async")
         for r in range(spec.pp):
-            chunks = layout.chunks(r)
+            chunks = stage_layout.chunks(r)
             ids = tuple(i for c in chunks for i in c.layers)
             # peak_in_flight counts (micro-batch, chunk) pairs; a chunk holds 1/chunks of the rank's layers
             stages.append((ids, any(c.first for c in chunks), any(c.last for c in chunks),
                            max(1, math.ceil(sim.ranks[r].peak_in_flight / len(chunks)))))
         notes.append("pipeline in flight: the schedule's peak (micro-batch, chunk) pairs over the rank's chunks")
 
-    never = par.reshard_after_forward_policy == "never" or (par.reshard_after_forward_policy == "default"
-                                                            and spec.pp > 1)
+    # FSDP keeps every unit's gathered parameters from forward to backward (its policy, resolved)
+    never = not layout.reshard_after_forward(last=False)
     # Each entry's layer, found once: a stage looks only at its own layers' entries and the rest
     # (ranks x entries would be quadratic in pipeline stages).
     by_layer: dict[int, list] = {}
@@ -405,10 +404,11 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidate_layouts(cfg, world: int, device_memory: int | None = None) -> list[str]:
+def candidate_layouts(cfg, world: int, device_memory: int | None = None, device: str | None = None) -> list[str]:
     """A table of the peak per rank of the layouts of `world` ranks: tensor_parallel (up to 8, dividing
     the heads) x pipeline_parallel (dividing the layers' count is not required) x the data-parallel
-    rest as FSDP, each without recompute and with full recompute; other keys as in `cfg`."""
+    rest as FSDP, each without recompute and with full recompute; other keys as in `cfg`. Each
+    candidate is its own resolved layout (mf_parallel.Layout) on `device`."""
     base = mf_config.config_to_dict(cfg)
     _, args = mf_models.build_args(model_section(cfg))
     rows = []
@@ -424,7 +424,8 @@ def candidate_layouts(cfg, world: int, device_memory: int | None = None) -> list
                        "recompute": ({"mode": "None"} if mode == "None" else
                                      {"mode": "full", "full_recompute_layer": [f"0-{args.num_hidden_layers - 1}"]})}
                 try:
-                    peaks.append(memory_plan(mf_config.load_config(raw), world).peak)
+                    candidate = mf_config.load_config(raw)
+                    peaks.append(memory_plan(candidate, mp.Layout.resolve(candidate.parallelism, world, device)).peak)
                 except (TrainerConfigError, mf_config.ConfigError, mp.ParallelConfigError) as exc:
                     peaks.append(str(exc).split(":")[0])
             rows.append((tp, pp, world // (tp * pp), peaks))

@@ -39,7 +39,7 @@ import os
 import time
 from pathlib import Path
 
-from mf_trainer.callbacks import BUILT_IN_ALWAYS_ON, Callback
+from mf_trainer.callbacks import Callback
 from mf_trainer.moe import write_tensorboard as write_moe_tensorboard
 from mf_trainer.mtp import write_tensorboard as write_mtp_tensorboard
 from mf_trainer.param_norms import PREFIX as PARAM_NORM_PREFIX
@@ -234,6 +234,3 @@ def eval_line(m: dict) -> str:
     compiled = f" (+ {m['eval_compile_s']:.1f} s compiling)" if m.get("eval_compile_s") else ""
     return (f"{head}: loss {m['eval_loss']:.4f} | ppl {m['eval_ppl']:.4g} | accuracy {100.0 * m['eval_accuracy']:.2f}% | "
             f"{m['eval_tokens']} tokens in {m['eval_batches']} batches | {m['eval_time_s']:.2f} s{compiled}")
-
-
-BUILT_IN_ALWAYS_ON["MetricsLogger"] = "configure it with monitor.log_interval and monitor.tensorboard"

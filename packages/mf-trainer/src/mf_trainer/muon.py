@@ -39,8 +39,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
+from mf_trainer.adamw import AdamW, checked_moments
 from mf_trainer.errors import TrainerConfigError
-from mf_trainer.optimizer import AdamW
 from mf_trainer.optimizer_options import MuonOptions
 
 NS_EPS = 1e-7
@@ -175,15 +175,7 @@ class Muon(nn.Cell):
 
     def load_state_dict(self, state: dict) -> None:
         """Inverse of `state_dict`; everything is checked before anything is written."""
-        values = {}
-        for name, buf in zip(self.muon_names, self.momentum):
-            key = f"momentum.{name}"
-            if key not in state:
-                raise KeyError(f"optimizer state has no {key!r}")
-            value = np.asarray(state[key], dtype=np.float32)
-            if tuple(value.shape) != tuple(buf.shape):
-                raise ValueError(f"optimizer state {key!r}: shape {value.shape} != {tuple(buf.shape)}")
-            values[key] = value
+        values = checked_moments(state, ((f"momentum.{n}", buf) for n, buf in zip(self.muon_names, self.momentum)))
         self.adamw.load_state_dict(state)   # checks its own moments first, then writes them
         for name, buf in zip(self.muon_names, self.momentum):
             buf.set_data(Tensor(values[f"momentum.{name}"]))

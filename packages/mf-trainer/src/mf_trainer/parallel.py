@@ -6,10 +6,12 @@ Every group then has one rank, every collective is the identity, the model's pla
 the sharded state is the whole state and the global-norm clip is bit for bit the one-process norm.
 With more ranks (started by `mf launch` or msrun):
 
-* layout: `ParallelDims.from_config(parallelism, world)`; `data_parallel_shard_strategy:
-  no_shard` makes every data-parallel rank a replica (DDP); `optim_grads_params` (ZeRO-3, the
-  default) shards parameters, gradients and optimizer states. What cannot run (expert
-  parallelism beside cp, pipeline stages with cp, with HSDP stages or with DDP stages outside 1f1b,
+* layout: `mf_parallel.Layout`, the `parallelism` section resolved once by the preflight for this
+  world and device (the Trainer takes it from the preflight's report and hands this same object
+  to the context, the model's plan and the pipeline plan; none of them reads the section).
+  `data_parallel_shard_strategy: no_shard` makes every data-parallel rank a replica (DDP);
+  `optim_grads_params` (ZeRO-3, the default) shards parameters, gradients and optimizer states.
+  What cannot run (pipeline stages with cp, with HSDP stages or with DDP stages outside 1f1b,
   ZeRO-1/2, degrees that do not fit the world) is refused by the preflight; pipeline stages are
   pipeline_step.py.
 * the model: its own plan (`mf_models.parallelize_model`: TP + SP, recompute, FSDP/HSDP), applied
@@ -43,31 +45,24 @@ from mf_trainer.errors import TrainerConfigError
 
 log = logging.getLogger("mf_trainer")
 
-def build_dims(cfg, world_size: int) -> mp.ParallelDims:
-    """This run's layout (the preflight has checked that the degrees fit `world_size`)."""
-    from mf_trainer.preflight.parallel import effective_dims
-
-    try:
-        return effective_dims(cfg.parallelism, world_size)
-    except mp.ParallelConfigError as exc:
-        raise TrainerConfigError(str(exc)) from None
-
 
 class ParallelContext:
-    """This rank's place in the job and the collectives the Trainer runs around its step."""
+    """This rank's place in the job and the collectives the Trainer runs around its step.
+    `layout`: the resolved `parallelism` section (mf_parallel.Layout, with its world split);
+    `cfg`: the rest of the config (recompute_comm, for the model's plan)."""
 
-    def __init__(self, cfg, dims: mp.ParallelDims):
+    def __init__(self, cfg, layout: mp.Layout):
         self.cfg = cfg
-        self.dims = dims
+        self.layout = layout
+        self.dims = dims = layout.dims
         self.mesh = mp.init_mesh(dims)
         self.rank = self.mesh.rank
         self.world = dims.world_size
         self.dp_rank = dims.dp_rank(self.rank)
         self.dp = dims.dp
-        par = cfg.parallelism
         # FSDP's mean divides gradients by dp_replicate x dp_shard x cp: every rank's loss is
         # scaled by the same factor, so the averaged gradient is the global loss's.
-        self.divides = not par.disable_gradient_division and (dims.fsdp_enabled or dims.dp_replicate > 1)
+        self.divides = not layout.fsdp.disable_gradient_division and (dims.fsdp_enabled or dims.dp_replicate > 1)
         self.loss_scale = dims.dp * dims.cp if self.divides else 1
         # Every rank holding a share of the global batch's tokens: data- and context-parallel.
         self.loss_ranks = dims.dp * dims.cp
@@ -103,24 +98,12 @@ class ParallelContext:
         return mp.graph_mode_blocker(self.dims) if self.enabled else None
 
     def options(self, recompute, n_layers: int = 0) -> mf_models.ParallelOptions:
-        par = self.cfg.parallelism
+        """The model plan's options: this run's layout (whose knobs with nothing to act on here
+        already hold their defaults) and the Trainer's recompute hooks."""
         from mf_trainer.recompute import recompute_comm_selection
 
         comm = recompute_comm_selection(self.cfg.recompute_comm, n_layers) if self.dims.tp_enabled else None
-        # The knobs with nothing to act on in this layout or device (the preflight's notices) go to
-        # the plan as their defaults: a context_parallel_* field without cp, the dispatcher's
-        # without ep, cpu_offload where host memory is all there is.
-        default = mf_models.ParallelOptions()
-        cp = {key: getattr(par if self.dims.cp_enabled else default, key) for key in (
-            "context_parallel_method", "context_parallel_async", "ulysses_degree_in_cp", "context_parallel_mask_type")}
-        if cp["context_parallel_method"] == "colossal":
-            cp["ulysses_degree_in_cp"] = None
-        ep = {key: getattr(par if self.dims.ep > 1 else default, key) for key in (
-            "moe_token_dispatcher_type", "npu_nums_per_device")}
-        offload = par.cpu_offload and ms.get_context("device_target") != "CPU"
-        return mf_models.ParallelOptions(reshard_after_forward_policy=par.reshard_after_forward_policy,
-                                         disable_gradient_division=par.disable_gradient_division,
-                                         cpu_offload=offload, recompute=recompute, recompute_comm=comm, **cp, **ep)
+        return mf_models.ParallelOptions(self.layout, recompute=recompute, recompute_comm=comm)
 
     def parallelize(self, model, recompute) -> None:
         """The model's own plan (the identity on one rank, where only the recompute callback acts)."""

@@ -1,7 +1,7 @@
 """Pipeline-parallel training (`parallelism.pipeline_parallel > 1`): the Trainer's model, step,
 norm and checkpoint state when every pipeline rank holds a part of the model.
 
-    plan = pipeline_plan(cfg, parallel, model, accumulation)   # None when pipeline_parallel is 1
+    plan = pipeline_plan(parallel, model, accumulation)   # None when pipeline_parallel is 1
     stage = plan.stage                  # this rank's parameters under their global names
     runner = plan.runner(optimizer, max_norm, local_norm)       # a StepRunner: (micro_batches, lr) -> StepResult
     plan.sharded_state(optimizer, held)  # checkpoint state in the global layout
@@ -65,20 +65,24 @@ from mf_trainer.errors import TrainerConfigError
 from mf_trainer.loss import token_cross_entropy
 from mf_trainer.mtp import PipelineMTPLoss, inverse_tokens
 from mf_trainer.parallel import ShardedState
-from mf_trainer.step import ApplyStep, GradNorm, StepResult, _model_inputs, _targets, make_buffers, param_norms_of
+from mf_trainer.step import (
+    ApplyStep,
+    GradNorm,
+    StepResult,
+    batch_model_inputs,
+    loss_targets,
+    make_buffers,
+    param_norms_of,
+)
 
 log = logging.getLogger("mf_trainer")
 
 
-def stage_layout(cfg, num_layers: int, accumulation: int) -> tuple[mp.PipelineSpec, mp.StageLayout]:
-    """The resolved schedule and the layers of every virtual stage, or one TrainerConfigError line."""
-    par = cfg.parallelism
+def stage_layout(layout: mp.Layout, num_layers: int, accumulation: int) -> tuple[mp.PipelineSpec, mp.StageLayout]:
+    """The layout's schedule and the layers of every virtual stage, or one TrainerConfigError line."""
     try:
-        spec = mp.pipeline_from_config(par)
-        spec.check_microbatches(accumulation)
-        layers = mf_config.pipeline_layer_placement(par.pipeline_parallel_layers_per_stage, spec.pp, spec.chunks,
-                                                    num_layers, schedule=spec.schedule)
-        return spec, mp.StageLayout.build(spec, layers)
+        layout.pipeline.check_microbatches(accumulation)
+        return layout.pipeline, layout.stage_layout(num_layers, mf_config.pipeline_layer_placement)
     except (mp.ParallelConfigError, mf_config.ConfigError) as exc:
         raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
 
@@ -103,10 +107,10 @@ class _PipelineLoss:
         return (per_token * mask.reshape(-1)).sum() * inv_tokens
 
 
-def _micro_batch(mb: dict) -> dict:
+def micro_batch_tensors(mb: dict) -> dict:
     """A micro-batch as the chunks and the loss read it (Tensors under the column names)."""
-    labels, mask = _targets(mb)
-    inputs = _model_inputs(mb)
+    labels, mask = loss_targets(mb)
+    inputs = batch_model_inputs(mb)
     out = {"input_ids": inputs[0], "labels": labels, "loss_mask": mask}
     if len(inputs) > 1:
         out["position_ids"] = inputs[1]
@@ -151,7 +155,7 @@ class PipelineStepRunner:
         else:
             tokens = self.global_tokens(float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches)))
             self.loss_fn.inv_tokens = Tensor(np.float32(self.loss_scale / tokens if tokens > 0 else np.inf))
-        result = self.plan.executor.step([_micro_batch(mb) for mb in micro_batches], self.loss_fn)
+        result = self.plan.executor.step([micro_batch_tensors(mb) for mb in micro_batches], self.loss_fn)
         self.last = result
         for buf, i in zip(self.buffers, self.order):
             grad = result.grads[i]
@@ -203,11 +207,11 @@ class PipelineShardedState(ShardedState):
 class PipelinePlan:
     """This rank's stage, executor and the pieces the Trainer swaps in (see the module doc)."""
 
-    def __init__(self, cfg, parallel, model, accumulation: int) -> None:
+    def __init__(self, parallel, model, accumulation: int) -> None:
         self.parallel = parallel
         self.model = model                                   # the whole model (flops, names, shapes)
         mesh = parallel.mesh
-        self.spec, self.layout = stage_layout(cfg, model.args.num_hidden_layers, accumulation)
+        self.spec, self.layout = stage_layout(parallel.layout, model.args.num_hidden_layers, accumulation)
         self.schedule = mp.build_schedule(self.spec, accumulation)
         mp.validate_schedule(self.schedule)
         self.pp_rank = mesh["pp"].rank
@@ -281,8 +285,9 @@ class PipelinePlan:
                                     skip=[p for p in self.stage.tied if id(p) in self.copies])
 
 
-def pipeline_plan(cfg, parallel, model, accumulation: int) -> PipelinePlan | None:
-    """The pipeline plan of this rank, or None when pipeline_parallel is 1."""
+def pipeline_plan(parallel, model, accumulation: int) -> PipelinePlan | None:
+    """The pipeline plan of this rank (the schedule and stages of `parallel.layout`), or None when
+    pipeline_parallel is 1."""
     if parallel.dims.pp <= 1:
         return None
-    return PipelinePlan(cfg, parallel, model, accumulation)
+    return PipelinePlan(parallel, model, accumulation)

@@ -153,13 +153,13 @@ def make_buffers(optimizer) -> ParameterTuple:
     return optimizer.params.clone(prefix="grad_acc", init="zeros")
 
 
-def _targets(mb: dict) -> tuple[Tensor, Tensor]:
+def loss_targets(mb: dict) -> tuple[Tensor, Tensor]:
     # int32 ids (what embedding lookups and gathers take on every backend), float32 mask.
     return (Tensor(np.ascontiguousarray(mb["labels"], dtype=np.int32)),
             Tensor(np.ascontiguousarray(mb["loss_mask"], dtype=np.float32)))
 
 
-def _model_inputs(mb: dict) -> tuple[Tensor, ...]:
+def batch_model_inputs(mb: dict) -> tuple[Tensor, ...]:
     """(input_ids[, position_ids[, attention_mask]]) in the model's positional order; a context-
     parallel micro-batch has segment_ids (global document ids) in the mask's place."""
     ids = np.ascontiguousarray(mb["input_ids"], dtype=np.int32)
@@ -242,9 +242,9 @@ class StepRunner:
         inv = Tensor(np.ones(1 + self.mtp_depth, np.float32) if self.mtp_depth else np.float32(1.0))
         scalars = self.optimizer.scalars(lr)
         if self.accumulation == 1:
-            self.fused.compile(*_targets(mb), inv, *scalars, *_model_inputs(mb))
+            self.fused.compile(*loss_targets(mb), inv, *scalars, *batch_model_inputs(mb))
         else:
-            self.accumulate.compile(*_targets(mb), inv, *_model_inputs(mb))
+            self.accumulate.compile(*loss_targets(mb), inv, *batch_model_inputs(mb))
             self.apply.compile(Tensor(0.0, ms.float32), *scalars)
 
     def __call__(self, micro_batches: list[dict], lr: float) -> StepResult:
@@ -252,14 +252,14 @@ class StepRunner:
         scalars = self.optimizer.scalars(lr)
         if self.accumulation == 1:
             mb = micro_batches[0]
-            loss, norm, finite, local, *aux = self.fused(*_targets(mb), inv, *scalars, *_model_inputs(mb))
+            loss, norm, finite, local, *aux = self.fused(*loss_targets(mb), inv, *scalars, *batch_model_inputs(mb))
             per_param = aux.pop(0) if self.positions else None
             loss_value = float(loss.asnumpy())
             extras = tuple(a.asnumpy() for a in aux)
         else:
             loss_value, extras = 0.0, ()
             for mb in micro_batches:
-                part = self.accumulate(*_targets(mb), inv, *_model_inputs(mb))
+                part = self.accumulate(*loss_targets(mb), inv, *batch_model_inputs(mb))
                 if isinstance(part, (tuple, list)):
                     part, *aux = part
                     aux = [a.asnumpy() for a in aux]

@@ -49,7 +49,7 @@ from mf_trainer.moe import MoETraining
 from mf_trainer.monitor import MetricsLogger
 from mf_trainer.mtp import MTPLMLoss, MTPTraining
 from mf_trainer.optimizer import build_optimizer
-from mf_trainer.parallel import ParallelContext, ShardedState, build_dims, comm_metrics
+from mf_trainer.parallel import ParallelContext, ShardedState, comm_metrics
 from mf_trainer.param_norms import norm_metrics, select_parameters
 from mf_trainer.pipeline_step import pipeline_plan
 from mf_trainer.preflight import preflight
@@ -113,10 +113,13 @@ class Trainer:
         world = runtime.world_size_from_env()
         report = preflight(cfg, "train", world, self.device, overwrite=overwrite)
         report.raise_for_problems()   # every refusal; the accepted knobs with nothing to act on are said once below
+        # The `parallelism` section resolved once (mf_parallel.Layout, by the preflight for this world
+        # and device): the context, the model's plan and the pipeline plan take this object.
+        self.layout = report.layout
         self.run_directory = inspect_run(cfg, overwrite=overwrite)
         self.session = RunSession(cfg, self.run_directory)
         self.session.announce([model_note, *report.notice_lines()])
-        dims = build_dims(cfg, world)
+        dims = self.layout.dims
         dp = dims.dp
         self.accumulation = accumulation(cfg.training, dp)
         self.global_batch = self.accumulation * dp * cfg.training.local_batch_size
@@ -131,7 +134,7 @@ class Trainer:
         user_callbacks = [*build_callbacks(cfg.callbacks), *callbacks]
         runtime.setup_context(self.device, cfg.context.mode, cfg.context.device_id, cfg.training.deterministic)
         self.mode = cfg.context.mode
-        self.parallel = ParallelContext(cfg, dims)    # joins the world (collective) when there are ranks
+        self.parallel = ParallelContext(cfg, self.layout)    # joins the world (collective) when there are ranks
         self.session.set_writer(self.parallel.is_rank0)
         self.heartbeat = watch_for_hangs(cfg.training.hang_timeout_s)
         blocker = self.parallel.graph_mode_blocker()
@@ -155,7 +158,7 @@ class Trainer:
         # Multi-token prediction's metrics (models built with MTP modules; inactive otherwise).
         self.mtp = MTPTraining(self.model, self.parallel)
         # pipeline_parallel > 1: this rank keeps its stage of the model (pipeline_step.py), None otherwise.
-        self.pipeline = pipeline_plan(cfg, self.parallel, self.model, self.accumulation)
+        self.pipeline = pipeline_plan(self.parallel, self.model, self.accumulation)
         whole_model = self.model
         self.model_args = whole_model.args   # a pipeline stage below has no args of its own
         if self.pipeline is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -11,13 +13,23 @@ import numpy as np
 from .. import dtypes
 from ..errors import CheckpointError
 from ..st_io import Entry
-from . import deepseek_v3, glm, glm4, glm4_moe, gpt2, llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe
+from . import models
 from .rules import Architecture, Piece, Plan, Target, build_plan, check_hf, check_mf
 
-ARCHITECTURES: dict[str, Architecture] = {
-    a.model_type: a for a in (llama.ARCH, qwen2.ARCH, qwen3.ARCH, deepseek_v3.ARCH, mixtral.ARCH, qwen3_moe.ARCH,
-                              gpt2.ARCH, glm.ARCH, glm4.ARCH, qwen2_moe.ARCH, glm4_moe.ARCH)
-}
+
+def _rule_files() -> dict[str, Architecture]:
+    """model_type -> the `ARCH` of models/<model_type>.py, for every module of that folder."""
+    out = {}
+    for info in sorted(pkgutil.iter_modules(models.__path__), key=lambda i: i.name):
+        arch = importlib.import_module(f"{models.__name__}.{info.name}").ARCH
+        if not isinstance(arch, Architecture) or arch.model_type != info.name:
+            raise TypeError(f"mf_ckpt/hf/models/{info.name}.py: ARCH must be an Architecture whose model_type is "
+                            f"the file's name ({info.name!r})")
+        out[arch.model_type] = arch
+    return out
+
+
+ARCHITECTURES: dict[str, Architecture] = _rule_files()
 
 
 def supported_model_types() -> list[str]:

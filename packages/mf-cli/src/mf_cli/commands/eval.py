@@ -83,19 +83,6 @@ HARNESS_ONLY = ("include_path", "limit", "num_fewshot", "batch_size", "max_lengt
                 "tokenizer", "seed")
 
 
-def explicit_weights(args) -> str | None:
-    """Weights the command line names: --weights, else the last --set checkpoint.load_path=..."""
-    if getattr(args, "weights", None):
-        return args.weights
-    given = [o.split("=", 1)[1] for o in args.overrides if o.split("=", 1)[0].strip() == "checkpoint.load_path"]
-    if given:
-        import yaml
-
-        value = yaml.safe_load(given[-1])
-        return str(value) if value else None
-    return None
-
-
 def run(args) -> int:
     os.environ.setdefault("GLOG_v", "3")
     if args.tasks is not None:
@@ -105,26 +92,17 @@ def run(args) -> int:
     given = [f"--{name.replace('_', '-')}" for name in HARNESS_ONLY if getattr(args, name) not in (None, False)]
     if given:
         raise UsageError(f"{given[0]} applies to lm-eval tasks: add --tasks NAMES")
-    from mf_cli.checks import bad_input_message, check, completed, load_config
-    from mf_cli.commands.generate import bad_input_errors
-    from mf_trainer.environment import world_size_from_env
-    from mf_trainer.sources import weights_for_inference
+    from mf_cli.checks import bad_input_errors, bad_input_message, checked_eval_config
 
-    config = load_config(args.config, args.overrides)
-    weights = explicit_weights(args)
-    try:
-        checked, _ = weights_for_inference(completed(config), weights)
-    except bad_input_errors() as exc:
-        raise UsageError(bad_input_message(exc)) from None
-    check(checked, "eval", world_size_from_env(), config.context.device_target, source=args.config)
-    from mf_cli.commands.train import _bad_input_errors, _logging
+    config, weights = checked_eval_config(args)
+    from mf_cli.console import progress_logging
 
-    _logging("stderr")  # stdout carries the result
+    progress_logging("stderr")  # stdout carries the result
     import mf_trainer
 
     try:
         result = mf_trainer.evaluate(config, whole_split=args.whole_split, weights=weights)
-    except _bad_input_errors() as exc:
+    except bad_input_errors() as exc:
         raise UsageError(bad_input_message(exc)) from None
     except KeyboardInterrupt:
         raise

@@ -100,27 +100,16 @@ def _from_directory(args) -> Loaded:
 
 
 def _from_config(args) -> Loaded:
-    from mf_cli.checks import bad_input_message, check, completed, load_config
-    from mf_cli.commands.eval import explicit_weights
-    from mf_cli.commands.generate import TokenizerAdapter, bad_input_errors
-    from mf_cli.commands.train import _bad_input_errors
-    from mf_trainer.environment import world_size_from_env
+    from mf_cli.checks import bad_input_errors, bad_input_message, checked_eval_config
+    from mf_cli.commands.generate import TokenizerAdapter
     from mf_trainer.evaluation import DATA_SECTIONS
-    from mf_trainer.sources import weights_for_inference
 
-    config = load_config(args.config, args.overrides)
-    weights = explicit_weights(args)
-    try:
-        checked, _ = weights_for_inference(completed(config), weights)
-    except bad_input_errors() as exc:
-        raise UsageError(bad_input_message(exc)) from None
-    check(checked, "eval", world_size_from_env(), config.context.device_target, source=args.config,
-          unused=DATA_SECTIONS)
+    config, weights = checked_eval_config(args, unused=DATA_SECTIONS)
     import mf_trainer
 
     try:
         model, cfg, what = mf_trainer.evaluated_model(config, weights, data=False)
-    except _bad_input_errors() as exc:
+    except bad_input_errors() as exc:
         raise UsageError(bad_input_message(exc)) from None
     notes: list[str] = []
     tokenizer = TokenizerAdapter(_tokenizer_path(args, cfg, notes))
@@ -146,9 +135,9 @@ def run_tasks(args) -> int:
     names = _task_names(args, task_manager)
     if not os.path.exists(args.config):
         raise UsageError(f"{args.config}: no such file or directory")
-    from mf_cli.commands.train import _logging
+    from mf_cli.console import progress_logging
 
-    _logging("stderr")  # stdout carries the result
+    progress_logging("stderr")  # stdout carries the result
     loaded = _from_directory(args) if os.path.isdir(args.config) else _from_config(args)
     for note in loaded.notes:
         print(f"mf eval: note: {note}", file=sys.stderr)

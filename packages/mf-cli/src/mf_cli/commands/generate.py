@@ -102,16 +102,6 @@ class Source:
     generation_config: dict = field(default_factory=dict)  # the checkpoint's (HF generation_config.json names)
 
 
-def bad_input_errors() -> tuple[type[BaseException], ...]:
-    import mf_ckpt
-    import mf_config
-    import mf_data
-    import mf_models
-
-    return (mf_config.ConfigError, mf_models.ModelConfigError, mf_models.ModelStateError, mf_data.MFDataError,
-            mf_ckpt.CheckpointError)
-
-
 def set_mode(mode: str | int | None, device_target: str | None = None) -> None:
     import mindspore as ms
 
@@ -137,6 +127,8 @@ def load_source(path: str, *, tokenizer: str | None = None, overrides: list[str]
     the weights the command line names for a YAML (a training YAML's default: its run's own)."""
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or directory")
+    from mf_cli.checks import bad_input_errors
+
     bad = bad_input_errors()
     try:
         if os.path.isdir(path):
@@ -411,15 +403,14 @@ def _dry_run(args) -> int:
         prompts_later = True  # checked as `mf serve` checks it; the real run takes --prompt / --input
         cfg = load_config(args.source, [*overrides, 'inference.prompts=["-"]'])
     # The config the real run checks: a fine-tune's model from its base, the weights it would use.
-    import mf_trainer
-    from mf_cli.commands.eval import explicit_weights
+    from mf_cli.checks import bad_input_errors, explicit_weights
     from mf_trainer.sources import weights_for_inference
 
     notes: list[str] = []
     try:
         cfg = completed(cfg, notes)
         cfg, note = weights_for_inference(cfg, explicit_weights(args))
-    except (*bad_input_errors(), mf_trainer.TrainerConfigError) as exc:
+    except bad_input_errors() as exc:   # mf-trainer's config errors included
         raise UsageError(str(exc).strip().splitlines()[0]) from None
     notes += [note] if note else []
     check(cfg, "generate", 1, cfg.context.device_target, source=args.source)
@@ -458,7 +449,7 @@ def run(args) -> int:
     is_config = os.path.isfile(args.source)
     if not is_config and args.overrides:
         raise UsageError("--set applies to a YAML config, not to a checkpoint directory")
-    from mf_cli.commands.eval import explicit_weights
+    from mf_cli.checks import explicit_weights
 
     source = load_source(args.source, tokenizer=args.tokenizer, overrides=args.overrides, mode=args.mode,
                          predict_overrides=_config_overrides(args) if is_config else [],

@@ -47,15 +47,16 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
 
 @dataclass
 class Plan:
-    """Everything a section may print (None where the layout has no pipeline)."""
+    """Everything a section may print (None where the layout has no pipeline). `layout` is the
+    resolved `parallelism` section (mf_parallel.Layout), handed to every section unchanged;
+    `stages` the layers of its pipeline stages."""
 
     config: Any
     args: Any
-    dims: Any
-    spec: Any
+    layout: Any
     microbatches: int
     micro_batch_rule: str
-    layout: Any = None
+    stages: Any = None
     layout_note: str = ""
     schedule: Any = None
     simulation: Any = None
@@ -63,9 +64,19 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
 
-def _default_world(par) -> int:
-    shard = par.data_parallel_shard if par.data_parallel_shard > 0 else 1
-    return par.pipeline_parallel * par.tensor_parallel * par.context_parallel * shard
+    @property
+    def dims(self):
+        return self.layout.dims
+
+    @property
+    def spec(self):
+        return self.layout.pipeline
+
+
+def _default_world(declared) -> int:
+    """The smallest world the degrees need (one data-parallel shard unless data_parallel_shard says more)."""
+    shard = max(declared.fields["data_parallel_shard"], 1)
+    return declared.pp * declared.tp * declared.cp * shard
 
 
 def _microbatches(training, dp: int) -> tuple[int, str]:
@@ -85,9 +96,11 @@ def _microbatches(training, dp: int) -> tuple[int, str]:
 PLAN_KEYS = ("parallelism", "model", "training", "recompute")
 
 
-def _refused_layout(config, world: int, source: str) -> None:
+def _checked_layout(config, world: int, source: str):
     """What `mf launch -n WORLD` would refuse about the layout, refused here too (a plan of a layout
-    that cannot run is no plan): the same preflight, without this machine's files."""
+    that cannot run is no plan): the same preflight, without this machine's files. Returns the
+    layout that preflight resolved (mf_parallel.Layout), the one every section plans with."""
+    import mf_parallel as mp
     import mf_trainer
     from mf_cli.checks import completed
 
@@ -96,6 +109,12 @@ def _refused_layout(config, world: int, source: str) -> None:
     lines = [f"{key}: {reason}" for key, reason in report.problems if key.split(".")[0].split("[")[0] in PLAN_KEYS]
     if lines:
         raise UsageError("\n".join(lines))
+    if report.layout is not None:
+        return report.layout
+    try:        # (not reached: the preflight reports every part of the layout it refuses)
+        return mp.Layout.resolve(config.parallelism, world, config.context.device_target)
+    except mp.ParallelConfigError as exc:
+        raise UsageError(f"{exc} (planning for {world} rank{'s' if world > 1 else ''})") from None
 
 
 def build_plan(args) -> Plan:
@@ -106,19 +125,19 @@ def build_plan(args) -> Plan:
         config = mf_config.load_config(args.config, overrides=args.overrides)
     except mf_config.ConfigError as exc:
         raise UsageError(str(exc)) from None
-    par = config.parallelism
-    world = args.world if args.world is not None else _default_world(par)
+    world = args.world if args.world is not None else _default_world(mp.Layout.check(config.parallelism).layout)
     if world < 1:
         raise UsageError(f"--world: must be a positive integer, got {world}")
-    _refused_layout(config, world, args.config)
+    # The section resolved once, by the preflight, for this world on the config's device: every
+    # section below, the memory plan too, reads this object.
+    layout = _checked_layout(config, world, args.config)
     try:
-        dims = mp.ParallelDims.from_config(par, world)
-        spec = mp.pipeline_from_config(par)
         costs = mp.Costs.parse(args.costs)
     except mp.ParallelConfigError as exc:
         raise UsageError(f"{exc} (planning for {world} rank{'s' if world > 1 else ''})") from None
-    m, rule = _microbatches(config.training, dims.dp)
-    plan = Plan(config=config, args=args, dims=dims, spec=spec, microbatches=m, micro_batch_rule=rule, costs=costs)
+    spec = layout.pipeline
+    m, rule = _microbatches(config.training, layout.dims.dp)
+    plan = Plan(config=config, args=args, layout=layout, microbatches=m, micro_batch_rule=rule, costs=costs)
     if spec.pp == 1:
         return plan
     layers = config.num_hidden_layers
@@ -126,10 +145,7 @@ def build_plan(args) -> Plan:
         plan.layout_note = "model.num_hidden_layers is not set: the layers of each stage are unknown"
     else:
         try:
-            placement = mf_config.pipeline_layer_placement(
-                par.pipeline_parallel_layers_per_stage, spec.pp, par.pipeline_parallel_interleave_num, layers,
-                schedule=spec.schedule)
-            plan.layout = mp.StageLayout.build(spec, placement)
+            plan.stages = layout.stage_layout(layers, mf_config.pipeline_layer_placement)
         except (mf_config.ConfigError, mp.ParallelConfigError) as exc:
             raise UsageError(str(exc)) from None
     try:
@@ -144,15 +160,18 @@ def build_plan(args) -> Plan:
 # ----------------------------------------------------------------------------- sections
 def layout_section(plan: Plan) -> list[str]:
     lines = [f"layout: {plan.dims.describe()}"]
+    # The fields the layout has nothing to act on (each runs as its default), one line each as
+    # the preflight says them.
+    lines += [f"notice: {idle.line()}" for idle in plan.layout.idle]
     if plan.spec.pp == 1:
         lines.append("pipeline: none (pipeline_parallel is 1: every rank holds every layer)")
         return lines
     lines.append(f"pipeline: {plan.spec.describe()}")
-    if plan.layout is not None:
-        lines += ["  " + row for row in plan.layout.describe().splitlines()]
+    if plan.stages is not None:
+        lines += ["  " + row for row in plan.stages.describe().splitlines()]
         tied = (getattr(plan.config.model, "extra", None) or {}).get("tie_word_embeddings", False)
-        if len(plan.layout.tied_ranks) > 1 and tied is True:
-            ranks = " and ".join(map(str, plan.layout.tied_ranks))
+        if len(plan.stages.tied_ranks) > 1 and tied is True:
+            ranks = " and ".join(map(str, plan.stages.tied_ranks))
             lines.append(f"  tied embeddings: a copy of the table on pipeline ranks {ranks}, gradients summed")
     else:
         lines.append("  " + plan.layout_note)
@@ -203,7 +222,7 @@ def memory_section(plan: Plan) -> list[str]:
     except mf_trainer.TrainerConfigError as exc:
         raise UsageError(str(exc)) from None
     try:
-        memory = mf_trainer.memory_plan(plan.config, plan.dims.world_size)
+        memory = mf_trainer.memory_plan(plan.config, plan.layout)
     except mf_trainer.TrainerConfigError as exc:
         return [f"memory: not estimated: {exc}"]
     lines = memory.lines(device)

@@ -23,12 +23,12 @@ the traceback written to `<output_dir>/error.log`.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import traceback
 
-from mf_cli.checks import bad_input_message
+from mf_cli.checks import bad_input_errors, bad_input_message
+from mf_cli.console import progress_logging
 from mf_cli.errors import UsageError
 
 
@@ -52,55 +52,6 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
     parser.set_defaults(run=run)
 
 
-class _CurrentStream(logging.StreamHandler):
-    """Writes to whatever sys.stdout / sys.stderr is when a record is emitted (a caller, or a test,
-    may have replaced them since the handler was installed)."""
-
-    def __init__(self, name: str):
-        super().__init__()
-        self.stream_name = name
-
-    @property
-    def stream(self):
-        return getattr(sys, self.stream_name)
-
-    @stream.setter
-    def stream(self, value):  # StreamHandler.__init__ assigns it; the property decides
-        pass
-
-
-def _is_console(handler: logging.Handler) -> bool:
-    return (type(handler) is logging.StreamHandler
-            and getattr(handler, "stream", None) in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__))
-
-
-def _logging(stream_name: str = "stdout") -> None:
-    """Progress lines of the mf loggers on stdout (`mf train`) or stderr (`mf eval`, whose stdout is the result)."""
-    handler = _CurrentStream(stream_name)
-    handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
-    for name in ("mf_trainer", "mf_data", "mf_models", "mf_ckpt"):
-        logger = logging.getLogger(name)
-        logger.setLevel(logging.INFO)
-        for old in [h for h in logger.handlers if isinstance(h, _CurrentStream)]:
-            logger.removeHandler(old)
-        # A console handler of the user's (a plain StreamHandler on stdout / stderr) stays the
-        # console; any other handler (a file, train.log, a test's log capture) is not a console.
-        if not any(_is_console(h) for h in logger.handlers):
-            logger.addHandler(handler)
-        logger.propagate = False
-
-
-def _bad_input_errors() -> tuple[type[BaseException], ...]:
-    import mf_ckpt
-    import mf_config
-    import mf_data
-    import mf_models
-    import mf_trainer
-
-    return (mf_config.ConfigError, mf_trainer.TrainerConfigError, mf_models.ModelConfigError,
-            mf_models.ModelStateError, mf_data.MFDataError, mf_ckpt.CheckpointError)
-
-
 def _dry_run(args, config) -> int:
     """Preflight, layout, batch arithmetic, outputs (and parameter counts): printed, nothing written."""
     import mf_trainer
@@ -108,11 +59,11 @@ def _dry_run(args, config) -> int:
     if args.world is not None and args.world < 1:
         raise UsageError(f"--world: must be a positive integer, got {args.world}")
     if args.build_model:
-        _logging()
+        progress_logging()
     try:
         plan = mf_trainer.dry_run(config, world=args.world, device=args.device, build_model=args.build_model,
                                   source=args.config, overwrite=args.overwrite)
-    except _bad_input_errors() as exc:
+    except bad_input_errors() as exc:
         raise UsageError(bad_input_message(exc)) from None
     for line in plan.lines():
         print(f"mf train: dry run: {line}")
@@ -137,10 +88,10 @@ def run(args) -> int:
     # device it resolved, and completes the config itself, saying so).
     check(completed(config), "train", world_size_from_env(), config.context.device_target, source=args.config,
           overwrite=args.overwrite)
-    _logging()
+    progress_logging()
     import mf_trainer
 
-    bad_input = _bad_input_errors()
+    bad_input = bad_input_errors()
     try:
         trainer = mf_trainer.Trainer(config, overwrite=args.overwrite)
         trainer.prepare_outputs()     # output_dir and save_path written to before step 1, by every rank

@@ -167,6 +167,12 @@ class BaseArgs:
         """Whether decoder layer `i` has a routed MoE (dense models: never)."""
         return False
 
+    def moe_sizes(self) -> tuple[int, int, int, int] | None:
+        """(routed experts, experts per token, an expert's intermediate size, the shared experts'
+        total intermediate size) of the MoE layers, from the arguments alone (the inventory sizes the
+        experts with it); None: a dense model."""
+        return None
+
     def moe_layer_ids(self) -> list[int]:
         """The decoder layers with a routed MoE, from the arguments alone (no MindSpore): the rows of
         `forward_train`'s routing statistics, and what the trainer's preflight checks

@@ -10,23 +10,24 @@ VocabParallelEmbedding: vocabulary rows; norms replicated). The tests build ever
 and compare, and compare the axes with the plan applied on tensor-parallel ranks, so the two cannot
 drift apart silently.
 
-Covered: the dense decoders sharing llama's plan (llama, qwen2, qwen3), the MoE models on Llama's
-attention (mixtral, qwen3_moe) and DeepSeek-V3 (multi-head latent attention, dense layers below
-first_k_dense_replace, routed + shared experts). Under tensor parallelism a MoE block is replicated
-on the rank's sequence shard (its `parallelize.py`: `moe_plan`), so its parameters have no tp
-axis, and MLA's latent projections (wq_a, q_norm, wkv_a, kv_norm) stay replicated too.
+A model folder says how its tables are made in its spec (`inventory=`): `DecoderInventory` covers
+the pre-norm decoders of this package, with Llama's GQA attention (llama, qwen2, qwen3 with its
+per-head q/k norms, and the MoE models mixtral and qwen3_moe) or DeepSeek-V3's multi-head latent
+attention (dense layers below first_k_dense_replace, routed + shared experts, the router's expert
+bias). Whether a layer is MoE and how large its experts are come from the args class
+(`is_moe_layer`, `moe_sizes`). Under tensor parallelism a MoE block is replicated on the rank's
+sequence shard (its `parallelize.py`: `moe_plan`), so its parameters have no tp axis, and MLA's
+latent projections (wq_a, q_norm, wkv_a, kv_norm) stay replicated too. A model of another shape
+gives its own object with the same two methods.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ModelConfigError
 from .blocks import max_blocks, rows_per_block
 
-DENSE_TYPES = ("llama", "qwen2", "qwen3")
-MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3")
-COVERED = DENSE_TYPES + MOE_TYPES
+ATTENTION_KINDS = ("gqa", "mla")
 
 
 @dataclass(frozen=True)
@@ -54,23 +55,6 @@ def _linear(prefix: str, d_in: int, d_out: int, bias: bool, style: str) -> list[
     return out
 
 
-def _model_type(args) -> str:
-    from .. import registry
-
-    for spec in registry._BY_TYPE.values():   # the registry's own table: same package
-        if type(args) is spec.args_cls:
-            return spec.model_type
-    raise ModelConfigError(f"model: no registered model for arguments of type {type(args).__name__}")
-
-
-def _covered(args, what: str) -> str:
-    kind = _model_type(args)
-    if kind not in COVERED:
-        raise ModelConfigError(f"model.model_type: the {what} inventory of {kind} is not tabulated yet; covered: "
-                               f"{', '.join(COVERED)}")
-    return kind
-
-
 def _swiglu(prefix: str, h: int, f: int, bias: bool, style: bool = True) -> list[ParamEntry]:
     """w1 (gate), w2 (down), w3 (up); `style` False: replicated (a MoE block's shared experts)."""
     out = _linear(prefix + ".w1", h, f, bias, "col") + _linear(prefix + ".w2", f, h, bias, "row") + \
@@ -78,13 +62,13 @@ def _swiglu(prefix: str, h: int, f: int, bias: bool, style: bool = True) -> list
     return out if style else [ParamEntry(e.name, e.shape, None) for e in out]
 
 
-def _gqa_attention(p: str, args, kind: str) -> list[ParamEntry]:
+def _gqa_attention(p: str, args, qk_norm: bool) -> list[ParamEntry]:
     h, hd = args.hidden_size, args.head_dim
     q, kv = args.num_attention_heads * hd, (args.num_key_value_heads or args.num_attention_heads) * hd
     qkv_bias, o_bias = args.qkv_bias, args.o_bias
     out = _linear(p + ".wq", h, q, qkv_bias, "col") + _linear(p + ".wk", h, kv, qkv_bias, "col")
     out += _linear(p + ".wv", h, kv, qkv_bias, "col") + _linear(p + ".wo", q, h, o_bias, "row")
-    if kind in ("qwen3", "qwen3_moe"):
+    if qk_norm:
         out += [ParamEntry(p + ".q_norm.weight", (hd,), None), ParamEntry(p + ".k_norm.weight", (hd,), None)]
     return out
 
@@ -106,91 +90,105 @@ def _mla_attention(p: str, args) -> list[ParamEntry]:
     return out
 
 
-def moe_sizes(args, kind: str | None = None) -> tuple[int, int, int, int]:
-    """(routed experts, experts per token, an expert's intermediate size, the shared experts' total
-    intermediate size) of a MoE model's MoE layers."""
-    kind = kind or _model_type(args)
-    if kind == "mixtral":
-        return args.num_local_experts, args.num_experts_per_tok, args.intermediate_size, 0
-    if kind == "qwen3_moe":
-        return args.num_experts, args.num_experts_per_tok, args.moe_intermediate_size, 0
-    return (args.n_routed_experts, args.num_experts_per_tok, args.moe_intermediate_size,
-            args.moe_intermediate_size * args.n_shared_experts)
-
-
-def _moe(p: str, args, kind: str) -> list[ParamEntry]:
+def _moe(p: str, args, expert_bias: bool, shared_gate: bool) -> list[ParamEntry]:
     h = args.hidden_size
-    e, _, f, shared = moe_sizes(args, kind)
-    out = [ParamEntry(p + ".router.expert_bias", (e,), None, False)] if kind == "deepseek_v3" else []
+    e, _, f, shared = args.moe_sizes()
+    out = [ParamEntry(p + ".router.expert_bias", (e,), None, False)] if expert_bias else []
     out += [ParamEntry(p + ".router.gate.weight", (e, h), None), ParamEntry(p + ".experts.w1", (e, f, h), None),
             ParamEntry(p + ".experts.w2", (e, h, f), None), ParamEntry(p + ".experts.w3", (e, f, h), None)]
     if shared:
         out += _swiglu(p + ".shared_experts", h, shared, False, style=False)
+        if shared_gate:
+            out.append(ParamEntry(p + ".shared_expert_gate.weight", (1, h), None))
     return out
 
 
-def parameter_inventory(args) -> list[ParamEntry]:
-    """The parameters `build_model` makes for `args` (validated args, e.g. from `build_args`)."""
-    kind = _covered(args, "parameter")
-    h = args.hidden_size
-    out = [ParamEntry("tok_embeddings.weight", (args.vocab_size, h), 0)]
-    for i in range(args.num_hidden_layers):
-        p = f"layers.{i}"
-        out.append(ParamEntry(p + ".attention_norm.weight", (h,), None))
-        out += _mla_attention(p + ".attention", args) if kind == "deepseek_v3" else \
-            _gqa_attention(p + ".attention", args, kind)
-        out.append(ParamEntry(p + ".ffn_norm.weight", (h,), None))
-        if kind in MOE_TYPES and args.is_moe_layer(i):
-            out += _moe(p + ".moe", args, kind)
-        else:
-            out += _swiglu(p + ".feed_forward", h, args.intermediate_size, getattr(args, "mlp_bias", False))
-    out.append(ParamEntry("norm.weight", (h,), None))
-    if not args.tie_word_embeddings:
-        out.append(ParamEntry("output.weight", (args.vocab_size, h), 0))
-    return out
+@dataclass(frozen=True)
+class DecoderInventory:
+    """The tables of a pre-norm decoder (norm, attention, norm, SwiGLU MLP or MoE per layer; final
+    norm and an output head unless tied) as this package builds them.
 
-
-def saved_activations(args, seq: int, tp: int = 1, *, fused_attention: bool = False, layer: int = 0
-                      ) -> dict[str, int]:
-    """Elements one sample (a sequence of `seq` tokens) keeps alive from forward to backward, per
-    module of decoder layer `layer` and for the model's ends, on one of `tp` tensor-parallel ranks
-    (sequence parallelism: norms and residuals hold seq/tp tokens, the projections hold every
-    token but 1/tp of the features).
-
-    Keys: "attention_norm", "attention", "ffn_norm", and "feed_forward" (a dense layer) or "moe" (a
-    MoE layer); summed they are the layer; "head" (final norm, logits and the loss's
-    log-probabilities: once per model). The terms are the tensors our plain-math implementation
-    hands to backward (mf_models' attention without the fused kernel, which CPU lacks): each norm's
-    input and its normalised output; the projections' shared input; q, k, v after RoPE, their
-    pre-RoPE copies and rotate_half's output (the rotation's two products keep both operands); the
-    GQA-repeated k, v; three [heads, seq, seq] tensors: the raw scores (kept by the scaling
-    product), the scaled masked scores and the softmax probabilities; the attention output;
-    SwiGLU's two projections, the SiLU and the product. `fused_attention` (Ascend's flash attention
-    kernel, `use_flash_attention`) keeps the softmax statistics per head and token instead of the
-    two [heads, seq, seq] tensors. MLA and MoE: see `_mla_terms` and `moe_activations`.
+    `attention`: "gqa" (Llama's wq/wk/wv/wo, biases as the args' `qkv_bias` / `o_bias` say) or
+    "mla" (DeepSeek-V3's latent attention); `qk_norm`: per-head q/k RMSNorms (Qwen3), or the name
+    of the args field that says whether there are (GLM-4.5's `use_qk_norm`); `shared_gate`: the
+    shared experts' output is scaled by a sigmoid gate [1, H] (Qwen2-MoE's `shared_expert_gate`);
+    `expert_bias`: the MoE router carries DeepSeek's aux-loss-free `expert_bias` (not trained).
     """
-    kind = _covered(args, "activation")
-    h = args.hidden_size
-    shard = -(-seq // tp)                              # tokens of a sequence-parallel shard
-    heads = args.num_attention_heads
-    scores = (heads // tp) * seq * (2 if fused_attention else 3 * seq)
-    norm = shard * h + seq * h                          # input shard, gathered normalised output
-    if kind == "deepseek_v3":
-        attention = _mla_terms(args, seq, tp) + scores
-    else:
-        hd = args.head_dim
-        kv_heads = args.num_key_value_heads or heads
-        q, kv = heads * hd // tp, kv_heads * hd // tp
-        repeat = 2 * seq * q if kv_heads != heads else 0   # repeat_kv materialises k and v at q's width
-        qk_norm = seq * (q + kv) if kind in ("qwen3", "qwen3_moe") else 0
-        attention = seq * (3 * (q + kv) + kv) + repeat + qk_norm + scores + seq * q
-    out = {"attention_norm": norm, "attention": attention, "ffn_norm": norm}
-    if kind in MOE_TYPES and args.is_moe_layer(layer):
-        out["moe"] = moe_activations(args, shard)["total"]
-    else:
-        out["feed_forward"] = 4 * seq * (args.intermediate_size // tp)
-    out["head"] = shard * h + seq * h + 2 * seq * (args.vocab_size // tp)
-    return out
+
+    attention: str = "gqa"
+    qk_norm: bool | str = False
+    expert_bias: bool = False
+    shared_gate: bool = False
+
+    def has_qk_norm(self, args) -> bool:
+        return bool(getattr(args, self.qk_norm)) if isinstance(self.qk_norm, str) else self.qk_norm
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"DecoderInventory.attention: {self.attention!r} is not one of {ATTENTION_KINDS}")
+
+    def parameters(self, args) -> list[ParamEntry]:
+        """The parameters `build_model` makes for `args`, in its order."""
+        h = args.hidden_size
+        out = [ParamEntry("tok_embeddings.weight", (args.vocab_size, h), 0)]
+        for i in range(args.num_hidden_layers):
+            p = f"layers.{i}"
+            out.append(ParamEntry(p + ".attention_norm.weight", (h,), None))
+            out += _mla_attention(p + ".attention", args) if self.attention == "mla" else \
+                _gqa_attention(p + ".attention", args, self.has_qk_norm(args))
+            out.append(ParamEntry(p + ".ffn_norm.weight", (h,), None))
+            if args.is_moe_layer(i):
+                out += _moe(p + ".moe", args, self.expert_bias, self.shared_gate)
+            else:
+                out += _swiglu(p + ".feed_forward", h, args.intermediate_size, getattr(args, "mlp_bias", False))
+        out.append(ParamEntry("norm.weight", (h,), None))
+        if not args.tie_word_embeddings:
+            out.append(ParamEntry("output.weight", (args.vocab_size, h), 0))
+        return out
+
+    def activations(self, args, seq: int, tp: int = 1, *, fused_attention: bool = False, layer: int = 0
+                    ) -> dict[str, int]:
+        """Elements one sample (a sequence of `seq` tokens) keeps alive from forward to backward, per
+        module of decoder layer `layer` and for the model's ends, on one of `tp` tensor-parallel ranks
+        (sequence parallelism: norms and residuals hold seq/tp tokens, the projections hold every
+        token but 1/tp of the features).
+
+        Keys: "attention_norm", "attention", "ffn_norm", and "feed_forward" (a dense layer) or "moe"
+        (a MoE layer); summed they are the layer; "head" (final norm, logits and the loss's
+        log-probabilities: once per model). The terms are the tensors our plain-math implementation
+        hands to backward (mf_models' attention without the fused kernel, which CPU lacks): each
+        norm's input and its normalised output; the projections' shared input; q, k, v after RoPE,
+        their pre-RoPE copies and rotate_half's output (the rotation's two products keep both
+        operands); the GQA-repeated k, v; three [heads, seq, seq] tensors: the raw scores (kept by
+        the scaling product), the scaled masked scores and the softmax probabilities; the attention
+        output; SwiGLU's two projections, the SiLU and the product. `fused_attention` (Ascend's
+        flash attention kernel, `use_flash_attention`) keeps the softmax statistics per head and
+        token instead of the two [heads, seq, seq] tensors. MLA and MoE: see `_mla_terms` and
+        `moe_activations`.
+        """
+        h = args.hidden_size
+        shard = -(-seq // tp)                              # tokens of a sequence-parallel shard
+        heads = args.num_attention_heads
+        scores = (heads // tp) * seq * (2 if fused_attention else 3 * seq)
+        norm = shard * h + seq * h                          # input shard, gathered normalised output
+        if self.attention == "mla":
+            attention = _mla_terms(args, seq, tp) + scores
+        else:
+            hd = args.head_dim
+            kv_heads = args.num_key_value_heads or heads
+            q, kv = heads * hd // tp, kv_heads * hd // tp
+            repeat = 2 * seq * q if kv_heads != heads else 0   # repeat_kv materialises k and v at q's width
+            qk_norm = seq * (q + kv) if self.has_qk_norm(args) else 0
+            attention = seq * (3 * (q + kv) + kv) + repeat + qk_norm + scores + seq * q
+        out = {"attention_norm": norm, "attention": attention, "ffn_norm": norm}
+        if args.is_moe_layer(layer):
+            # Qwen2-MoE's gate on the shared experts keeps their output [T, H] and its sigmoid [T, 1]
+            gate = shard * (h + 1) + shard if self.shared_gate else 0
+            out["moe"] = moe_activations(args, shard)["total"] + gate
+        else:
+            out["feed_forward"] = 4 * seq * (args.intermediate_size // tp)
+        out["head"] = shard * h + seq * h + 2 * seq * (args.vocab_size // tp)
+        return out
 
 
 def _mla_terms(args, seq: int, tp: int) -> int:
@@ -226,7 +224,7 @@ def moe_activations(args, tokens: int, expert_parallel: int = 1) -> dict[str, in
     of empty slots, top-1) run on all P x N received slots; the combine keeps the reverse
     exchange's [P, N, H] rows and the [N, H] rows sent (both kept by their mask products) beside
     the weighted rows."""
-    e, k, f, shared = moe_sizes(args)
+    e, k, f, shared = args.moe_sizes()
     h = args.hidden_size
     n = tokens * k
     if expert_parallel > 1:

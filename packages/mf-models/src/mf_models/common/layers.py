@@ -119,7 +119,7 @@ def resolve_params_dtype(name: str) -> ms.Type:
     return DTYPES[name]
 
 
-def _zeros(shape: tuple[int, ...], dtype: ms.Type) -> Tensor:
+def zeros_tensor(shape: tuple[int, ...], dtype: ms.Type) -> Tensor:
     # Real values are written by `init_weights` (numpy, seeded, device-independent).
     return Tensor(np.zeros(shape, np.float32), dtype)
 
@@ -132,8 +132,8 @@ class Linear(nn.Cell):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = Parameter(_zeros((out_features, in_features), params_dtype), name="weight")
-        self.bias = Parameter(_zeros((out_features,), params_dtype), name="bias") if bias else None
+        self.weight = Parameter(zeros_tensor((out_features, in_features), params_dtype), name="weight")
+        self.bias = Parameter(zeros_tensor((out_features,), params_dtype), name="bias") if bias else None
         self.compute_dtype = compute_dtype
         self.cast_weight = params_dtype != compute_dtype
 
@@ -147,7 +147,7 @@ class Embedding(nn.Cell):
     def __init__(self, num_embeddings: int, embedding_dim: int, params_dtype: ms.Type = ms.float32,
                  padding_idx: int | None = None):
         super().__init__()
-        self.weight = Parameter(_zeros((num_embeddings, embedding_dim), params_dtype), name="weight")
+        self.weight = Parameter(zeros_tensor((num_embeddings, embedding_dim), params_dtype), name="weight")
         # HF zeroes the padding row at initialisation (nothing else): honoured by init_weights.
         self.padding_idx = padding_idx
 
@@ -160,7 +160,7 @@ class RMSNorm(nn.Cell):
 
     def __init__(self, dim: int, eps: float = 1e-6, params_dtype: ms.Type = ms.float32):
         super().__init__()
-        self.weight = Parameter(_zeros((dim,), params_dtype), name="weight")
+        self.weight = Parameter(zeros_tensor((dim,), params_dtype), name="weight")
         self.eps = eps
 
     def construct(self, x):
@@ -172,8 +172,8 @@ class LayerNorm(nn.Cell):
 
     def __init__(self, dim: int, eps: float = 1e-5, params_dtype: ms.Type = ms.float32):
         super().__init__()
-        self.weight = Parameter(_zeros((dim,), params_dtype), name="weight")
-        self.bias = Parameter(_zeros((dim,), params_dtype), name="bias")
+        self.weight = Parameter(zeros_tensor((dim,), params_dtype), name="weight")
+        self.bias = Parameter(zeros_tensor((dim,), params_dtype), name="bias")
         self.eps = eps
 
     def construct(self, x):

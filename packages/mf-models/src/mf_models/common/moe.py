@@ -27,7 +27,7 @@ import mindspore as ms
 from mindspore import Parameter, mint, nn, ops
 
 from .dispatch import LocalDispatcher
-from .layers import FeedForward, Linear, _zeros
+from .layers import FeedForward, Linear, zeros_tensor
 from .router import RouterSpec, TopKRouter
 
 _bmm_nt = ops.BatchMatMul(transpose_b=True)
@@ -64,9 +64,9 @@ class GroupedExperts(nn.Cell):
     def __init__(self, dim: int, hidden_dim: int, num_experts: int, top_k: int,
                  params_dtype: ms.Type = ms.float32, compute_dtype: ms.Type = ms.float32):
         super().__init__()
-        self.w1 = Parameter(_zeros((num_experts, hidden_dim, dim), params_dtype), name="w1")
-        self.w2 = Parameter(_zeros((num_experts, dim, hidden_dim), params_dtype), name="w2")
-        self.w3 = Parameter(_zeros((num_experts, hidden_dim, dim), params_dtype), name="w3")
+        self.w1 = Parameter(zeros_tensor((num_experts, hidden_dim, dim), params_dtype), name="w1")
+        self.w2 = Parameter(zeros_tensor((num_experts, dim, hidden_dim), params_dtype), name="w2")
+        self.w3 = Parameter(zeros_tensor((num_experts, hidden_dim, dim), params_dtype), name="w3")
         self.compute_dtype = compute_dtype
         self.num_experts = num_experts
         self.top_k = top_k

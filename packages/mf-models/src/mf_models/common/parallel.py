@@ -72,32 +72,28 @@ mp.register_weight_grad_split(Linear, linear_input_grad, linear_weight_grad)
 
 @dataclass(frozen=True)
 class ParallelOptions:
-    """How a plan shards: the YAML `parallelism` strategy keys, plus the trainer's recompute hook.
+    """How a plan shards: the resolved layout (`mf_parallel.Layout`: FSDP options, CP settings, the
+    MoE dispatcher; None: every default for the mesh's world split), plus the trainer's hooks.
 
     `recompute(model)` marks cells for recomputation; it runs after tensor and context parallelism
     (so it sees the sharded layers) and before FSDP (whose leaves then live inside the recomputed
-    cells). The context_parallel_* fields act when the mesh has cp > 1 (`mf_parallel.
-    ContextParallelSettings` says what each accepts).
+    cells). `recompute_comm`: layer index -> modules ("attention", "feed_forward") whose
+    sequence-parallel input all-gather is re-done in backward (common/recompute_comm.py); acts
+    with tp > 1.
     """
 
-    reshard_after_forward_policy: str = "default"
-    disable_gradient_division: bool = True
-    cpu_offload: bool = False
+    layout: mp.Layout | None = None
     recompute: Callable[[nn.Cell], object] | None = None
-    context_parallel_method: str = "colossal"
-    context_parallel_async: bool = False
-    ulysses_degree_in_cp: int | None = None
-    context_parallel_mask_type: str = "causal"
-    moe_token_dispatcher_type: str = "alltoall"
-    # recompute_comm: layer index -> modules ("attention", "feed_forward") whose sequence-parallel
-    # input all-gather is re-done in backward (common/recompute_comm.py); acts with tp > 1.
     recompute_comm: Mapping[int, frozenset[str]] | None = None
-    npu_nums_per_device: int = 8            # ranks per device group of the alltoall_deredundancy dispatcher
 
-    def context_parallel_settings(self) -> mp.ContextParallelSettings:
-        return mp.ContextParallelSettings(method=self.context_parallel_method, ulysses_degree=self.ulysses_degree_in_cp,
-                                          mask_type=self.context_parallel_mask_type,
-                                          async_comm=self.context_parallel_async)
+    def layout_for(self, mesh) -> mp.Layout:
+        """The layout to apply on `mesh`: it must be the one the mesh was made from."""
+        if self.layout is None:
+            return mp.Layout.for_dims(mesh.dims)
+        if self.layout.dims != mesh.dims:
+            raise ModelConfigError(f"parallelize: the layout was resolved for {self.layout.describe()}, the mesh is "
+                                   f"{mesh.dims.describe()}")
+        return self.layout
 
 
 def check_divisible(tp: int, **sizes: int) -> None:
@@ -128,7 +124,7 @@ def untie_output(model: nn.Cell) -> None:
     model.tie_word_embeddings = False
 
 
-def apply_fsdp(model: nn.Cell, mesh, options: ParallelOptions,
+def apply_fsdp(model: nn.Cell, mesh, layout: mp.Layout,
                inner_units: Callable[[nn.Cell], list[nn.Cell]] | None = None) -> None:
     """FSDP (or HSDP, or DDP when dp_shard is 1) per decoder block, then the root. (On a one-rank
     mesh every collective is the identity: the rewritten model computes what the plain one does.)
@@ -137,19 +133,17 @@ def apply_fsdp(model: nn.Cell, mesh, options: ParallelOptions,
     reshard-after-forward (leaves whose parameters + inputs exceed what mf-parallel's recomputing
     backward takes, e.g. stacked experts).
     """
-    dims = mesh.dims
-    policy = options.reshard_after_forward_policy
-    common = dict(disable_gradient_division=options.disable_gradient_division, cpu_offload=options.cpu_offload)
+    common = dict(disable_gradient_division=layout.fsdp.disable_gradient_division,
+                  cpu_offload=layout.fsdp.cpu_offload)
     # the multi-token-prediction modules' blocks are units like the decoder's (their norms and
     # projection go with the root)
     layers = list(model.layers) + [module.block for module in getattr(model, "mtp", ())]
     for i, block in enumerate(layers):
         for unit in (inner_units(block) if inner_units else []):
             mp.fully_shard(unit, mesh, reshard_after_forward=False, **common)
-        reshard = mp.reshard_after_forward_for(policy, pp_enabled=dims.pp_enabled, last=i == len(layers) - 1)
-        mp.fully_shard(block, mesh, reshard_after_forward=reshard, **common)
-    mp.fully_shard(model, mesh, reshard_after_forward=mp.reshard_after_forward_for(
-        policy, pp_enabled=dims.pp_enabled, last=True), **common)
+        mp.fully_shard(block, mesh, reshard_after_forward=layout.reshard_after_forward(last=i == len(layers) - 1),
+                       **common)
+    mp.fully_shard(model, mesh, reshard_after_forward=layout.reshard_after_forward(last=True), **common)
 
 
 def refuse_unimplemented(dims, model_type: str, expert_plan=None) -> None:
@@ -182,19 +176,16 @@ def expert_plan(model) -> dict[str, tuple[str, ...]]:
     return plan
 
 
-def apply_expert_parallel(model, mesh, options: ParallelOptions, plan: dict[str, tuple[str, ...]]) -> None:
+def apply_expert_parallel(model, mesh, layout: mp.Layout, plan: dict[str, tuple[str, ...]]) -> None:
     """Split the experts `plan` names over the ep group (`mf_parallel.shard_experts`) and give each
-    of their MoE layers the all-to-all dispatcher (`alltoall`) or the two-level one
-    (`alltoall_deredundancy`: device groups of `npu_nums_per_device` ep ranks), over a one-rank
-    dispatcher of the local experts plus the null expert of empty slots."""
-    if options.moe_token_dispatcher_type not in mp.EP_DISPATCHERS:
-        raise ModelConfigError(f"parallelism.moe_token_dispatcher_type: {options.moe_token_dispatcher_type!r} is not "
-                               f"implemented; use one of {', '.join(mp.EP_DISPATCHERS)}")
+    of their MoE layers the layout's dispatcher: the all-to-all one (`alltoall`) or the two-level
+    one (`alltoall_deredundancy`: device groups of `npu_nums_per_device` ep ranks), over a
+    one-rank dispatcher of the local experts plus the null expert of empty slots."""
     cells = dict(model.cells_and_names())
     group = mesh["ep"]
     two_level = None
-    if options.moe_token_dispatcher_type == "alltoall_deredundancy":
-        two_level = mp.two_level_groups(mesh, options.npu_nums_per_device)
+    if layout.dispatcher.type == "alltoall_deredundancy":
+        two_level = mp.two_level_groups(mesh, layout.dispatcher.npu_nums_per_device)
     for path, names in plan.items():
         experts = cells.get(path)
         moe = cells.get(path.rpartition(".")[0])
@@ -203,7 +194,7 @@ def apply_expert_parallel(model, mesh, options: ParallelOptions, plan: dict[str,
         if moe.num_experts % group.size:
             raise ModelConfigError(f"parallelism.expert_parallel: {group.size} does not divide the model's "
                                    f"{moe.num_experts} routed experts; use a divisor of {moe.num_experts}")
-        mp.shard_experts(experts, mesh, names, disable_gradient_division=options.disable_gradient_division)
+        mp.shard_experts(experts, mesh, names, disable_gradient_division=layout.fsdp.disable_gradient_division)
         local = LocalDispatcher(moe.num_experts // group.size + 1, 1)
         if two_level is None:
             moe.dispatcher = mp.AllToAllTokenDispatcher(group, moe.num_experts, moe.top_k, local)
@@ -231,22 +222,15 @@ def moe_units(block) -> list:
 
 
 # ----------------------------------------------------------------------------- context parallelism
-def check_context_parallel(model: nn.Cell, dims, options: ParallelOptions) -> mp.ContextParallelSettings:
-    """The validated cp settings for `model` on `dims` (before any change to the model): the method's
-    needs against the heads a tensor-parallel rank holds, and no cp field set without cp > 1."""
-    settings = options.context_parallel_settings()
+def check_context_parallel(model: nn.Cell, layout: mp.Layout) -> None:
+    """The layout's cp settings against `model` (before any change to it): the method's needs
+    against the heads a tensor-parallel rank holds and the sequence length."""
+    dims = layout.dims
     if not dims.cp_enabled:
-        default = ParallelOptions()
-        for key in ("context_parallel_method", "context_parallel_async", "ulysses_degree_in_cp",
-                    "context_parallel_mask_type"):
-            if getattr(options, key) != getattr(default, key):
-                raise ModelConfigError(f"parallelism.{key}: {getattr(options, key)!r} only acts with context_parallel "
-                                       f"> 1 ({dims.describe()}); leave it at its default")
-        return settings
+        return
     heads = model.args.num_attention_heads // dims.tp
     kv_heads = model.kv_cache_shapes()[0][0] // dims.tp
-    mp.check_context_parallel(dims, settings, heads, kv_heads, model.args.seq_length)
-    return settings
+    mp.check_context_parallel(dims, layout.context, heads, kv_heads, model.args.seq_length)
 
 
 class ContextParallelInputs(nn.Cell):

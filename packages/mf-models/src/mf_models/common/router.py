@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from .layers import Linear, _zeros
+from .layers import Linear, zeros_tensor
 
 SCORE_FUNCS = ("softmax", "sigmoid")
 
@@ -125,7 +125,7 @@ class TopKRouter(nn.Cell):
         # The router runs in float32 whatever the compute dtype, as in HF.
         self.gate = Linear(dim, spec.num_experts, False, params_dtype, ms.float32)
         if spec.expert_bias:
-            self.expert_bias = Parameter(_zeros((spec.num_experts,), ms.float32), name="expert_bias",
+            self.expert_bias = Parameter(zeros_tensor((spec.num_experts,), ms.float32), name="expert_bias",
                                          requires_grad=False)
         else:
             self.expert_bias = None

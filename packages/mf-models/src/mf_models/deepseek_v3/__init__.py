@@ -1,16 +1,5 @@
-"""DeepSeek-V3 (DeepseekV3ForCausalLM): MLA + MoE.
+"""DeepSeek-V3 (DeepseekV3ForCausalLM): multi-head latent attention and DeepSeek MoE.
 
-The args class imports without MindSpore (config checks use it); the model class loads on first use.
+spec.py declares the model to the registry (args.py's class, no MindSpore); model.py builds it and
+parallelize.py is its parallel plan (both MindSpore, imported when a model is built).
 """
-
-from .args import DeepseekV3Args
-
-__all__ = ["DeepseekV3Args", "DeepseekV3ForCausalLM"]
-
-
-def __getattr__(name: str):
-    if name == "DeepseekV3ForCausalLM":
-        from .model import DeepseekV3ForCausalLM
-
-        return DeepseekV3ForCausalLM
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

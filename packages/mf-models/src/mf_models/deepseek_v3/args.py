@@ -125,6 +125,10 @@ class DeepseekV3Args(BaseArgs):
     def is_moe_layer(self, i: int) -> bool:
         return self.first_k_dense_replace <= i < self.num_hidden_layers
 
+    def moe_sizes(self) -> tuple[int, int, int, int]:
+        return (self.n_routed_experts, self.num_experts_per_tok, self.moe_intermediate_size,
+                self.moe_intermediate_size * self.n_shared_experts)
+
     def expert_bias_rate(self) -> float:
         return float(self.moe_router_bias_update_rate)
 

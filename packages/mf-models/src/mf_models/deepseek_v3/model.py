@@ -20,11 +20,12 @@ from mindspore import mint, nn, ops
 
 from ..common.attention import CoreAttention
 from ..common.balancing import BalanceSpec
-from ..common.layers import FeedForward, Linear, RMSNorm
+from ..common.layers import Linear, RMSNorm
 from ..common.moe import MoE
 from ..common.rope import apply_rotary, deinterleave, softmax_mscale
 from ..common.router import RouterSpec
 from ..common.transformer import CausalLM
+from ..llama import model as llama_model
 from .args import DeepseekV3Args
 
 
@@ -100,25 +101,13 @@ def balance_spec(args: DeepseekV3Args) -> BalanceSpec:
     return BalanceSpec("sequence" if args.seq_aux else "batch", args.aux_loss_alpha)
 
 
-class TransformerBlock(nn.Cell):
-    def __init__(self, args: DeepseekV3Args, layer_id: int, compute_dtype: ms.Type, params_dtype: ms.Type):
-        super().__init__()
-        self.attention_norm = RMSNorm(args.hidden_size, args.rms_norm_eps, params_dtype)
-        self.attention = Attention(args, layer_id, compute_dtype, params_dtype)
-        self.ffn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps, params_dtype)
-        self.moe_enabled = layer_id >= args.first_k_dense_replace
-        if self.moe_enabled:
-            self.moe = deepseek_moe(args, compute_dtype, params_dtype)
-        else:
-            self.feed_forward = FeedForward(args.hidden_size, args.intermediate_size, False, params_dtype,
-                                            compute_dtype)
+class TransformerBlock(llama_model.TransformerBlock):
+    """Llama's pre-norm block with MLA, and the MoE from layer first_k_dense_replace on (a dense
+    SwiGLU without biases below)."""
 
-    def construct(self, x, cos, sin, mask, cache=None):
-        h = x + self.attention(self.attention_norm(x), cos, sin, mask, cache)
-        if self.moe_enabled:
-            out, load, counts, aux_counts, aux_sums = self.moe(self.ffn_norm(h))
-            return h + out, load, counts, aux_counts, aux_sums
-        return h + self.feed_forward(self.ffn_norm(h))
+    def __init__(self, args: DeepseekV3Args, layer_id: int, compute_dtype: ms.Type, params_dtype: ms.Type):
+        moe = deepseek_moe(args, compute_dtype, params_dtype) if layer_id >= args.first_k_dense_replace else None
+        super().__init__(args, layer_id, compute_dtype, params_dtype, attention_cls=Attention, moe=moe, mlp_bias=False)
 
 
 class DeepseekV3ForCausalLM(CausalLM):

@@ -1,17 +1,6 @@
 """GLM-4 (Glm4ForCausalLM): GQA with q/k/v biases, partial interleaved RoPE, post-attention and
 post-MLP norms.
 
-The args class imports without MindSpore (config checks use it); the model class loads on first use.
+spec.py declares the model to the registry (args.py's class, no MindSpore); model.py builds it and
+parallelize.py is its parallel plan (both MindSpore, imported when a model is built).
 """
-
-from .args import Glm4Args
-
-__all__ = ["Glm4Args", "Glm4ForCausalLM"]
-
-
-def __getattr__(name: str):
-    if name == "Glm4ForCausalLM":
-        from .model import Glm4ForCausalLM
-
-        return Glm4ForCausalLM
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,17 +1,6 @@
 """GLM-4.5 (Glm4MoeForCausalLM): GQA with partial RoPE and optional q/k norms, DeepSeek-V3's MoE and
 multi-token prediction.
 
-The args class imports without MindSpore (config checks use it); the model class loads on first use.
+spec.py declares the model to the registry (args.py's class, no MindSpore); model.py builds it and
+parallelize.py is its parallel plan (both MindSpore, imported when a model is built).
 """
-
-from .args import Glm4MoeArgs
-
-__all__ = ["Glm4MoeArgs", "Glm4MoeForCausalLM"]
-
-
-def __getattr__(name: str):
-    if name == "Glm4MoeForCausalLM":
-        from .model import Glm4MoeForCausalLM
-
-        return Glm4MoeForCausalLM
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

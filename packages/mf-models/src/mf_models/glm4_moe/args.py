@@ -69,6 +69,10 @@ class Glm4MoeArgs(LlamaArgs):
     def is_moe_layer(self, i: int) -> bool:
         return self.first_k_dense_replace <= i < self.num_hidden_layers
 
+    def moe_sizes(self) -> tuple[int, int, int, int]:
+        return (self.n_routed_experts, self.num_experts_per_tok, self.moe_intermediate_size,
+                self.moe_intermediate_size * self.n_shared_experts)
+
     def tensor_parallel_split(self) -> tuple[tuple[int, int | None], dict[str, int]]:
         sizes = {"vocab_size": self.vocab_size}
         if self.first_k_dense_replace > 0:

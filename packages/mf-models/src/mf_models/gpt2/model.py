@@ -26,7 +26,7 @@ class Gpt2Attention(Attention):
         return x
 
 
-class Gpt2LMHeadModel(GQACausalLM):
+class GPT2LMHeadModel(GQACausalLM):
     def __init__(self, args: Gpt2Args):
         def block(i, cdt, pdt):
             return TransformerBlock(args, i, cdt, pdt, Gpt2Attention,

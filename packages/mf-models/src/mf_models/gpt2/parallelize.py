@@ -28,6 +28,6 @@ def gpt2_block_plan(prefix: str, layer) -> dict:
 
 
 def parallelize_gpt2(model, mesh, options: ParallelOptions | None = None):
-    """Shard `model` (a Gpt2LMHeadModel) in place for `mesh`; returns it. Before the first call."""
+    """Shard `model` (a GPT2LMHeadModel) in place for `mesh`; returns it. Before the first call."""
     return parallelize_dense(model, mesh, options or ParallelOptions(), "gpt2", gpt2_block_plan,
                              extra_plan={"pos_embeddings": mp.VocabParallelEmbedding()})

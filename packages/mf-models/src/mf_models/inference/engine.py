@@ -26,7 +26,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from ..common.transformer import CausalLM
-from ..generation import _synchronous_pynative
+from ..generation import synchronous_pynative
 from . import logprobs as lp
 from .cache import DecodeView, PrefillView, SlotKVCache
 from .sampling import SamplingParams, SlotSettings, TokenChooser
@@ -169,7 +169,7 @@ class InferenceEngine:
 
     def step(self) -> None:
         """Drop cancelled requests, seat waiting ones (prefill), then one decode step for all."""
-        with _synchronous_pynative():
+        with synchronous_pynative():
             for request in self.scheduler.take_cancelled_waiting():
                 self._finish(request, request._cancel_reason or "cancelled", [])
             for request in self.scheduler.active():

@@ -25,7 +25,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from ..common.transformer import CausalLM
-from ..generation import _synchronous_pynative
+from ..generation import synchronous_pynative
 from .logprobs import log_softmax
 from .scheduler import length_buckets, pick_bucket
 
@@ -84,7 +84,7 @@ class Scorer:
         was_training = self.model.training
         self.model.set_train(False)
         try:
-            with _synchronous_pynative():
+            with synchronous_pynative():
                 for start in range(0, len(order), self.batch_size):
                     rows = order[start:start + self.batch_size]
                     for i, scored in zip(rows, self._batch([prepared[i] for i in rows])):

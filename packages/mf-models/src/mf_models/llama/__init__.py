@@ -1,16 +1,5 @@
-"""Llama (LlamaForCausalLM).
+"""Llama (LlamaForCausalLM): GQA attention with RoPE, SwiGLU MLP, RMSNorm.
 
-The args class imports without MindSpore (config checks use it); the model class loads on first use.
+spec.py declares the model to the registry (args.py's class, no MindSpore); model.py builds it and
+parallelize.py is its parallel plan (both MindSpore, imported when a model is built).
 """
-
-from .args import LlamaArgs
-
-__all__ = ["LlamaArgs", "LlamaForCausalLM"]
-
-
-def __getattr__(name: str):
-    if name == "LlamaForCausalLM":
-        from .model import LlamaForCausalLM
-
-        return LlamaForCausalLM
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

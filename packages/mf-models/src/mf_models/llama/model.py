@@ -62,12 +62,14 @@ class Attention(nn.Cell):
 
 class TransformerBlock(nn.Cell):
     """Pre-norm block: attention, then a SwiGLU `feed_forward` or, when `moe` is given (Mixtral,
-    Qwen3-MoE), that MoE layer, whose routing statistics are returned after the hidden states.
+    Qwen3-MoE, DeepSeek-V3's MoE layers), that MoE layer, whose routing statistics are returned
+    after the hidden states. `attention_cls(args, layer_id, compute_dtype, params_dtype)` builds the
+    attention (Llama's, Qwen3's, DeepSeek-V3's MLA); `mlp_bias` None: the args' `mlp_bias`.
     `norm(dim)` makes the two norms (RMSNorm by default; GPT-2: LayerNorm) and `feed_forward` is
     the dense MLP when not SwiGLU (GPT-2's GELU MLP)."""
 
     def __init__(self, args: LlamaArgs, layer_id: int, compute_dtype: ms.Type, params_dtype: ms.Type,
-                 attention_cls: type[Attention] = Attention, moe: nn.Cell | None = None,
+                 attention_cls: type[nn.Cell] = Attention, moe: nn.Cell | None = None, mlp_bias: bool | None = None,
                  norm=None, feed_forward: nn.Cell | None = None):
         super().__init__()
         norm = norm or (lambda dim: RMSNorm(dim, args.rms_norm_eps, params_dtype))
@@ -80,8 +82,9 @@ class TransformerBlock(nn.Cell):
         elif feed_forward is not None:
             self.feed_forward = feed_forward
         else:
-            self.feed_forward = FeedForward(args.hidden_size, args.intermediate_size, args.mlp_bias,
-                                            params_dtype, compute_dtype)
+            self.feed_forward = FeedForward(args.hidden_size, args.intermediate_size,
+                                            args.mlp_bias if mlp_bias is None else mlp_bias, params_dtype,
+                                            compute_dtype)
 
     def construct(self, x, cos, sin, mask, cache=None):
         h = x + self.attention(self.attention_norm(x), cos, sin, mask, cache)

@@ -1,7 +1,7 @@
 """Llama's parallel plan: tensor parallelism with sequence parallelism, context parallelism,
 recompute, FSDP/HSDP.
 
-    parallelize_llama(model, mesh, ParallelOptions(reshard_after_forward_policy="default"))
+    parallelize_llama(model, mesh, ParallelOptions(mf_parallel.Layout.resolve(cfg.parallelism, world)))
 
 Activations between blocks are sequence-sharded when tp > 1 (SP cannot be switched off). Per block:
 
@@ -21,8 +21,8 @@ sharing the table (`untie_output`), resliced and sharded once.
 Attention reshapes with -1 heads and derives the GQA repeat from the tensors, so the model code
 runs unchanged on a rank's local heads.
 
-Context parallelism (cp > 1, after TP): every `attention.core` becomes the cp method of
-`ParallelOptions.context_parallel_method` (ring, Ulysses or hybrid, `mf_parallel`) on the local
+Context parallelism (cp > 1, after TP): every `attention.core` becomes the cp method of the
+layout's `context` settings (ring, Ulysses or hybrid, `mf_parallel`) on the local
 heads, and the model takes this cp rank's tokens (`common.parallel.apply_context_parallel`). FSDP
 then shards over dp_shard x cp: cp ranks hold the same parameters, so they shard them too, and
 the reduce-scatter adds the gradients of their sequence chunks.
@@ -124,31 +124,31 @@ def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, bl
                       inner_units=None, experts=None, extra_plan=None):
     """The fixed order for a decoder: TP (+SP), CP, EP (`experts(model)`: the model's expert plan,
     MoE models only), the balance loss over split sequences, recompute, FSDP per block then the
-    root."""
-    dims = mesh.dims
+    root. What each strategy does comes from `options.layout` (mf_parallel.Layout)."""
+    layout = options.layout_for(mesh)
+    dims = layout.dims
     refuse_unimplemented(dims, model_type, experts)
     # Every check before the first change to the model.
-    mp.check_cpu_offload(options.cpu_offload)          # rejected with mf-parallel's reason
-    mp.reshard_after_forward_for(options.reshard_after_forward_policy)
+    mp.check_cpu_offload(layout.fsdp.cpu_offload)      # rejected with mf-parallel's reason
     if dims.tp_enabled:
         (check or check_tp)(model, dims)
         plan = tp_plan(model, block_plan, extra_plan)
         if options.recompute_comm:
             plan = apply_recompute_comm(plan, model, options.recompute_comm)
-    cp_settings = check_context_parallel(model, dims, options)
+    check_context_parallel(model, layout)
     if dims.tp_enabled or dims.fsdp_enabled or dims.dp_replicate > 1:   # FSDP also shards over cp
         untie_output(model)
     if dims.tp_enabled:
         mp.parallelize_module(model, mesh["tp"], plan)
     if dims.cp_enabled:                                 # on the heads tensor parallelism left here
-        apply_context_parallel(model, mesh, cp_settings)
+        apply_context_parallel(model, mesh, layout.context)
     if dims.ep_enabled:
-        apply_expert_parallel(model, mesh, options, experts(model))
+        apply_expert_parallel(model, mesh, layout, experts(model))
     split_sequences(model, mesh)                        # the balance loss's counts of whole sequences
     if options.recompute is not None:
         options.recompute(model)
     if dims.fsdp_enabled or dims.dp_replicate > 1:
-        apply_fsdp(model, mesh, options, inner_units)
+        apply_fsdp(model, mesh, layout, inner_units)
     return model
 
 

@@ -1,16 +1,5 @@
-"""Mixtral (MixtralForCausalLM): sparse MoE with a softmax top-k router.
+"""Mixtral (MixtralForCausalLM): Llama's attention and a sparse MoE in every layer.
 
-The args class imports without MindSpore (config checks use it); the model class loads on first use.
+spec.py declares the model to the registry (args.py's class, no MindSpore); model.py builds it and
+parallelize.py is its parallel plan (both MindSpore, imported when a model is built).
 """
-
-from .args import MixtralArgs
-
-__all__ = ["MixtralArgs", "MixtralForCausalLM"]
-
-
-def __getattr__(name: str):
-    if name == "MixtralForCausalLM":
-        from .model import MixtralForCausalLM
-
-        return MixtralForCausalLM
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

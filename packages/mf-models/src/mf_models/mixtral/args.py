@@ -61,3 +61,6 @@ class MixtralArgs(BaseArgs):
 
     def is_moe_layer(self, i: int) -> bool:
         return 0 <= i < self.num_hidden_layers
+
+    def moe_sizes(self) -> tuple[int, int, int, int]:
+        return self.num_local_experts, self.num_experts_per_tok, self.intermediate_size, 0

@@ -1,16 +1,5 @@
-"""Qwen2 (Qwen2ForCausalLM).
+"""Qwen2 (Qwen2ForCausalLM): Llama with biased q/k/v projections.
 
-The args class imports without MindSpore (config checks use it); the model class loads on first use.
+spec.py declares the model to the registry (args.py's class, no MindSpore); model.py builds it and
+parallelize.py is its parallel plan (both MindSpore, imported when a model is built).
 """
-
-from .args import Qwen2Args
-
-__all__ = ["Qwen2Args", "Qwen2ForCausalLM"]
-
-
-def __getattr__(name: str):
-    if name == "Qwen2ForCausalLM":
-        from .model import Qwen2ForCausalLM
-
-        return Qwen2ForCausalLM
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -67,6 +67,10 @@ class Qwen2MoeArgs(LlamaArgs):
         """HF's rule (Qwen2MoeDecoderLayer)."""
         return i not in self.mlp_only_layers and self.num_experts > 0 and (i + 1) % self.decoder_sparse_step == 0
 
+    def moe_sizes(self) -> tuple[int, int, int, int]:
+        return self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size, \
+            self.shared_expert_intermediate_size
+
     def tensor_parallel_split(self) -> tuple[tuple[int, int | None], dict[str, int]]:
         # MoE blocks (shared expert included) are replicated under tp; dense blocks' MLP is split.
         sizes = {"vocab_size": self.vocab_size}

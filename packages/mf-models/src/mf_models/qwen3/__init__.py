@@ -1,16 +1,5 @@
-"""Qwen3 (Qwen3ForCausalLM).
+"""Qwen3 (Qwen3ForCausalLM): Llama plus per-head q/k RMSNorm.
 
-The args class imports without MindSpore (config checks use it); the model class loads on first use.
+spec.py declares the model to the registry (args.py's class, no MindSpore); model.py builds it and
+parallelize.py is its parallel plan (both MindSpore, imported when a model is built).
 """
-
-from .args import Qwen3Args
-
-__all__ = ["Qwen3Args", "Qwen3ForCausalLM"]
-
-
-def __getattr__(name: str):
-    if name == "Qwen3ForCausalLM":
-        from .model import Qwen3ForCausalLM
-
-        return Qwen3ForCausalLM
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -46,6 +46,9 @@ class Qwen3MoeArgs(Qwen3Args):
         """HF's rule (Qwen3MoeDecoderLayer)."""
         return i not in self.mlp_only_layers and self.num_experts > 0 and (i + 1) % self.decoder_sparse_step == 0
 
+    def moe_sizes(self) -> tuple[int, int, int, int]:
+        return self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size, 0
+
     def tensor_parallel_split(self) -> tuple[tuple[int, int | None], dict[str, int]]:
         # MoE blocks are replicated under tp; the dense blocks' MLP is split when there are any.
         sizes = {"vocab_size": self.vocab_size}

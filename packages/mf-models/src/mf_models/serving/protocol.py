@@ -80,7 +80,7 @@ class SamplingDefaults:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value > high or value < low or (low_open and value == low):
                 raise ValueError(f"{where}: {key} must be a number in {'(' if low_open else '['}{low}, {high}], "
-                                 f"got {_shown(value)}")
+                                 f"got {shown_value(value)}")
             return float(value)
 
         def integer(key: str, low: int) -> int | None:
@@ -88,12 +88,12 @@ class SamplingDefaults:
             if value is None:
                 return None
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= INT32_MAX:
-                raise ValueError(f"{where}: {key} must be an integer in [{low}, {INT32_MAX}], got {_shown(value)}")
+                raise ValueError(f"{where}: {key} must be an integer in [{low}, {INT32_MAX}], got {shown_value(value)}")
             return value
 
         do_sample = config.get("do_sample")
         if do_sample is not None and not isinstance(do_sample, bool):
-            raise ValueError(f"{where}: do_sample must be true or false, got {_shown(do_sample)}")
+            raise ValueError(f"{where}: do_sample must be true or false, got {shown_value(do_sample)}")
         temperature = number("temperature", 1.0, 0.0, 100.0)
         top_p = number("top_p", 1.0, 0.0, 1.0)
         top_k = integer("top_k", 0) or 0
@@ -126,7 +126,7 @@ class Job:
     logprobs: int | None = None       # alternatives per token when logprobs are asked for, else None
 
 
-def _bad(param: str, message: str) -> APIError:
+def bad_param(param: str, message: str) -> APIError:
     return APIError(400, f"{param}: {message}", param)
 
 
@@ -136,7 +136,7 @@ INT32_MAX = 2**31 - 1
 SEED_MAX = 2**63 - 1
 
 
-def _shown(value: Any) -> str:
+def shown_value(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -146,10 +146,10 @@ def _int(body: dict, key: str, default: Any, low: int | None = None, high: int |
     if value is None:  # absent (or null): the default, which is the server's own choice
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(key, f"must be an integer, got {_shown(value)}")
+        raise bad_param(key, f"must be an integer, got {shown_value(value)}")
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"between {low} and {high}"
-        raise _bad(key, f"must be {bounds}, got {_shown(value)}")
+        raise bad_param(key, f"must be {bounds}, got {shown_value(value)}")
     return value
 
 
@@ -158,28 +158,28 @@ def _number(body: dict, key: str, default: float, low: float, high: float, low_o
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(key, f"must be a number, got {_shown(value)}")
+        raise bad_param(key, f"must be a number, got {shown_value(value)}")
     if isinstance(value, int) and abs(value) > 2**53:
-        raise _bad(key, f"must be in {'(' if low_open else '['}{low}, {high}], got {_shown(value)}")
+        raise bad_param(key, f"must be in {'(' if low_open else '['}{low}, {high}], got {shown_value(value)}")
     if not math.isfinite(value):
-        raise _bad(key, f"must be a finite number, got {value}")
+        raise bad_param(key, f"must be a finite number, got {value}")
     if value < low or value > high or (low_open and value == low):
-        raise _bad(key, f"must be in {'(' if low_open else '['}{low}, {high}], got {value}")
+        raise bad_param(key, f"must be in {'(' if low_open else '['}{low}, {high}], got {value}")
     return float(value)
 
 
-def _bool(body: dict, key: str, default: bool = False) -> bool:
+def bool_field(body: dict, key: str, default: bool = False) -> bool:
     value = body.get(key, default)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise _bad(key, f"must be true or false, got {value!r}")
+        raise bad_param(key, f"must be true or false, got {value!r}")
     return value
 
 
 def _ids(value: Any, param: str) -> list[int]:
     if not value or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        raise _bad(param, "token id lists must be non-empty lists of integers")
+        raise bad_param(param, "token id lists must be non-empty lists of integers")
     return list(value)
 
 
@@ -187,7 +187,7 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
     """Token ids of a request must name tokens of the vocabulary (checked before anything decodes them)."""
     for t in ids:
         if not 0 <= t < vocab_size:
-            raise _bad(param, f"token id {_shown(t)} is outside the vocabulary [0, {vocab_size})")
+            raise bad_param(param, f"token id {shown_value(t)} is outside the vocabulary [0, {vocab_size})")
 
 
 # (field, value accepted as "off") for OpenAI settings this server does not implement
@@ -210,7 +210,7 @@ def _check_keys(body: dict, allowed: set[str]) -> None:
     for key, accepted in _OFF_ONLY.items():
         value = body.get(key)
         if value is not None and not any(value == a and type(value) is type(a) for a in accepted if a is not None):
-            raise _bad(key, f"is not supported by this server (got {_shown(value)})")
+            raise bad_param(key, f"is not supported by this server (got {shown_value(value)})")
 
 
 def _stop_strings(body: dict, limits: ServerLimits) -> list[str]:
@@ -219,9 +219,9 @@ def _stop_strings(body: dict, limits: ServerLimits) -> list[str]:
         return []
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise _bad("stop", "must be a non-empty string or a list of them")
+        raise bad_param("stop", "must be a non-empty string or a list of them")
     if len(stops) > limits.max_stop:
-        raise _bad("stop", f"at most {limits.max_stop} stop strings, got {len(stops)}")
+        raise bad_param("stop", f"at most {limits.max_stop} stop strings, got {len(stops)}")
     return stops
 
 
@@ -234,16 +234,16 @@ def _sampling(body: dict, limits: ServerLimits, max_tokens: int, vocab_size: int
     top_k = _int(body, "top_k", min(defaults.top_k, vocab_size or INT32_MAX), -1, min(vocab_size or INT32_MAX, INT32_MAX))
     stop_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
-        raise _bad("stop_token_ids", "must be a list of token ids")
+        raise bad_param("stop_token_ids", "must be a list of token ids")
     if len(stop_ids) > limits.max_stop_token_ids:
-        raise _bad("stop_token_ids", f"at most {limits.max_stop_token_ids} ids, got {len(stop_ids)}")
+        raise bad_param("stop_token_ids", f"at most {limits.max_stop_token_ids} ids, got {len(stop_ids)}")
     check_token_ids(stop_ids, vocab_size or INT32_MAX, "stop_token_ids")
     seed = _int(body, "seed", None, 0, SEED_MAX)
     # OpenAI's temperature 0 means greedy; sampling settings then do nothing, as with do_sample off
     try:
         return SamplingParams(max_new_tokens=max_tokens, do_sample=temperature > 0, temperature=temperature or 1.0,
                               top_k=max(top_k, 0), top_p=top_p, seed=seed, stop_token_ids=tuple(stop_ids),
-                              ignore_eos=_bool(body, "ignore_eos"), logprobs=logprobs,
+                              ignore_eos=bool_field(body, "ignore_eos"), logprobs=logprobs,
                               prompt_logprobs=prompt_logprobs)
     except ValueError as exc:  # SamplingParams' own rules (all checked above; a safety net, not a 500)
         field_name = str(exc).split(":")[0]
@@ -251,15 +251,15 @@ def _sampling(body: dict, limits: ServerLimits, max_tokens: int, vocab_size: int
 
 
 def _stream(body: dict) -> tuple[bool, bool]:
-    stream = _bool(body, "stream")
+    stream = bool_field(body, "stream")
     options = body.get("stream_options")
     if options is None:
         return stream, False
     if not stream:
-        raise _bad("stream_options", "is only allowed when stream is true")
+        raise bad_param("stream_options", "is only allowed when stream is true")
     if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise _bad("stream_options", "only {\"include_usage\": bool} is supported")
-    return stream, _bool(options, "include_usage")
+        raise bad_param("stream_options", "only {\"include_usage\": bool} is supported")
+    return stream, bool_field(options, "include_usage")
 
 
 def parse_completion(body: dict, limits: ServerLimits, max_tokens_cap: int, vocab_size: int | None = None,
@@ -278,9 +278,9 @@ def parse_completion(body: dict, limits: ServerLimits, max_tokens_cap: int, voca
     elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
         prompts = [_ids(p, "prompt") for p in prompt]
     else:
-        raise _bad("prompt", "must be a string, a list of strings, a list of token ids or a list of such lists")
+        raise bad_param("prompt", "must be a string, a list of strings, a list of token ids or a list of such lists")
     if len(prompts) > limits.max_prompts:
-        raise _bad("prompt", f"at most {limits.max_prompts} prompts per request, got {len(prompts)}")
+        raise bad_param("prompt", f"at most {limits.max_prompts} prompts per request, got {len(prompts)}")
     if vocab_size is not None:
         for p in prompts:
             if isinstance(p, list):
@@ -288,11 +288,11 @@ def parse_completion(body: dict, limits: ServerLimits, max_tokens_cap: int, voca
     n = _int(body, "n", 1, 1, limits.max_n)
     best_of = _int(body, "best_of", None, 1)
     if best_of is not None and best_of != n:
-        raise _bad("best_of", f"must equal n (ranking by log-probability is not supported), got {_shown(best_of)}")
-    echo = _bool(body, "echo")
+        raise bad_param("best_of", f"must equal n (ranking by log-probability is not supported), got {shown_value(best_of)}")
+    echo = bool_field(body, "echo")
     max_tokens = _int(body, "max_tokens", None, 0, max_tokens_cap)
     if max_tokens == 0 and not echo:
-        raise _bad("max_tokens", "0 generates nothing: it is for scoring the prompt, with echo: true (and logprobs)")
+        raise bad_param("max_tokens", "0 generates nothing: it is for scoring the prompt, with echo: true (and logprobs)")
     logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
     stream, include_usage = _stream(body)
     # the real max_new_tokens is set once the prompt length is known (see app.py)
@@ -304,7 +304,7 @@ def parse_completion(body: dict, limits: ServerLimits, max_tokens_cap: int, voca
 def _user(body: dict) -> str | None:
     user = body.get("user")
     if user is not None and not isinstance(user, str):
-        raise _bad("user", f"must be a string, got {_shown(user)}")
+        raise bad_param("user", f"must be a string, got {shown_value(user)}")
     return user
 
 
@@ -316,10 +316,10 @@ def _content(message: dict, index: int) -> str:
         parts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _bad(f"messages[{index}].content", "only text parts ({\"type\": \"text\", \"text\": ...}) are supported")
+                raise bad_param(f"messages[{index}].content", "only text parts ({\"type\": \"text\", \"text\": ...}) are supported")
             parts.append(part["text"])
         return "".join(parts)
-    raise _bad(f"messages[{index}].content", "must be a string or a list of text parts")
+    raise bad_param(f"messages[{index}].content", "must be a string or a list of text parts")
 
 
 def parse_chat(body: dict, limits: ServerLimits, max_tokens_cap: int, vocab_size: int | None = None,
@@ -329,28 +329,28 @@ def parse_chat(body: dict, limits: ServerLimits, max_tokens_cap: int, vocab_size
     _check_keys(body, _CHAT_KEYS)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise _bad("messages", "must be a non-empty list of {\"role\", \"content\"} objects")
+        raise bad_param("messages", "must be a non-empty list of {\"role\", \"content\"} objects")
     parsed = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise _bad(f"messages[{i}]", "must be an object with a string role")
+            raise bad_param(f"messages[{i}]", "must be an object with a string role")
         extra = set(message) - {"role", "content"}
         if extra:
-            raise _bad(f"messages[{i}].{sorted(extra)[0]}", "is not supported (text messages only)")
+            raise bad_param(f"messages[{i}].{sorted(extra)[0]}", "is not supported (text messages only)")
         role = "system" if message["role"] == "developer" else message["role"]  # OpenAI's newer name for it
         parsed.append({"role": role, "content": _content(message, i)})
     fmt = body.get("response_format")
     if fmt is not None and fmt != {"type": "text"}:
-        raise _bad("response_format", "only {\"type\": \"text\"} is supported")
+        raise bad_param("response_format", "only {\"type\": \"text\"} is supported")
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
-        raise _bad("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
+        raise bad_param("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _int(body, key, None, 1, max_tokens_cap)
     n = _int(body, "n", 1, 1, limits.max_n)
     top_logprobs = _int(body, "top_logprobs", None, 0, MAX_LOGPROBS)
-    logprobs = (top_logprobs or 0) if _bool(body, "logprobs") else None
+    logprobs = (top_logprobs or 0) if bool_field(body, "logprobs") else None
     if top_logprobs is not None and logprobs is None:
-        raise _bad("top_logprobs", "needs logprobs: true")
+        raise bad_param("top_logprobs", "needs logprobs: true")
     stream, include_usage = _stream(body)
     # the real max_new_tokens is set once the prompt length is known (see app.py)
     params = _sampling(body, limits, max_tokens or 1, vocab_size, defaults, logprobs)

@@ -22,7 +22,7 @@ import re
 from typing import Any
 
 from .logprobs import TokenTexts
-from .protocol import APIError, _bad, _bool, _shown, check_token_ids
+from .protocol import APIError, bad_param, bool_field, check_token_ids, shown_value
 
 SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -66,22 +66,22 @@ def tokenize(server: Any, body: dict) -> dict:
     for key in body:
         if key not in allowed:
             raise APIError(400, f"Unrecognized request argument supplied: {key}", key)
-    _bool(body, "add_special_tokens", True)     # nothing to add: see the module docstring
+    bool_field(body, "add_special_tokens", True)     # nothing to add: see the module docstring
     if ("prompt" in body) == ("messages" in body):
-        raise _bad("prompt", "give exactly one of prompt (a string) or messages (a chat)")
+        raise bad_param("prompt", "give exactly one of prompt (a string) or messages (a chat)")
     if "prompt" in body:
         for key in ("add_generation_prompt", "continue_final_message"):
             if key in body:
-                raise _bad(key, "applies to messages, not to a prompt")
+                raise bad_param(key, "applies to messages, not to a prompt")
         prompt = body["prompt"]
         if not isinstance(prompt, str):
-            raise _bad("prompt", f"must be a string, got {_shown(prompt)}")
+            raise bad_param("prompt", f"must be a string, got {shown_value(prompt)}")
         ids = encoder.encode(prompt)
     else:
         from .protocol import parse_chat
 
-        if not _bool(body, "add_generation_prompt", True) or _bool(body, "continue_final_message"):
-            raise _bad("add_generation_prompt", "chats are rendered with the generation prompt (the assistant's turn "
+        if not bool_field(body, "add_generation_prompt", True) or bool_field(body, "continue_final_message"):
+            raise bad_param("add_generation_prompt", "chats are rendered with the generation prompt (the assistant's turn "
                                                 "opened), as /v1/chat/completions renders them")
         job = parse_chat({"messages": body["messages"]}, server.limits, server.max_tokens_cap, server.vocab_size)
         try:
@@ -89,7 +89,7 @@ def tokenize(server: Any, body: dict) -> dict:
         except ValueError as exc:
             raise APIError(400, f"messages: {exc}", "messages") from None
     texts = None
-    if _bool(body, "return_token_strs"):
+    if bool_field(body, "return_token_strs"):
         reader = TokenTexts(encoder.tokenizer.decode)
         texts = [reader.text(ids[max(0, i - 4):i], t) for i, t in enumerate(ids)]
     return {"count": len(ids), "max_model_len": server.max_len, "tokens": ids, "token_strs": texts}
@@ -101,7 +101,7 @@ def detokenize(server: Any, body: dict) -> dict:
             raise APIError(400, f"Unrecognized request argument supplied: {key}", key)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-        raise _bad("tokens", "must be a list of token ids")
+        raise bad_param("tokens", "must be a list of token ids")
     check_token_ids(tokens, server.vocab_size, "tokens")
     return {"prompt": server.text.tokenizer.decode(tokens)}
 

@@ -27,7 +27,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from mf_parallel.backend import is_native
-from mf_parallel.collectives import _note_emulation
+from mf_parallel.collectives import note_emulation
 from mf_parallel.mesh import Group, make_group
 from mf_parallel.stats import count_code, counted, make_count_op
 from mf_parallel.transport import decode, encode, needs_transport
@@ -73,7 +73,7 @@ class RingExchange(nn.Cell):
         self.to_next = ops.AllReduce("sum", to_next.name)
         self.from_prev = ops.AllReduce("sum", from_prev.name)
         self.send = None
-        _note_emulation(self.kind, to_next)
+        note_emulation(self.kind, to_next)
 
     def zeros_from(self, x):
         """Zeros shaped like x, selected from x by a mask held as data. Plain zeros of a known shape

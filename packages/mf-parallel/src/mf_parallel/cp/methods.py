@@ -1,6 +1,6 @@
 """The YAML's context_parallel* fields, checked, and the attention Cell each method builds.
 
-    settings = ContextParallelSettings.from_config(cfg["parallelism"])       # or the keyword form
+    settings = layout.context          # mf_parallel.Layout: the YAML fields resolved (or the keyword form)
     check_context_parallel(dims, settings, local_heads, local_kv_heads)      # one keyed line if not
     core = context_parallel_attention(mesh, settings, scale=..., inner=model_core)
 
@@ -18,25 +18,20 @@ packed documents as block-diagonal causal masks carried by segment ids (`layout.
 context_parallel_async orders each ring step's exchange before its computation (see `ring.py`);
 Ulysses has no ring, so there it has nothing to act on (the all-to-alls are on the critical path),
 nor on a synchronous backend such as CPU's MCCL, where the order changes but nothing overlaps
-(mf-trainer's preflight says either in one notice line). `ulysses_degree_in_cp` acts with 'hybrid'
-only ('ulysses' spans every cp rank, 'colossal' none).
+(mf_parallel.Layout lists either as idle: one notice line in mf-trainer's preflight).
+`ulysses_degree_in_cp` acts with 'hybrid' only ('ulysses' spans every cp rank, 'colossal' none).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from mf_parallel.dims import divisors
 from mf_parallel.errors import ParallelConfigError
 
 METHODS: tuple[str, ...] = ("colossal", "ulysses", "hybrid")
 MASK_TYPES: tuple[str, ...] = ("causal",)
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclass(frozen=True)
@@ -65,17 +60,6 @@ class ContextParallelSettings:
         if self.method == "hybrid" and degree is None:
             raise ParallelConfigError("parallelism.ulysses_degree_in_cp: is required with context_parallel_method "
                                       "'hybrid' (the Ulysses degree inside each ring step)")
-    @classmethod
-    def from_config(cls, parallelism: Mapping[str, Any] | Any | None) -> ContextParallelSettings:
-        """From the YAML `parallelism` block (a mapping or an object with those attributes)."""
-        def get(key: str, default):
-            if parallelism is None:
-                return default
-            value = parallelism.get(key, default) if isinstance(parallelism, Mapping) else getattr(parallelism, key, default)
-            return default if value is None and default is not None else value
-
-        return cls(method=get("context_parallel_method", "colossal"), ulysses_degree=get("ulysses_degree_in_cp", None),
-                   mask_type=get("context_parallel_mask_type", "causal"), async_comm=get("context_parallel_async", False))
 
     def ulysses_degree_for(self, cp: int) -> int:
         """Ranks each all-to-all spans: 1 (colossal), cp (ulysses), ulysses_degree_in_cp (hybrid)."""
@@ -92,7 +76,7 @@ def context_parallel_problems(dims, settings: ContextParallelSettings, heads: in
         return problems
     tp_note = f" ({heads * dims.tp} / tensor_parallel {dims.tp})" if dims.tp > 1 else ""
     if settings.method == "ulysses" and heads % cp:
-        options = [d for d in _divisors(heads) if d > 1 and dims.world_size % (d * dims.tp) == 0]
+        options = [d for d in divisors(heads) if d > 1 and dims.world_size % (d * dims.tp) == 0]
         problems.append(
             f"parallelism.context_parallel: {cp} does not divide the {heads} attention heads a tensor-parallel rank "
             f"holds{tp_note}; Ulysses splits heads over the cp ranks: use context_parallel one of {options or [1]} "
@@ -100,12 +84,12 @@ def context_parallel_problems(dims, settings: ContextParallelSettings, heads: in
     if settings.method == "hybrid":
         u = settings.ulysses_degree
         if not 1 < u < cp or cp % u:
-            valid = [d for d in _divisors(cp) if 1 < d < cp and heads % d == 0]
+            valid = [d for d in divisors(cp) if 1 < d < cp and heads % d == 0]
             problems.append(
                 f"parallelism.ulysses_degree_in_cp: {u} must divide context_parallel {cp} and lie strictly between 1 "
                 f"and {cp} (1 is 'colossal', {cp} is 'ulysses'); valid here: {valid or 'none'}")
         elif heads % u:
-            valid = [d for d in _divisors(math.gcd(cp, heads)) if 1 < d < cp]
+            valid = [d for d in divisors(math.gcd(cp, heads)) if 1 < d < cp]
             problems.append(
                 f"parallelism.ulysses_degree_in_cp: {u} does not divide the {heads} attention heads a tensor-parallel "
                 f"rank holds{tp_note}; valid here: {valid or 'none (use colossal)'}")

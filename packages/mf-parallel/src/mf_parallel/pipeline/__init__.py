@@ -9,8 +9,11 @@ read the same schedules the executor runs:
     sim = simulate_schedule(schedule, Costs(F=1, B=1, W=1))
     sim.bubble_fraction, sim.peak_in_flight
 
-`PipelineExecutor` (MindSpore, imported on first use) runs one rank's list.
+`PipelineExecutor` (MindSpore, imported on first use: the names under `TYPE_CHECKING`) runs one
+rank's list.
 """
+
+from typing import TYPE_CHECKING
 
 from mf_parallel.pipeline.actions import Combined, Comm, Compute, Message, Schedule
 from mf_parallel.pipeline.dataflow import Costs
@@ -24,16 +27,19 @@ from mf_parallel.pipeline.stages import (
     PipelineSpec,
     Placement,
     StageLayout,
-    pipeline_from_config,
     resolve_pipeline,
 )
 from mf_parallel.pipeline.validate import ScheduleError
 from mf_parallel.pipeline.validate import validate as validate_schedule
 
+if TYPE_CHECKING:  # MindSpore: imported on first use at run time (`_LAZY`, the same table)
+    from mf_parallel.pipeline.executor import PipelineExecutor, StepResult
+    from mf_parallel.pipeline.weight_grad import WeightGradStash, defer_weight_grads, register_weight_grad_split
+
 __all__ = [
     "SCHEDULES", "ChunkInfo", "Combined", "Comm", "Compute", "Costs", "Message", "PipelineSpec", "Placement",
     "Schedule", "ScheduleError", "Simulation", "StageLayout", "build_schedule", "compute_orders", "expected_bubble",
-    "overlap_b_f_idle_reason", "pipeline_from_config", "resolve_pipeline", "save_png", "simulate_schedule",
+    "overlap_b_f_idle_reason", "resolve_pipeline", "save_png", "simulate_schedule",
     "text_timeline", "textbook_bubble", "validate_schedule",
     # MindSpore (lazy)
     "PipelineExecutor", "StepResult", "defer_weight_grads", "register_weight_grad_split", "WeightGradStash",

@@ -18,14 +18,14 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from mf_parallel.backend import is_native
-from mf_parallel.collectives import _Collective
+from mf_parallel.collectives import CollectiveOp
 from mf_parallel.errors import ParallelConfigError
 from mf_parallel.mesh import make_group
 
 _CAST, _FLAT, _ZEROS, _CONCAT = ops.Cast(), ops.Reshape(), ops.Zeros(), ops.Concat(0)
 
 
-class PairChannel(_Collective):
+class PairChannel(CollectiveOp):
     """The exchange between this rank and `peer` (world ranks); counted as `send_recv`."""
 
     kind = "send_recv"

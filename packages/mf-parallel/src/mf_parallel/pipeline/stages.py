@@ -19,7 +19,7 @@ optimizer step and stay equal. With "v" placement both ends are on rank 0: one P
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,13 +86,6 @@ class PipelineSpec:
                 f"{_KEY}_interleave_num: 1")
 
 
-def _get(block: Mapping[str, Any] | Any | None, key: str, default: Any) -> Any:
-    if block is None:
-        return default
-    value = block.get(key, default) if isinstance(block, Mapping) else getattr(block, key, default)
-    return default if value is None else value
-
-
 def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ParallelConfigError(f"{_KEY}_{name}: must be true or false, got {value!r}")
@@ -140,16 +133,6 @@ def resolve_pipeline(pp: int, schedule: str = "1f1b", interleave_num: int = 1, *
     if schedule == "1f1b" and interleave_num > 1:
         schedule = "interleaved_1f1b"
     return PipelineSpec(pp, schedule, interleave_num, dxdw_split, overlap_p2p, overlap_b_f)
-
-
-def pipeline_from_config(parallelism: Mapping[str, Any] | Any | None) -> PipelineSpec:
-    """`resolve_pipeline` from the YAML `parallelism` block (a mapping or an object with its keys)."""
-    return resolve_pipeline(
-        _get(parallelism, "pipeline_parallel", 1), _get(parallelism, "pipeline_parallel_schedule", "1f1b"),
-        _get(parallelism, "pipeline_parallel_interleave_num", 1),
-        dxdw_split=_get(parallelism, "pipeline_parallel_enable_dxdw_split", False),
-        overlap_p2p=_get(parallelism, "pipeline_parallel_overlap_p2p", False),
-        overlap_b_f=_get(parallelism, "pipeline_parallel_overlap_b_f", False))
 
 
 # ----------------------------------------------------------------------------- placement

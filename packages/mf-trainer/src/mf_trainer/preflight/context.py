@@ -6,9 +6,11 @@ slice_for_context_parallel: zigzag chunks, global RoPE positions, packed documen
 reset_attention_mask or the compressed actual_seq_len, which preflight/data.py lets through only
 under cp - as global segment ids), the model's plan replaces its attention cores by the cp method, and FSDP shards over
 dp_shard x cp (its reduce-scatter adds the cp ranks' gradients of their sequence chunks).
-Refused: settings mf-parallel rejects (method, mask type, async, Ulysses degree), a method the
-model's heads or the sequence length cannot split, cp with pipeline parallelism, cp with
-`no_shard` (the cp ranks' gradients are added by FSDP). MoE models train under cp: each rank routes
+Refused: settings mf-parallel's layout rejects (method, mask type, async, Ulysses degree), a
+method the model's heads or the sequence length cannot split, cp with pipeline parallelism, cp
+with `no_shard` (the cp ranks' gradients are added by FSDP). The cp knobs with nothing to act on
+(async beside Ulysses or on CPU's synchronous collectives, a Ulysses degree beside a pure method)
+are the layout's idle fields: one notice each (parallel.py). MoE models train under cp: each rank routes
 its own chunks' tokens, and the balance loss takes the whole sequences' counts (summed over the cp
 ranks) with each rank's own score sums, so the ranks' shares add up to one process's loss
 (mf_models: `SplitSequences`). Evaluation during training runs: each
@@ -17,14 +19,14 @@ rank evaluates its chunks of every sequence and the sums are added over cp (mf_t
 
 from __future__ import annotations
 
-from mf_trainer.preflight.registry import TRAINING, Notice, check, split_line
+from mf_trainer.preflight.registry import TRAINING, check, split_line
 
 # Argument fields that give a model routed experts (mixtral, qwen3_moe, deepseek_v3).
 _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
 def _cp(t) -> int:
-    return t.cfg.parallelism.context_parallel
+    return t.layout.cp if t.layout is not None else 1
 
 
 def has_routed_experts(args) -> bool:
@@ -47,53 +49,22 @@ def train_seq_length(cfg) -> int | None:
 @check()
 def context_parallel_settings(t):
     """The context_parallel_* fields hold values mf-parallel accepts."""
-    import mf_parallel as mp
-
-    if _cp(t) <= 1:
-        return
-    try:
-        mp.ContextParallelSettings.from_config(t.cfg.parallelism)
-    except mp.ParallelConfigError as exc:
-        yield split_line(str(exc), "parallelism.context_parallel_method")
-
-
-@check()
-def context_parallel_knobs(t):
-    """context_parallel_async and ulysses_degree_in_cp act with the methods that have a ring / nest Ulysses."""
-    par = t.cfg.parallelism
-    if _cp(t) <= 1:
-        return      # parallel.py's feature_knobs says it of every cp knob
-    if par.context_parallel_async and par.context_parallel_method == "ulysses":
-        yield Notice("parallelism.context_parallel_async", "true has nothing to overlap with context_parallel_method "
-                                                           "'ulysses' (its all-to-alls are on the attention's critical "
-                                                           "path; the hook overlaps the ring's K/V exchange)")
-    if par.context_parallel_method == "colossal" and par.ulysses_degree_in_cp not in (None, 1):
-        yield Notice("parallelism.ulysses_degree_in_cp", f"{par.ulysses_degree_in_cp}: context_parallel_method "
-                                                         "'colossal' is a pure ring, with no Ulysses degree to act on")
-
-
-@check(needs=("device",))
-def context_parallel_async_device(t):
-    """context_parallel_async overlaps where collectives are asynchronous (not on CPU)."""
-    par = t.cfg.parallelism
-    if (_cp(t) > 1 and par.context_parallel_async and par.context_parallel_method != "ulysses"
-            and t.device == "CPU"):
-        yield Notice("parallelism.context_parallel_async", "collectives are synchronous on device_target CPU, so "
-                                                           "nothing overlaps (the ring still issues each step's K/V "
-                                                           "exchange first and keeps one more K/V block alive)")
+    line = t.layout_problems.get("context")
+    if line:
+        yield split_line(line, "parallelism.context_parallel_method")
 
 
 @check()
 def context_parallel_combinations(t):
     """Context parallelism runs without pipeline stages and no_shard."""
-    par, cp = t.cfg.parallelism, _cp(t)
+    cp = _cp(t)
     if cp <= 1:
         return
-    if par.pipeline_parallel > 1:
-        yield ("parallelism.context_parallel", f"{cp} with pipeline_parallel {par.pipeline_parallel} is not "
+    if t.layout.pp > 1:
+        yield ("parallelism.context_parallel", f"{cp} with pipeline_parallel {t.layout.pp} is not "
                                                "implemented (pipeline stages have no context-parallel attention); "
                                                "use one of them")
-    if par.data_parallel_shard_strategy == "no_shard":
+    if t.layout.fsdp is not None and t.layout.fsdp.strategy == "no_shard":
         yield ("parallelism.data_parallel_shard_strategy", "'no_shard' with context_parallel > 1: the cp ranks' "
                                                            "gradients are added by FSDP, which shards over "
                                                            "dp_shard x cp; use 'optim_grads_params'")
@@ -105,12 +76,9 @@ def context_parallel_split(t):
     import mf_parallel as mp
 
     args, dims = t.model_args, t.dims
-    if _cp(t) <= 1 or args is None or dims is None:
-        return
-    try:
-        settings = mp.ContextParallelSettings.from_config(t.cfg.parallelism)
-    except mp.ParallelConfigError:
-        return      # context_parallel_settings says why
+    if _cp(t) <= 1 or args is None or dims is None or t.layout.context is None:
+        return      # (a refused cp setting: context_parallel_settings says why)
+    settings = t.layout.context
     heads = args.num_attention_heads
     kv_heads = getattr(args, "num_key_value_heads", None) or heads
     if heads % dims.tp or kv_heads % dims.tp and kv_heads > dims.tp:

@@ -50,7 +50,8 @@ def eval_data(cfg) -> tuple[object, str, str]:
 @check()
 def training_columns(t):
     """train_dataset yields the columns the Trainer needs."""
-    yield from column_problems(t.cfg.train_dataset, "train_dataset", "the Trainer", t.cfg.parallelism.context_parallel)
+    cp = t.layout.cp if t.layout is not None else 1
+    yield from column_problems(t.cfg.train_dataset, "train_dataset", "the Trainer", cp)
 
 
 @check(commands=(*TRAINING, EVAL))

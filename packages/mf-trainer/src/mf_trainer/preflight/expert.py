@@ -25,16 +25,15 @@ divides dp_shard x cp is ParallelDims' own check (the `layout` check reports it)
 
 from __future__ import annotations
 
-import mf_parallel as mp
 from mf_trainer.preflight.context import has_routed_experts
-from mf_trainer.preflight.registry import TRAINING, Notice, check
+from mf_trainer.preflight.registry import TRAINING, check, split_line
 
 _EXPERT_COUNT_FIELDS = ("n_routed_experts", "num_local_experts", "num_experts")
 KEY = "parallelism.expert_parallel"
 
 
 def _ep(t) -> int:
-    return t.cfg.parallelism.expert_parallel
+    return t.layout.ep if t.layout is not None else 1
 
 
 @check(commands=TRAINING)
@@ -56,31 +55,21 @@ def expert_parallel_model(t):
 @check(commands=TRAINING)
 def expert_parallel_dispatcher(t):
     """Both dispatchers run; deredundancy's device groups of npu_nums_per_device ranks tile ep (the
-    seed's ep >= npu_nums_per_device is mf-config's own check), and the field acts only there."""
-    par, ep = t.cfg.parallelism, _ep(t)
-    if ep <= 1:
-        return      # feature_knobs (parallel.py) refuses the knobs without ep
-    if par.moe_token_dispatcher_type not in mp.EP_DISPATCHERS:
-        yield ("parallelism.moe_token_dispatcher_type", f"{par.moe_token_dispatcher_type!r} is not implemented; use "
-                                                        f"one of {', '.join(mp.EP_DISPATCHERS)}")
-    elif par.moe_token_dispatcher_type == "alltoall_deredundancy":
-        problem = mp.deredundancy_problem(ep, par.npu_nums_per_device)
-        if problem:
-            yield "parallelism.npu_nums_per_device", problem
-    elif par.npu_nums_per_device != type(par)().npu_nums_per_device:
-        yield Notice("parallelism.npu_nums_per_device", f"{par.npu_nums_per_device} only acts with "
-                                                        "moe_token_dispatcher_type 'alltoall_deredundancy': nothing to "
-                                                        "act on with 'alltoall'")
+    seed's ep >= npu_nums_per_device is mf-config's own check). Resolved by the layout, which also
+    lists npu_nums_per_device beside 'alltoall' as idle."""
+    line = t.layout_problems.get("dispatcher")
+    if line:
+        yield split_line(line, "parallelism.moe_token_dispatcher_type")
 
 
 @check(commands=TRAINING)
 def expert_parallel_combinations(t):
     """Expert parallelism runs beside data, tensor, context and pipeline parallelism (no no_shard;
     which pipeline stages: preflight/pipeline.py)."""
-    par, ep = t.cfg.parallelism, _ep(t)
+    ep = _ep(t)
     if ep <= 1:
         return
-    if par.data_parallel_shard_strategy == "no_shard":
+    if t.layout.fsdp is not None and t.layout.fsdp.strategy == "no_shard":
         yield ("parallelism.data_parallel_shard_strategy", f"'no_shard' with expert_parallel {ep}: the ep ranks are "
                                                            "carved out of the FSDP shard ranks; use "
                                                            "'optim_grads_params'")
@@ -96,12 +85,14 @@ def expert_parallel_layout(t):
         yield KEY, (f"{ep} with data-parallel replicas (HSDP: data_parallel_shard {dims.dp_shard} of {dims.dp}) is not "
                     "proven yet (the experts' gradients would be all-reduced over the replicas); use "
                     "data_parallel_shard -1")
-    elif t.cfg.parallelism.moe_token_dispatcher_type == "alltoall_deredundancy" and dims.cp > 1:
+    elif t.layout.dispatcher is None:
+        return      # expert_parallel_dispatcher says why
+    elif t.layout.dispatcher.type == "alltoall_deredundancy" and dims.cp > 1:
         yield ("parallelism.moe_token_dispatcher_type", f"'alltoall_deredundancy' with context_parallel {dims.cp} is not "
                                                         "proven yet (the two-level dispatcher is proven with ep over "
                                                         "the data-parallel ranks); use 'alltoall' beside context "
                                                         "parallelism")
-    elif t.cfg.parallelism.moe_token_dispatcher_type == "alltoall_deredundancy" and ep < dims.dp_shard:
+    elif t.layout.dispatcher.type == "alltoall_deredundancy" and ep < dims.dp_shard:
         yield ("parallelism.moe_token_dispatcher_type", f"'alltoall_deredundancy' with expert_parallel {ep} below the "
                                                         f"{dims.dp_shard} data-parallel ranks is not proven yet (the "
                                                         "two-level dispatcher is proven with ep over every "

@@ -8,8 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import mf_parallel as mp
-from mf_trainer.preflight.parallel import changed
-from mf_trainer.preflight.registry import Notice, check
+from mf_trainer.preflight.registry import Notice, changed, check
 
 
 @check()
@@ -18,9 +17,9 @@ def recompute_comm(t):
     import mf_models
 
     rc = t.cfg.recompute_comm
-    if not rc.enable:
+    if not rc.enable or t.layout is None:
         return
-    tp = t.cfg.parallelism.tensor_parallel
+    tp = t.layout.tp
     idle = (t.world is not None and t.world <= 1) or tp <= 1     # nothing to recompute: only typos matter
     if t.world is not None and t.world <= 1:
         yield Notice("recompute_comm.enable", "recomputes communication operators; a single-process run has none to "

@@ -36,7 +36,7 @@ def tensor_parallel_split(t):
     """tensor_parallel splits the model's heads and sharded dimensions."""
     from mf_models import tensor_parallel_problems
 
-    args, tp = t.model_args, t.cfg.parallelism.tensor_parallel
+    args, tp = t.model_args, t.layout.tp if t.layout is not None else 1
     if args is None or tp <= 1:
         return
     world = t.dims.world_size if t.dims is not None else (t.world or tp)

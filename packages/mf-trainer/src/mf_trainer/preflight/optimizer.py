@@ -21,15 +21,17 @@ def optimizer_keys(t):
 @check()
 def muon_layout(t):
     """Muon orthogonalises whole matrices: FSDP/HSDP shards are gathered, tensor-parallel slices are not."""
-    if t.cfg.optimizer.type == "Muon" and t.cfg.parallelism.tensor_parallel > 1:
-        yield "optimizer.type", (f"Muon with parallelism.tensor_parallel {t.cfg.parallelism.tensor_parallel} is not "
+    layout = t.layout
+    if t.cfg.optimizer.type != "Muon" or layout is None:
+        return
+    if layout.tp > 1:
+        yield "optimizer.type", (f"Muon with parallelism.tensor_parallel {layout.tp} is not "
                                  "implemented (Newton-Schulz needs each matrix whole; only FSDP/HSDP shards are "
                                  "gathered); use tensor_parallel: 1 or type: AdamW")
     # Pipeline stages step through their own runner and CP shards over dp x cp: neither has been
     # proven against one process with Muon yet, so neither is accepted.
-    for key in ("pipeline_parallel", "context_parallel"):
-        degree = getattr(t.cfg.parallelism, key)
-        if t.cfg.optimizer.type == "Muon" and degree > 1:
+    for key, degree in (("pipeline_parallel", layout.pp), ("context_parallel", layout.cp)):
+        if degree > 1:
             yield "optimizer.type", (f"Muon with parallelism.{key} {degree} is not implemented (Muon's parity with "
                                      "one process is proven for FSDP/HSDP only); use type: AdamW")
 

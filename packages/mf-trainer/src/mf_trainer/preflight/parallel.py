@@ -1,5 +1,10 @@
-"""The `parallelism` section: what is implemented, which knobs act with which feature, and the
-layout arithmetic against the world size (mf_parallel.ParallelDims, no MindSpore).
+"""The `parallelism` section: what the layout resolves to (mf_parallel.Layout, no MindSpore), what
+the Trainer honours of it, and the layout arithmetic against the world size.
+
+The section is read in one place, `mf_parallel.Layout` (`Target.layout`: resolved once for the
+command's world and device; the Trainer runs the very object the preflight checked). Its parts'
+refusals are reported here and in the topic modules (pipeline.py: the schedule; context.py: the
+cp settings; expert.py: the dispatcher), each as its own line.
 
 Training commands honour FSDP/HSDP/DDP (`data_parallel_shard_strategy` optim_grads_params or
 no_shard), tensor + sequence parallelism, context parallelism (preflight/context.py) and pipeline
@@ -7,107 +12,66 @@ parallelism (its own checks: preflight/pipeline.py) and expert parallelism (pref
 ZeRO-1/2 are refused with their reason. One-process commands (`mf eval`, `mf generate`, `mf serve`) take no layout at all.
 
 The knobs of a strategy this layout does not use (a pipeline schedule at pipeline_parallel 1, FSDP's
-resharding policy without data-parallel ranks, cpu_offload where host memory is all there is, a
-training YAML's layout read by a one-process command) change no result: each is accepted with one
-notice line (registry.Notice), so one YAML runs on a laptop CPU and on an Ascend cluster.
+resharding policy without data-parallel ranks, cpu_offload where host memory is all there is, ...)
+change no result: the layout lists each as idle (`Layout.idle`, holding its default in what
+runs), and each is accepted here with one notice line (registry.Notice), so one YAML runs on a
+laptop CPU and on an Ascend cluster. A training YAML's layout read by a one-process command is
+said the same way.
 """
 
 from __future__ import annotations
 
 import mf_parallel as mp
-from mf_trainer.errors import TrainerConfigError
-from mf_trainer.preflight.registry import LAUNCH, ONE_PROCESS, TRAIN, Notice, check
+from mf_trainer.preflight.registry import LAUNCH, ONE_PROCESS, TRAIN, Notice, check, split_line
 
-# data_parallel_shard_strategy values the Trainer honours.
-STRATEGIES = {
-    "optim_grads_params": "parameters, gradients and optimizer states sharded (ZeRO-3)",
-    "no_shard": "every data-parallel rank holds everything (DDP)",
-}
 DEGREES = ("tensor_parallel", "context_parallel", "pipeline_parallel", "expert_parallel")
-FSDP_KNOBS = ("data_parallel_shard_strategy", "reshard_after_forward_policy", "disable_gradient_division")
-# Fields that only act with a feature: field -> (its degree, what turns it on).
-FEATURE_KNOBS = {
-    **{name: ("context_parallel", "context_parallel > 1") for name in (
-        "context_parallel_method", "context_parallel_async", "ulysses_degree_in_cp", "context_parallel_mask_type")},
-    **{name: ("pipeline_parallel", "pipeline_parallel > 1") for name in (
-        "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule", "pipeline_parallel_interleave_num",
-        "pipeline_parallel_overlap_p2p", "pipeline_parallel_overlap_b_f", "pipeline_parallel_enable_dxdw_split")},
-    "moe_token_dispatcher_type": ("expert_parallel", "expert_parallel > 1"),
-    "npu_nums_per_device": ("expert_parallel", "expert_parallel > 1 and moe_token_dispatcher_type "
-                                               "'alltoall_deredundancy'"),
-}
 _ONE_PROCESS = "this command runs in one process"
 
 
-def changed(section, name: str) -> bool:
-    """The field differs from its default."""
-    return getattr(section, name) != getattr(type(section)(), name)
-
-
-def effective_dims(par, world: int) -> mp.ParallelDims:
-    """The layout the Trainer runs for `world` ranks: ParallelDims.from_config, with `no_shard`
-    turning the data-parallel ranks into replicas (DDP). Raises ParallelConfigError /
-    TrainerConfigError (one line) when the degrees do not fit."""
-    dims = mp.ParallelDims.from_config(par, world)
-    if par.data_parallel_shard_strategy == "no_shard" and dims.dp_shard > 1:
-        if par.data_parallel_shard > 1:
-            raise TrainerConfigError(
-                f"parallelism.data_parallel_shard: {par.data_parallel_shard} shards, but data_parallel_shard_strategy "
-                "is 'no_shard'; leave data_parallel_shard at -1 or use 'optim_grads_params'")
-        # (ep stays: with dp_shard 1 it no longer divides dp_shard x cp, and ParallelDims says so;
-        # the expert check names no_shard itself.)
-        dims = mp.ParallelDims(world, dp_replicate=dims.dp, dp_shard=1, cp=dims.cp, tp=dims.tp, pp=dims.pp, ep=dims.ep)
-    return dims
+def layout_problem(t, part: str):
+    """The problem line of one part of the layout as (key, reason), or None."""
+    line = t.layout_problems.get(part)
+    return None if line is None else split_line(line, "parallelism")
 
 
 @check()
-def feature_knobs(t):
-    """Knobs of a strategy this layout does not use change nothing (a notice each)."""
-    par = t.cfg.parallelism
-    for name, (degree, needs) in FEATURE_KNOBS.items():
-        if changed(par, name) and getattr(par, degree) == 1:
-            yield Notice(f"parallelism.{name}", f"{getattr(par, name)!r} only acts with {needs}: nothing to act on "
-                                                "in this layout")
+def parallelism_fields(t):
+    """The parallelism section's fields can be read (the layout resolves nothing otherwise)."""
+    problem = layout_problem(t, "fields")
+    if problem:
+        yield problem
 
 
 @check()
-def sequence_parallel(t):
-    """sequence_parallel follows tensor_parallel (on whenever tp > 1, as the reference has it)."""
-    par = t.cfg.parallelism
-    if par.sequence_parallel and par.tensor_parallel == 1:
-        yield Notice("parallelism.sequence_parallel", "true: sequence parallelism follows tensor_parallel, which is 1 "
-                                                      "here, so there is nothing to split")
+def idle_fields(t):
+    """The fields with nothing to act on in this layout or on this device: a notice each."""
+    if t.layout is None:
+        return
+    for idle in t.layout.idle:
+        yield Notice(idle.key, idle.reason)
 
 
 @check()
 def shard_strategy(t):
     """data_parallel_shard_strategy is ZeRO-3 or DDP."""
-    strategy = t.cfg.parallelism.data_parallel_shard_strategy
-    if strategy not in STRATEGIES:
-        zero = 1 if strategy == "optim" else 2
-        yield ("parallelism.data_parallel_shard_strategy",
-               f"{strategy!r} (ZeRO-{zero}: sharded optimizer states{'' if zero == 1 else ' and gradients'} with "
-               "replicated parameters) is not implemented; use 'optim_grads_params' (ZeRO-3) or 'no_shard' (DDP)")
+    problem = layout_problem(t, "strategy")
+    if problem:
+        yield problem
 
 
-@check()
+@check(needs=("device",))
 def cpu_offload(t):
     """parallelism.cpu_offload: nothing to offload to on CPU; not implemented on accelerators."""
-    if not t.cfg.parallelism.cpu_offload:
-        return
-    if t.device == "CPU":
-        yield Notice("parallelism.cpu_offload", "parameters and optimizer states already live in host memory on "
-                                                "device_target CPU: nothing to offload")
-    elif t.device is not None:
-        yield ("parallelism.cpu_offload", f"not supported by mf-parallel on {t.device} yet (no host-offloaded "
-                                          "parameter or optimizer path is implemented); set it to false")
+    problem = layout_problem(t, "offload")
+    if problem:
+        yield problem
 
 
 @check()
 def lora_layers(t):
     """LoRA adapters sit on unsharded layers only."""
-    par = t.cfg.parallelism
-    if t.cfg.lora is not None and any(getattr(par, k) > 1 for k in DEGREES):
+    if t.cfg.lora is not None and t.layout is not None and max(t.layout.tp, t.layout.cp, t.layout.pp,
+                                                               t.layout.ep) > 1:
         yield ("lora", "adapters on sharded (tensor/expert/context/pipeline-parallel) layers are not implemented; "
                        "LoRA runs with data parallelism only")
 
@@ -115,11 +79,12 @@ def lora_layers(t):
 @check(needs=("world",))
 def layout(t):
     """The parallel degrees fit the world size."""
-    par = t.cfg.parallelism
+    if t.layout is None:
+        return              # parallelism_fields says why
     if t.command == TRAIN and t.world == 1:
         found = False
         for key in ("tensor_parallel", "context_parallel", "pipeline_parallel", "data_parallel_shard"):
-            degree = getattr(par, key)
+            degree = t.layout.fields[key]
             if degree > 1:
                 found = True
                 yield (f"parallelism.{key}", f"{degree} > 1 needs {degree} ranks; this process runs alone: start it "
@@ -127,27 +92,13 @@ def layout(t):
         if found:
             return
     suffix = f" (mf launch starts {t.world} rank{'s' if t.world > 1 else ''})" if t.command == LAUNCH else ""
-    try:
-        effective_dims(par, t.world)
-    except (mp.ParallelConfigError, TrainerConfigError) as exc:
-        from mf_trainer.preflight.registry import split_line
-
-        key, reason = split_line(str(exc), "parallelism")
-        yield key, reason + suffix
-
-
-@check(needs=("world",))
-def fsdp_knobs(t):
-    """FSDP knobs act only with data parallelism (a notice each otherwise)."""
-    dims = t.dims
-    if dims is None or dims.fsdp_enabled or dims.dp_replicate > 1:
-        return
-    par = t.cfg.parallelism
-    for key in FSDP_KNOBS:
-        if changed(par, key) and not (key == "data_parallel_shard_strategy" and par.data_parallel_shard_strategy
-                                      not in STRATEGIES):
-            yield Notice(f"parallelism.{key}", f"{getattr(par, key)!r} only acts with data parallelism over several "
-                                               f"ranks; this layout has none ({dims.describe()})")
+    problem = layout_problem(t, "dims")
+    if problem:
+        yield problem[0], problem[1] + suffix
+    for part in ("reshard", "division"):       # values mf-config's schema already refuses
+        problem = layout_problem(t, part)
+        if problem:
+            yield problem
 
 
 @check(needs=("world",))
@@ -170,16 +121,13 @@ def one_process_layout(t):
     """Evaluation and generation run in one process: a layout in their own YAML changes no result."""
     if t.cfg.run_mode in ("train", "finetune"):
         return      # a training YAML's layout describes its training
-    par = t.cfg.parallelism
-    for name in DEGREES:
-        if getattr(par, name) > 1:
-            yield Notice(f"parallelism.{name}", f"{getattr(par, name)}: {_ONE_PROCESS}, so the layout has nothing to "
-                                                "act on")
-    if par.data_parallel_shard not in (-1, 1):
-        yield Notice("parallelism.data_parallel_shard", f"{par.data_parallel_shard}: {_ONE_PROCESS}, so the layout "
-                                                        "has nothing to act on")
-    if par.cpu_offload:
-        yield Notice("parallelism.cpu_offload", f"true: {_ONE_PROCESS}, with no FSDP shards to offload")
-    for name in (*FSDP_KNOBS, *FEATURE_KNOBS):
-        if changed(par, name):
-            yield Notice(f"parallelism.{name}", f"{getattr(par, name)!r}: {_ONE_PROCESS}, so it has nothing to act on")
+    for name, value in mp.changed_fields(t.cfg.parallelism).items():
+        if name in DEGREES or name == "data_parallel_shard":
+            if value == 1:
+                continue     # one shard: what one process holds anyway
+            reason = f"{value}: {_ONE_PROCESS}, so the layout has nothing to act on"
+        elif name == "cpu_offload":
+            reason = f"true: {_ONE_PROCESS}, with no FSDP shards to offload"
+        else:
+            reason = f"{value!r}: {_ONE_PROCESS}, so it has nothing to act on"
+        yield Notice(f"parallelism.{name}", reason)

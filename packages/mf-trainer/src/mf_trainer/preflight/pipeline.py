@@ -1,7 +1,9 @@
 """`pipeline_parallel > 1`: the schedule and its flags, the layers of every stage against the
 model, the micro-batch count against the schedule, and what does not combine with pipeline stages
-yet (pipeline_step.py runs the rest). The knobs' refusals at pipeline_parallel 1 are
-parallel.py's `feature_knobs`; pipeline x context parallelism is refused by context.py.
+yet (pipeline_step.py runs the rest). The schedule and its flags are resolved by the layout
+(`t.layout.pipeline`, mf_parallel.Layout: its refusal is `pipeline_schedule`'s line); the knobs at
+pipeline_parallel 1 are the layout's idle fields (one notice each); pipeline x context
+parallelism is refused by context.py.
 
 Stages combine with FSDP over each stage's data-parallel group (`optim_grads_params`) and with
 tensor parallelism (the stage's layers under the TP plan, vocabulary-split logits on the last
@@ -29,46 +31,32 @@ from mf_trainer.preflight.registry import check, split_line
 
 
 def _pp(t) -> int:
-    return t.cfg.parallelism.pipeline_parallel
+    return t.layout.pp if t.layout is not None else 1
 
 
 def _spec(t):
-    """The resolved PipelineSpec, or the ParallelConfigError line."""
-    import mf_parallel as mp
-
-    return mp.pipeline_from_config(t.cfg.parallelism)
+    """The resolved PipelineSpec (None when refused: pipeline_schedule says why)."""
+    return t.layout.pipeline
 
 
 @check()
 def pipeline_schedule(t):
     """The pipeline schedule and its flags are a combination that runs."""
-    if _pp(t) <= 1:
-        return
-    import mf_parallel as mp
-
-    try:
-        _spec(t)
-    except mp.ParallelConfigError as exc:
-        yield split_line(str(exc), "parallelism.pipeline_parallel")
+    line = t.layout_problems.get("pipeline")
+    if line:
+        yield split_line(line, "parallelism.pipeline_parallel")
 
 
 @check()
 def pipeline_layers(t):
     """pipeline_parallel_layers_per_stage places the model's layers on the virtual stages."""
-    if _pp(t) <= 1 or t.model_args is None:
+    if _pp(t) <= 1 or t.model_args is None or _spec(t) is None:
         return
     import mf_config
     import mf_parallel as mp
 
     try:
-        spec = _spec(t)
-    except mp.ParallelConfigError:
-        return                                           # pipeline_schedule says why
-    try:
-        layers = mf_config.pipeline_layer_placement(t.cfg.parallelism.pipeline_parallel_layers_per_stage, spec.pp,
-                                                    spec.chunks, t.model_args.num_hidden_layers,
-                                                    schedule=spec.schedule)
-        mp.StageLayout.build(spec, layers)
+        t.layout.stage_layout(t.model_args.num_hidden_layers, mf_config.pipeline_layer_placement)
     except (mf_config.ConfigError, mp.ParallelConfigError) as exc:
         yield split_line(str(exc), "parallelism.pipeline_parallel_layers_per_stage")
 
@@ -76,16 +64,15 @@ def pipeline_layers(t):
 @check(needs=("world",))
 def pipeline_microbatches(t):
     """The micro-batch count (the accumulation count) suits the schedule."""
-    if _pp(t) <= 1 or t.dims is None:
+    if _pp(t) <= 1 or t.dims is None or _spec(t) is None:
         return
     import mf_parallel as mp
     from mf_trainer.preflight.data import accumulation
 
     try:
-        spec = _spec(t)
         count = accumulation(t.cfg.training, t.dims.dp)
         if count >= 1:                                   # below one: data.global_batch says why
-            spec.check_microbatches(count)
+            _spec(t).check_microbatches(count)
     except mp.ParallelConfigError as exc:
         yield split_line(str(exc), "parallelism.pipeline_parallel_schedule")
 
@@ -105,12 +92,12 @@ def _moe_stages(t):
     with the stages under tensor parallelism (`moe_pp2_tp2`: each tp rank's share of its stage's
     balance loss from the whole sequences' counts); transformers' switch loss cannot be split into
     stages."""
-    args, par = t.model_args, t.cfg.parallelism
+    args = t.model_args
     if not has_routed_experts(args):
         return
     if getattr(args, "output_router_logits", False):
         yield ("parallelism.pipeline_parallel",
-               f"{par.pipeline_parallel} with model.output_router_logits true is not implemented: transformers' "
+               f"{_pp(t)} with model.output_router_logits true is not implemented: transformers' "
                "switch balance loss pools every MoE layer's routing before one product, so it does not split "
                "into pipeline stages; set output_router_logits: false or pipeline_parallel: 1")
 
@@ -141,24 +128,21 @@ def pipeline_sharded_stages(t):
     """Data-parallel stages run only in the layouts proven against one process (FSDP; any schedule)."""
     if _pp(t) <= 1 or t.dims is None or t.dims.dp == 1:
         return
-    import mf_parallel as mp
-
     dims = t.dims
     ddp = dims.dp_replicate > 1 and dims.dp_shard == 1
     if ddp:
         # DDP stages are proven under 1f1b without evaluation (pp2_ddp2); the rest is FSDP's
         # mechanism with a shard group of one, but not run against one process yet.
-        try:
-            spec = _spec(t)
-        except mp.ParallelConfigError:
+        spec = _spec(t)
+        if spec is None:
             return                                       # pipeline_schedule says why
-        par, why = t.cfg.parallelism, "(DDP stages are proven against one process under 1f1b only)"
+        why = "(DDP stages are proven against one process under 1f1b only)"
         if spec.chunks > 1 or spec.schedule != "1f1b":
             yield ("parallelism.pipeline_parallel_schedule",
                    f"{spec.schedule!r}{' with ' + str(spec.chunks) + ' chunks per rank' if spec.chunks > 1 else ''} "
                    f"with DDP (no_shard) stages is not proven yet {why}; use '1f1b' or FSDP stages "
                    "(data_parallel_shard_strategy: optim_grads_params)")
-        if par.pipeline_parallel_enable_dxdw_split:
+        if spec.split_backward and spec.schedule != "zbv":       # (zbv's split: said just above)
             yield ("parallelism.pipeline_parallel_enable_dxdw_split",
                    f"true with DDP (no_shard) stages is not proven yet {why}; set it to false or use FSDP stages")
         if t.cfg.eval_dataset is not None:

@@ -72,18 +72,29 @@ class Target:
     plan_only: bool = False      # validate / dry run: not even a cache is written
 
     @functools.cached_property
-    def dims(self):
-        """The parallel layout for `world` (mf_parallel.ParallelDims), or None when the world is
-        unknown or the degrees do not fit it (the layout check reports why)."""
-        if self.world is None:
-            return None
+    def layout_check(self):
+        """The `parallelism` section resolved once for this world and device (mf_parallel.Layout.
+        check: the layout, each refused part None, and every part's problem line)."""
         import mf_parallel as mp
-        from mf_trainer.preflight.parallel import effective_dims
 
-        try:
-            return effective_dims(self.cfg.parallelism, self.world)
-        except (mp.ParallelConfigError, TrainerConfigError):
-            return None
+        return mp.Layout.check(self.cfg.parallelism, self.world, self.device)
+
+    @property
+    def layout(self):
+        """The resolved layout (its `dims` None without a world; a refused part None), or None when
+        the section's fields cannot be read at all."""
+        return self.layout_check.layout
+
+    @property
+    def layout_problems(self) -> dict[str, str]:
+        """Refused parts of the layout: part -> one `parallelism.key: reason` line."""
+        return self.layout_check.problems
+
+    @property
+    def dims(self):
+        """The world split (mf_parallel.ParallelDims), or None when the world is unknown or the
+        degrees do not fit it (the layout check reports why)."""
+        return None if self.layout is None else self.layout.dims
 
     @functools.cached_property
     def model_args(self):
@@ -105,6 +116,11 @@ class Target:
         from mf_trainer.rundir import inspect_run
 
         return inspect_run(self.cfg, overwrite=self.overwrite)
+
+
+def changed(section, name: str) -> bool:
+    """The field differs from its default."""
+    return getattr(section, name) != getattr(type(section)(), name)
 
 
 def model_section(cfg) -> dict:
@@ -162,6 +178,9 @@ class PreflightReport:
     device: str | None
     problems: list[Problem] = field(default_factory=list)
     notices: list[Notice] = field(default_factory=list)   # accepted knobs with nothing to act on here
+    # The resolved parallel layout (mf_parallel.Layout) of a training command whose `parallelism`
+    # section resolved without a problem: what the Trainer and the dry run go on with. None otherwise.
+    layout: Any = None
     skipped: list[str] = field(default_factory=list)   # checks not run: "what (needs the world size)"
 
     @property
@@ -219,4 +238,6 @@ def run_checks(target: Target) -> PreflightReport:
                 report.problems.append(problem)
         if item.gate and any(not isinstance(p, Notice) for p in found):
             break
+    if target.command in TRAINING and not target.layout_problems:
+        report.layout = target.layout
     return report

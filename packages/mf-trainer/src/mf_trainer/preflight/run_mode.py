@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import os
 
-from mf_trainer.preflight.parallel import changed
-from mf_trainer.preflight.registry import EVAL, GENERATE, ONE_PROCESS, SERVE, Notice, check
+from mf_trainer.preflight.registry import EVAL, GENERATE, ONE_PROCESS, SERVE, Notice, changed, check
 
 _RUNS = {"eval": "mf eval", "predict": "mf generate"}
 # inference fields that only shape the end-of-training sample (the others are carried in checkpoints)

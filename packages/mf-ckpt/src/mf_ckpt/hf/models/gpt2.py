@@ -13,8 +13,8 @@ too (the buffers skipped), always written in transformers' layout.
 
 from __future__ import annotations
 
-from ..errors import CheckpointError
-from .rules import Architecture, ConfigView, Packed, Rule
+from ...errors import CheckpointError
+from ..rules import Architecture, ConfigView, Packed, Rule
 
 # transformers' GPT2Config defaults for keys a config.json may omit.
 DEFAULTS = {"tie_word_embeddings": True, "n_inner": None}
@@ -47,17 +47,20 @@ PACKED = (
 )
 
 
-def _hf_key(c: ConfigView, gpt2: str, alias: str) -> int:
-    """GPT-2's own key (n_embd) or its transformers alias (hidden_size); both must agree."""
+def _hf_key(c: ConfigView, gpt2: str, alias: str, nullable: bool = False) -> int | None:
+    """GPT-2's own key (n_embd) or its alias (hidden_size); both must agree."""
     values = {k: c.raw[k] for k in (gpt2, alias) if c.raw.get(k) is not None}
     if len(set(map(repr, values.values()))) > 1:
         raise CheckpointError(f"config.json (gpt2): {gpt2} and {alias} disagree: {values}")
-    return c.int(next(iter(values), gpt2))
+    return c.int(next(iter(values), gpt2), nullable=nullable)
 
 
 def dims(c: ConfigView) -> dict[str, int]:
     hidden = _hf_key(c, "n_embd", "hidden_size")
-    inner = c.int("n_inner", nullable=True)
+    # mf-models takes intermediate_size as n_inner's alias (its tiny presets and mf's own configs
+    # size every model with it); transformers reads n_inner only: given intermediate_size alone,
+    # it builds 4 n_embd and refuses a checkpoint of another width (loudly, by its shape check).
+    inner = _hf_key(c, "n_inner", "intermediate_size", nullable=True)
     return {"V": c.int("vocab_size"), "H": hidden, "P": _hf_key(c, "n_positions", "max_position_embeddings"),
             "I": inner if inner is not None else 4 * hidden}
 

@@ -3,8 +3,8 @@ o_proj or MLP biases (Qwen2's config has no bias switches)."""
 
 from __future__ import annotations
 
+from ..rules import Architecture, Rule
 from . import llama
-from .rules import Architecture, Rule
 
 DEFAULTS = {"tie_word_embeddings": False}
 

@@ -3,8 +3,8 @@ gate and up packed in `mlp.gate_up_proj`) without GLM-4-0414's post-attention / 
 
 from __future__ import annotations
 
+from ..rules import Architecture
 from . import glm4, llama
-from .rules import Architecture
 
 ARCH = Architecture(
     model_type="glm",

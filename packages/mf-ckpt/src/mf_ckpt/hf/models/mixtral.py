@@ -4,8 +4,8 @@ transformers saves) stacked into mf's `moe.experts.w1` [E, I, H] (w1 = gate, w3 
 
 from __future__ import annotations
 
+from ..rules import Architecture, ConfigView, Rule
 from . import llama
-from .rules import Architecture, ConfigView, Rule
 
 DEFAULTS = {"tie_word_embeddings": False}
 

@@ -6,8 +6,8 @@ layers are DeepSeek-V3's too (deepseek_v3.py: `mtp.{k}.`, the embedding and head
 
 from __future__ import annotations
 
+from ..rules import Architecture, ConfigView
 from . import deepseek_v3, llama, qwen3
-from .rules import Architecture, ConfigView
 
 DEFAULTS = {"tie_word_embeddings": False, "attention_bias": False, "use_qk_norm": False, "n_shared_experts": 1,
             "first_k_dense_replace": 1, "num_nextn_predict_layers": 1, "moe_intermediate_size": 1408,

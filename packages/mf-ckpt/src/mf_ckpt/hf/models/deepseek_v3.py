@@ -15,9 +15,9 @@ plans the causal LM alone.
 
 from __future__ import annotations
 
-from ..errors import CheckpointError
-from . import llama
-from .rules import Architecture, ConfigView, Fused, Rule
+from ...errors import CheckpointError
+from ..rules import Architecture, ConfigView, Rule
+from . import llama, qwen3_moe
 
 # transformers' DeepseekV3Config defaults for keys a config.json may omit.
 DEFAULTS = {
@@ -43,25 +43,17 @@ ATTENTION = (
     Rule("attention.wo.bias", "self_attn.o_proj.bias", ("H",), when=("attention_bias",)),
 )
 
-FFN = (
-    Rule("ffn_norm.weight", "post_attention_layernorm.weight", ("H",)),
-    Rule("feed_forward.w1.weight", "mlp.gate_proj.weight", ("I", "H"), when=("dense",)),
-    Rule("feed_forward.w2.weight", "mlp.down_proj.weight", ("H", "I"), when=("dense",)),
-    Rule("feed_forward.w3.weight", "mlp.up_proj.weight", ("I", "H"), when=("dense",)),
-    Rule("moe.router.gate.weight", "mlp.gate.weight", ("E", "H"), when=("moe",)),
+# Qwen3-MoE's layout (norm, dense MLP below first_k_dense_replace, router, stacked experts) plus the
+# router's correction bias and the shared experts; the same fused transformers-5 tensors.
+FFN = qwen3_moe.FFN[:5] + (
     Rule("moe.router.expert_bias", "mlp.gate.e_score_correction_bias", ("E",), when=("moe",)),
-    Rule("moe.experts.w1", "mlp.experts.{e}.gate_proj.weight", ("E", "Im", "H"), when=("moe",), experts=True),
-    Rule("moe.experts.w2", "mlp.experts.{e}.down_proj.weight", ("E", "H", "Im"), when=("moe",), experts=True),
-    Rule("moe.experts.w3", "mlp.experts.{e}.up_proj.weight", ("E", "Im", "H"), when=("moe",), experts=True),
+) + qwen3_moe.FFN[5:] + (
     Rule("moe.shared_experts.w1.weight", "mlp.shared_experts.gate_proj.weight", ("Is", "H"), when=("moe", "shared")),
     Rule("moe.shared_experts.w2.weight", "mlp.shared_experts.down_proj.weight", ("H", "Is"), when=("moe", "shared")),
     Rule("moe.shared_experts.w3.weight", "mlp.shared_experts.up_proj.weight", ("Is", "H"), when=("moe", "shared")),
 )
 
-FUSED = (
-    Fused("mlp.experts.gate_up_proj", ("moe.experts.w1", "moe.experts.w3"), axis=1),
-    Fused("mlp.experts.down_proj", ("moe.experts.w2",), axis=1),
-)
+FUSED = qwen3_moe.FUSED
 
 
 def dims(c: ConfigView) -> dict[str, int]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .rules import Architecture, ConfigView, Rule
+from ..rules import Architecture, ConfigView, Rule
 
 # transformers' LlamaConfig defaults for keys a config.json may omit.
 DEFAULTS = {"tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False}

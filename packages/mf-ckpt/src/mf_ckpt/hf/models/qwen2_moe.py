@@ -7,8 +7,8 @@ the others have a dense MLP of `intermediate_size`."""
 
 from __future__ import annotations
 
+from ..rules import Architecture, ConfigView, Rule
 from . import llama, qwen3_moe
-from .rules import Architecture, ConfigView, Rule
 
 DEFAULTS = {"tie_word_embeddings": False, "qkv_bias": True, "decoder_sparse_step": 1, "moe_intermediate_size": 1408,
             "shared_expert_intermediate_size": 5632, "num_experts": 60}

@@ -5,8 +5,8 @@ into one `mlp.gate_up_proj` [2 I, H] (gate first), unpacked into mf's w1 / w3 an
 
 from __future__ import annotations
 
+from ..rules import Architecture, Packed, Rule
 from . import llama
-from .rules import Architecture, Packed, Rule
 
 # transformers' Glm4Config defaults for keys a config.json may omit.
 DEFAULTS = {"tie_word_embeddings": False, "attention_bias": True}

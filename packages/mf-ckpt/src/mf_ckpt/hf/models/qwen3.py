@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ..rules import Architecture, Rule
 from . import llama
-from .rules import Architecture, Rule
 
 # transformers' Qwen3Config defaults (head_dim defaults to 128 there, not hidden/heads).
 DEFAULTS = {"tie_word_embeddings": False, "attention_bias": False}

@@ -6,9 +6,9 @@ rule); other layers have a dense MLP (`mlp.gate_proj`, ...)."""
 
 from __future__ import annotations
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
+from ..rules import Architecture, ConfigView, Fused, Rule
 from . import llama, qwen3
-from .rules import Architecture, ConfigView, Fused, Rule
 
 DEFAULTS = {"tie_word_embeddings": False, "attention_bias": False, "decoder_sparse_step": 1,
             "moe_intermediate_size": 768, "num_experts": 128}
