@@ -7,9 +7,11 @@
 One engine step: requests that asked to stop leave; waiting requests take the free slots, each
 prefilled on its own (prompt padded to a length bucket, first token chosen in the same call);
 then ONE compiled decode call advances every occupied slot by a token at the slot's own position.
-Per token, the host sends the slots' last tokens and positions ([slots] int32 each, plus the
-sampling rows' uniform draws) and receives [slots] token ids. Graph count is bounded: one prefill
-graph per prompt bucket and one decode graph per attention-length bucket (x greedy / sampling),
+The call covers the slots up to the highest occupied one, rounded up to a power of two (requests
+take the lowest free slots), so one request does not pay for a batch of idle slots. Per token,
+the host sends those slots' last tokens and positions ([rows] int32 each, plus the sampling rows'
+uniform draws) and receives [rows] token ids. Graph count is bounded: one prefill graph per prompt
+bucket and one decode graph per (rows bucket, attention-length bucket) (x greedy / sampling),
 compiled on first use in GRAPH_MODE and reused for the engine's life. In PyNative it runs eagerly
 and synchronously (see generation.py).
 """
@@ -101,6 +103,7 @@ class InferenceEngine:
         self.eos_token_ids = tuple(int(t) for t in (model.args.eos_token_ids if eos_token_ids is None else eos_token_ids))
         self.prefill_buckets = length_buckets(min(min_prefill_bucket, max_len), max_len)
         self.decode_buckets = length_buckets(min(min_decode_bucket, max_len), max_len)
+        self.row_buckets = length_buckets(1, max_slots)   # slots a decode call covers: 1, 2, 4, .., max_slots
         self.cache = SlotKVCache.for_model(model, max_slots, max_len)
         self.scheduler = Scheduler(max_slots)
         self.settings = SlotSettings(max_slots)
@@ -108,7 +111,7 @@ class InferenceEngine:
         self.positions = np.zeros(max_slots, np.int32)   # ... and its position (= keys cached so far)
         self._choosers = {s: TokenChooser(self.vocab_size, s) for s in (False, True)}
         self._prefill: dict[tuple[int, bool], PrefillStep] = {}
-        self._decode: dict[tuple[int, bool], DecodeStep] = {}
+        self._decode: dict[tuple[int, int, bool], DecodeStep] = {}
         self.stats = EngineStats()
         self.max_consecutive_failures = max_consecutive_failures
         self._failures_in_row = {"prefill": 0, "decode": 0}  # per kind of step: one may break alone
@@ -227,11 +230,11 @@ class InferenceEngine:
             self.stats.graphs_built += 1
         return step
 
-    def _decode_step(self, bucket: int, sample: bool) -> DecodeStep:
-        step = self._decode.get((bucket, sample))
+    def _decode_step(self, rows: int, bucket: int, sample: bool) -> DecodeStep:
+        step = self._decode.get((rows, bucket, sample))
         if step is None:
-            step = DecodeStep(self.model, DecodeView(self.cache, bucket), self._choosers[sample])
-            self._decode[(bucket, sample)] = step
+            step = DecodeStep(self.model, DecodeView(self.cache, bucket, rows), self._choosers[sample])
+            self._decode[(rows, bucket, sample)] = step
             self.stats.graphs_built += 1
         return step
 
@@ -258,14 +261,15 @@ class InferenceEngine:
     def _decode_all(self, active: list[Request]) -> None:
         started = time.perf_counter()
         view = pick_bucket(self.decode_buckets, int(max(self.positions[r.slot] for r in active)) + 1)
+        rows = pick_bucket(self.row_buckets, max(r.slot for r in active) + 1)
         sample = False
         for request in active:
             if request.params.do_sample:
                 sample = True
                 self.settings.uniform[request.slot] = request.rng.random()
         built = self.stats.graphs_built
-        step = self._decode_step(view, sample)
-        out = step(Tensor(self.tokens), Tensor(self.positions), *self.settings.tensors()).asnumpy()
+        step = self._decode_step(rows, view, sample)
+        out = step(Tensor(self.tokens[:rows]), Tensor(self.positions[:rows]), *self.settings.tensors(slice(rows))).asnumpy()
         self.stats.decode_steps += 1
         self._time("decode_seconds", started, built)
         for request in active:
