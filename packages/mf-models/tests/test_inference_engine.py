@@ -64,6 +64,25 @@ def test_requests_join_and_leave_between_steps(tiny):
     assert engine.scheduler.active() == [] and not engine.has_work()
 
 
+def test_a_decode_call_covers_the_occupied_slots_not_every_slot(tiny):
+    engine = InferenceEngine(tiny, max_slots=5, max_len=40, eos_token_ids=[])
+    calls = []   # rows each decode call covered
+    build = engine._decode_step
+    engine._decode_step = lambda rows, view, sample: calls.append(rows) or build(rows, view, sample)
+    alone = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4))
+    assert calls == [1, 1, 1] and alone[0].output_ids == reference(tiny, PROMPTS[0], 4)
+    calls.clear()
+    # slots 0..2 taken: 4 rows (the next power of two); once slot 2's request is done (1 decode
+    # step) slots 0 and 1 remain: 2 rows; once slot 1's is (5 steps), slot 0 alone: 1 row
+    crowd = engine.generate(PROMPTS[1:4], [SamplingParams(max_new_tokens=n) for n in (9, 6, 2)])
+    assert calls == [4, 2, 2, 2, 2, 1, 1, 1]
+    for prompt, new, request in zip(PROMPTS[1:4], (9, 6, 2), crowd):
+        assert request.output_ids == reference(tiny, prompt, new)
+    # all five slots: the last bucket is max_slots itself
+    engine.generate(PROMPTS, SamplingParams(max_new_tokens=2))
+    assert calls[-1] == 5 and sorted({rows for rows, _, _ in engine._decode}) == [1, 2, 4, 5]
+
+
 def test_stop_tokens_end_a_request_and_free_its_slot(tiny):
     prompt = PROMPTS[3]
     greedy = reference(tiny, prompt, 8)
