@@ -1,14 +1,15 @@
 """A KV cache of fixed slots, each holding one sequence at its own position, for continuous batching.
 
-`SlotKVCache` owns the buffers: per layer, keys [slots * max_len, kv_heads * d_k] and values
-[slots * max_len, kv_heads * d_v], one row per (slot, position): row `slot * max_len + p` holds
-slot `slot`'s key at position p. Slot n holds one request's keys at positions 0..len_n - 1; the
+`SlotKVCache` owns the buffers: per layer, keys [slots * kv_heads * max_len, d_k] and values
+[slots * kv_heads * max_len, d_v], one row per (slot, head, position): row
+`(slot * heads + h) * max_len + p` holds head h of slot `slot`'s key at position p (the layout
+[slots, heads, max_len, d] attention reads, flattened). Slot n holds one request's keys at positions 0..len_n - 1; the
 slots are independent, so a request can join (prefill into a free slot) or leave between two decode
 steps without touching the others.
 
-Why flat rows: a step writes one row per sequence with `ScatterUpdate`, which updates the buffer in
-place, and reads the positions it attends over with one `Gather` of exactly those rows. Both cost
-what they touch. (`ScatterNdUpdate` on a [slots, heads, max_len, d] buffer, the first layout, copies
+Why flat rows: a step writes its new rows with `ScatterUpdate`, which updates the buffer in place,
+and reads the positions it attends over with one `Gather` of exactly those rows, already in
+attention's [rows, heads, positions, d] order. Both cost what they touch. (`ScatterNdUpdate` on a [slots, heads, max_len, d] buffer, the first layout, copies
 the whole buffer on every call on CPU: 16 slots x 2048 positions of the 20M llama made a decode step
 2.4x slower than 144 positions.)
 
@@ -50,7 +51,7 @@ class SlotKVCache:
 
         def buffers(kind: str, heads: int, dim: int) -> ms.ParameterTuple:
             return ms.ParameterTuple(
-                Parameter(Tensor(np.zeros((slots * max_len, heads * dim), np.float32), dtype),
+                Parameter(Tensor(np.zeros((slots * heads * max_len, dim), np.float32), dtype),
                           name=f"slot_cache.{kind}{i}", requires_grad=False) for i in range(num_layers))
 
         self.keys = buffers("k", *self.k_shape)
@@ -71,10 +72,9 @@ class SlotKVCache:
 _write_rows = ops.ScatterUpdate()
 
 
-def _rows(x):
-    """[B, heads, S, d] -> [B * S, heads * d]: one row per (sequence, position), as stored."""
-    b, heads, seq, dim = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b * seq, heads * dim)
+def _row_starts(slots: int, heads: int, max_len: int) -> np.ndarray:
+    """[slots, heads] int32: the row of (slot, head, position 0)."""
+    return (np.arange(slots * heads, dtype=np.int32) * max_len).reshape(slots, heads)
 
 
 class PrefillView(nn.Cell):
@@ -85,10 +85,15 @@ class PrefillView(nn.Cell):
         if seq_len > storage.max_len:
             raise ValueError(f"prefill bucket {seq_len} exceeds the cache length {storage.max_len}")
         self.keys, self.values = storage.keys, storage.values
-        self.max_len = storage.max_len
         self.seq_len = seq_len
         self.slot = Parameter(Tensor(np.zeros((1,), np.int32)), name=f"prefill{seq_len}.slot", requires_grad=False)
         self.positions = Tensor(np.arange(seq_len, dtype=np.int32).reshape(1, seq_len))
+        # rows of slot 0, heads x positions; a slot's are these plus slot * heads * max_len
+        self.k_rows = Tensor((_row_starts(1, storage.k_shape[0], storage.max_len)[0, :, None]
+                              + np.arange(seq_len, dtype=np.int32)).reshape(-1))
+        self.v_rows = Tensor((_row_starts(1, storage.v_shape[0], storage.max_len)[0, :, None]
+                              + np.arange(seq_len, dtype=np.int32)).reshape(-1))
+        self.k_slot_rows, self.v_slot_rows = storage.k_shape[0] * storage.max_len, storage.v_shape[0] * storage.max_len
 
     def set_inputs(self, slot):
         return ops.assign(self.slot, slot)
@@ -103,9 +108,9 @@ class PrefillView(nn.Cell):
         return mask
 
     def update(self, layer_id: int, k, v):
-        rows = self.slot * self.max_len + self.positions.reshape(-1)          # [Pb]
-        _write_rows(self.keys[layer_id], rows, _rows(k).astype(self.keys[layer_id].dtype))
-        _write_rows(self.values[layer_id], rows, _rows(v).astype(self.values[layer_id].dtype))
+        keys, values = self.keys[layer_id], self.values[layer_id]
+        _write_rows(keys, self.k_rows + self.slot * self.k_slot_rows, k.reshape(-1, k.shape[-1]).astype(keys.dtype))
+        _write_rows(values, self.v_rows + self.slot * self.v_slot_rows, v.reshape(-1, v.shape[-1]).astype(values.dtype))
         return k, v  # a fresh slot: the prompt attends to its own keys only
 
 
@@ -122,13 +127,15 @@ class DecodeView(nn.Cell):
             raise ValueError(f"decode rows {rows} outside 1..{storage.slots} slots")
         self.keys, self.values = storage.keys, storage.values
         self.rows, self.view_len = rows, view_len
-        self.k_shape, self.v_shape = storage.k_shape, storage.v_shape
         self.positions = Parameter(Tensor(np.zeros((rows,), np.int32)), name=f"decode{rows}x{view_len}.positions",
                                    requires_grad=False)
         self.key_positions = Tensor(np.arange(view_len, dtype=np.int32).reshape(1, 1, 1, view_len))
-        starts = np.arange(rows, dtype=np.int32) * storage.max_len
-        self.first_rows = Tensor(starts)                                          # row of (slot, 0)
-        self.view_rows = Tensor((starts[:, None] + np.arange(view_len, dtype=np.int32)[None]).reshape(-1))
+        span = np.arange(view_len, dtype=np.int32)
+        k_starts = _row_starts(rows, storage.k_shape[0], storage.max_len)
+        v_starts = _row_starts(rows, storage.v_shape[0], storage.max_len)
+        self.k_starts, self.v_starts = Tensor(k_starts), Tensor(v_starts)                 # [rows, heads]
+        self.k_view = Tensor((k_starts[..., None] + span).reshape(-1))     # rows x heads x view_len
+        self.v_view = Tensor((v_starts[..., None] + span).reshape(-1))
 
     def set_inputs(self, positions):
         return ops.assign(self.positions, positions)
@@ -142,12 +149,15 @@ class DecodeView(nn.Cell):
             mask = ops.logical_or(mask, attention_mask.astype(ms.bool_))
         return mask
 
-    def _step(self, buffer, shape, x):
+    def _step(self, buffer, starts, view, x):
         """Write x [rows, heads, 1, d] at each slot's position; the slots' first view_len positions
         [rows, heads, view_len, d] (the new key among them) come back."""
-        written = _write_rows(buffer, self.first_rows + self.positions, _rows(x).astype(buffer.dtype))
-        seen = ops.gather(ops.depend(buffer, written), self.view_rows, 0)       # after the write
-        return seen.reshape(self.rows, self.view_len, shape[0], shape[1]).transpose(0, 2, 1, 3)
+        rows, heads, _, dim = x.shape
+        where = (starts + self.positions.reshape(-1, 1)).reshape(-1)              # [rows * heads]
+        written = _write_rows(buffer, where, x.reshape(rows * heads, dim).astype(buffer.dtype))
+        seen = ops.gather(ops.depend(buffer, written), view, 0)                   # after the write
+        return seen.reshape(rows, heads, self.view_len, dim)
 
     def update(self, layer_id: int, k, v):
-        return self._step(self.keys[layer_id], self.k_shape, k), self._step(self.values[layer_id], self.v_shape, v)
+        return (self._step(self.keys[layer_id], self.k_starts, self.k_view, k),
+                self._step(self.values[layer_id], self.v_starts, self.v_view, v))
