@@ -192,18 +192,15 @@ def main() -> int:
         try:
             for clients in args.clients:
                 rng = np.random.default_rng(clients)
-
-                def prompts() -> list[list[list[int]]]:
-                    return rng.integers(3, HF_MODEL["vocab_size"], (clients, args.requests, PROMPT_LEN)).tolist()
-
-                warm = prompts()
+                shape = (clients, args.requests, PROMPT_LEN)
+                warm = rng.integers(3, HF_MODEL["vocab_size"], shape).tolist()
                 run_clients(server, warm, args.new_tokens)
                 if hf is not None:
                     run_reference(hf, warm, args.new_tokens)
                 ours, ref = [], []
                 same = total = 0
                 for _ in range(args.rounds):
-                    batch = prompts()
+                    batch = rng.integers(3, HF_MODEL["vocab_size"], shape).tolist()
                     ours.append(run_clients(server, batch, args.new_tokens))
                     if hf is not None:
                         ref.append(run_reference(hf, batch, args.new_tokens))
