@@ -134,32 +134,49 @@ REFERENCE_VENV = ROOT / "benchmarks" / ".work" / "torchvenv"
 
 
 def _reference_venv(session: nox.Session, venv: Path = REFERENCE_VENV,
-                    requirements: Path = ROOT / "benchmarks" / "requirements-reference.txt") -> Path:
+                    requirements: Path = ROOT / "benchmarks" / "requirements-reference.txt",
+                    pins: tuple[str, ...] = (), newest: bool = False) -> Path:
     """A venv of reference libraries (torch CPU, megatron-core, transformers) apart from mf, made with pip.
 
     pip, not uv: this machine's pip configuration finds the CPU wheel of torch on local disk,
-    where uv would fetch a multi-GB CUDA build. Reinstalled when the requirements file changes.
+    where uv would fetch a multi-GB CUDA build. Reinstalled when the requirements file (or `pins`,
+    requirements added to it) changes; `newest`: `pins` are upgraded on every run, so a venv meant
+    to hold the newest release does not keep the one it was made with.
     """
     python = venv / "bin" / "python"
     stamp = venv / ".mf-requirements"
-    wanted = requirements.read_text()
+    wanted = requirements.read_text() + "".join(f"{pin}\n" for pin in pins)
     if not python.exists():
         session.run("python3", "-m", "venv", str(venv), external=True)
     if not stamp.exists() or stamp.read_text() != wanted:
-        session.run(str(python), "-m", "pip", "install", "--quiet", "-r", str(requirements), external=True)
+        session.run(str(python), "-m", "pip", "install", "--quiet", "-r", str(requirements), *pins, external=True)
         stamp.write_text(wanted)
+    elif newest and pins:
+        session.run(str(python), "-m", "pip", "install", "--quiet", "--upgrade", "-r", str(requirements), *pins,
+                    external=True)
     return python
 
 
-HF_VENV = ROOT / "tests-integration" / ".work" / "hfvenv"
+HF_WORK = ROOT / "tests-integration" / ".work"
+# The transformers an HF export must load in, each in its own venv: the oldest supported (4.57.x, the
+# last 4.x), 5.23.0 (whose TokenizersBackend converted a bare tokenizer.model differently from
+# sentencepiece) and the newest 5.x (upgraded on every run).
+HF_TRANSFORMERS = (
+    ("4.57", "transformers==4.57.*", False),
+    ("5.23.0", "transformers==5.23.0", False),
+    ("5-newest", "transformers>=5.23,<6", True),
+)
 
 
 @nox.session
 def hf_interop(session: nox.Session) -> None:
-    """Exports read by transformers / peft themselves, in their own venv (no mf package there)."""
+    """Exports read by transformers / peft themselves, in venvs of their own (no mf package there),
+    one per transformers version of HF_TRANSFORMERS; the tests run against each."""
     _install_local(session, _all_packages(), with_tests=_all_packages())
-    python = _reference_venv(session, HF_VENV, ROOT / "tests-integration" / "hf_interop" / "requirements.txt")
-    session.env["MF_HF_PYTHON"] = str(python)
+    requirements = ROOT / "tests-integration" / "hf_interop" / "requirements.txt"
+    pythons = [_reference_venv(session, HF_WORK / f"hfvenv-{tag}", requirements, (pin,), newest)
+               for tag, pin, newest in HF_TRANSFORMERS]
+    session.env["MF_HF_PYTHONS"] = os.pathsep.join(str(p) for p in pythons)
     session.env["PATH"] = os.pathsep.join([str(Path(session.bin)), os.environ.get("PATH", "")])
     _pytest(session, str(ROOT / "tests-integration" / "hf_interop"), parallel=False)
 

@@ -95,8 +95,8 @@ def timed_run(engine, prompts, params) -> tuple[list[float], list[float]]:
     step_ms: list[float] = []
     build, decode_all = engine._decode_step, engine._decode_all
 
-    def timed_step(rows, view, sample):
-        step = build(rows, view, sample)
+    def timed_step(*key):
+        step = build(*key)
 
         def call(*inputs):
             start = time.perf_counter()

@@ -19,6 +19,11 @@ WORLD4_WORKER = HERE / "_world4_worker.py"     # collectives, 4-rank Trainer cas
 # The pipeline cases train the 4- and 6-layer models of `reference4` / `reference6`;
 # `pp2_1f1b_from_reference4` continues the one-process checkpoint under PP2.
 PIPELINE2_CASES = ("pp2_1f1b", "pp2_gpipe", "pp2_interleaved", "pp2_1f1b_split", "pp2_zbv", "pp2_1f1b_from_reference4")
+# The README's pipeline command (`mf launch -n 2 examples/tiny/train.yaml --set
+# parallelism.pipeline_parallel=2`) on the demo itself, under every schedule, against one process
+# running the same YAML (`demo_reference`): 4 micro-batches of 4 samples, 4 steps, the demo's
+# evaluation at the last step (_trainer_worker.DEMO_*).
+DEMO_PIPELINE_CASES = ("demo_pp2_1f1b", "demo_pp2_gpipe", "demo_pp2_interleaved", "demo_pp2_1f1b_split", "demo_pp2_zbv")
 # On 4 ranks: PP4, and PP2 stages FSDP-sharded over dp 2 / DDP replicas over dp 2 / under TP2 (all
 # against reference4 / 6): 1f1b (with evaluation during training), then the other schedules'
 # mechanisms with sharded stages: two chunks per rank with FSDP (interleaved + dx/dw split) and TP
@@ -30,17 +35,20 @@ SHARDED_STAGE_CASES = ("pp2_gpipe_tp2", "pp2_interleaved_split_fsdp2", "pp2_zbv_
 PIPELINE4_CASES = ("pp4_1f1b_uneven", "pp2_fsdp2", "pp2_ddp2", "pp2_tp2", *SHARDED_STAGE_CASES, "pp2_tp2_from_reference4")
 # one process, one after another (`reference_packed`: the packed-document data of `cp2_packed`)
 REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "reference_muon", "reference_packed",
-              "moe_mixtral_reference", "moe_reference3")
+              "moe_mixtral_reference", "moe_reference3", "moe_reference3_short", "demo_reference")
 # Context parallelism through the Trainer: every method, CP x FSDP, CP x TP and packed documents.
 CP_TRAINER2_CASES = ("cp2", "cp2_ulysses", "cp2_packed")
 CP_TRAINER4_CASES = ("cp2_fsdp2", "cp2_tp2", "cp4_hybrid")
 # `moe_ep2_from_moe_ep4_deredundancy` continues the 4-rank launch's EP4 checkpoint under EP2 (a cheap
 # 2-step case here rather than a 4-rank one there): the world2 fixture runs after world4.
-WORLD2_CASES = ("fsdp2", "tp2", "tp2_rcomm", "fsdp2_accum_mean", *CP_TRAINER2_CASES, "moe_fsdp2", "moe_ep2",
+WORLD2_CASES = ("fsdp2", "tp2", "tp2_rcomm", "fsdp2_swap", "fsdp2_accum_mean", *CP_TRAINER2_CASES, "moe_fsdp2", "moe_ep2",
                 "moe_ep2_from_moe_ep4_deredundancy", "moe_mixtral_ep2", "moe_tp2", "moe_cp2", "moe_cp2_ep2", "fsdp2_muon",
-                "fsdp2_muon_from_reference_muon", *PIPELINE2_CASES, "moe_pp2")
+                "fsdp2_muon_from_reference_muon", *PIPELINE2_CASES, "moe_pp2", *DEMO_PIPELINE_CASES)
 WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", *CP_TRAINER4_CASES,
                 *PIPELINE4_CASES, "moe_ep4_deredundancy", "moe_ep2_fsdp2", "moe_ep2_tp2", "moe_pp2_ep2", "moe_pp2_tp2")
+# The 8-rank launch (_trainer_worker.py alone): the seed's parallelism example scaled down, TP2 x PP2 x
+# EP2 over FSDP2 with alltoall_deredundancy and both overlap flags (test_moe_parity.py).
+WORLD8_CASES = ("moe_seed_layout",)
 # Context parallelism (_cp_worker.py): attention Cells first, then these model cases, at the end of
 # the 2- and 4-rank launches (after their Trainer cases: no msrun start-up of their own).
 # The tiny llama's CP layouts (colossal, ulysses, hybrid, x TP, x FSDP, packed) are proven through
@@ -67,6 +75,21 @@ def write_corpus(prefix: Path) -> None:
         builder.add_item(np.append(tokens, 1).astype(np.uint16))
         builder.end_document()
     builder.finalize(mf_data.get_idx_path(str(prefix)))
+
+
+def write_demo_corpus(cache: Path) -> None:
+    """The README demo's data, made as the demo makes it (mf-data: Python's pydoc topics, a
+    2000-piece sentencepiece model, EOD appended): `pydoc_text_document.{bin,idx}` and
+    `pydoc_spm.model` in `cache`, built once before the ranks read it."""
+    import io
+
+    import mf_data
+
+    cache.mkdir(parents=True, exist_ok=True)
+    info = mf_data.make_demo_corpus(str(cache))
+    mf_data.train_sentencepiece([info["path"]], str(cache / "pydoc_spm.model"), 2000)
+    mf_data.preprocess([info["path"]], str(cache / "pydoc_spm.model"), str(cache / "pydoc"), append_eod=True,
+                       workers=1, overwrite=True, progress=False, log=io.StringIO())
 
 
 def toy_train_dataset(workdir: Path) -> dict:

@@ -56,9 +56,16 @@ CASES = {
     "pp2_zbv": (2, "zbv", 1, 4, None, 4, {}),
     "pp2_interleaved_split_overlap": (2, "1f1b", 2, 4, None, 4,
                                       {"dxdw_split": True, "overlap_p2p": True, "overlap_b_f": True}),
+    # Plain 1F1B with overlap_b_f: each steady-state backward runs with the next forward as one
+    # action (HyperParallel's OVERLAP_B_F) after a 2(pp - 1 - r) warm-up.
+    "pp2_1f1b_overlap_b_f": (2, "1f1b", 1, 4, None, 4, {"overlap_b_f": True}),
     "pp4_1f1b_uneven": (4, "1f1b", 1, 6, [1, 2, 2, 1], 4, {}),
     "pp4_zbv": (4, "zbv", 1, 8, None, 8, {}),
 }
+
+# Cases whose results must be bit for bit those of another schedule (the same per-stage backward
+# order, only forwards moved): overlap_b_f changes when computations run, never what they compute.
+IDENTICAL_TO = {"pp2_1f1b_overlap_b_f": "pp2_1f1b"}
 
 MODEL = {"model_type": "llama", "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32,
@@ -151,26 +158,52 @@ def measured_stage_costs(result: mp.StepResult, schedule, world_group) -> dict[i
     return {v: mp.Costs(*(float(max(x, 1e-9)) for x in table[v])) for v in range(len(table))}
 
 
-def run_case(name: str, mesh, rank: int) -> None:
+def build_executor(name: str, mesh, rank: int):
+    """(spec, layout, schedule, stage, executor) of case `name` on a fresh copy of its model."""
     pp, schedule_name, interleave, layers, per_stage, m, flags = CASES[name]
     spec = mp.resolve_pipeline(pp, schedule_name, interleave, **flags)
     placement = mf_config.pipeline_layer_placement(per_stage, pp, interleave, layers, schedule=spec.schedule)
     layout = mp.StageLayout.build(spec, placement)
     schedule = mp.build_schedule(spec, m)
     mp.validate_schedule(schedule)
-    ref_steps, ref_seconds, ref_table = reference(layers, m, mesh["world"])
     piped = mf_models.build_model({**MODEL, "num_hidden_layers": layers}, seed=0)
     stage = mf_models.pipeline_stage(piped, layout, rank)
     executor = mp.PipelineExecutor(schedule, stage.chunks, mesh["pp"], tied=stage.tied, tied_ranks=layout.tied_ranks,
                                    overlap_p2p=spec.overlap_p2p)
+    return spec, layout, schedule, stage, executor
+
+
+def check_identical(name: str, mesh, rank: int, ref_steps, got: list) -> None:
+    """The schedule IDENTICAL_TO names, on a fresh model over the same micro-batches: the same
+    losses and gradients as `got` ([(loss, [grad arrays])] per step), bit for bit."""
+    other = IDENTICAL_TO[name]
+    _, _, _, _, executor = build_executor(other, mesh, rank)
+    same, worst = True, 0.0
+    for (_, _, mbs, loss_fn), (loss, grads) in zip(ref_steps, got):
+        mp.barrier(mesh["world"])
+        result = executor.step(mbs, loss_fn)
+        same &= result.loss == loss
+        for a, b in zip(result.grads, grads):
+            a = a.asnumpy()
+            same &= bool(np.array_equal(a, b))
+            worst = max(worst, float(np.max(np.abs(a - b))))
+        sgd(executor.params, result.grads)
+    emit(f"pp_identical[{name}]", same, f"{name} against {other}: largest difference {worst:.1e}", worst=worst)
+
+
+def run_case(name: str, mesh, rank: int) -> None:
+    layers, m = CASES[name][3], CASES[name][5]
+    spec, layout, schedule, stage, executor = build_executor(name, mesh, rank)
+    ref_steps, ref_seconds, ref_table = reference(layers, m, mesh["world"])
     names = [p.name for p in executor.params]
     assert sorted(names) == sorted(n for n, _ in stage.parameters_and_names()), "executor params != stage params"
-    errors, losses, seconds, result = [], [], 0.0, None
+    errors, losses, seconds, result, got = [], [], 0.0, None, []
     for ref_loss, ref_grads, mbs, loss_fn in ref_steps:
         mp.barrier(mesh["world"])
         t0 = time.perf_counter()
         result = executor.step(mbs, loss_fn)
         seconds += time.perf_counter() - t0
+        got.append((result.loss, [g.asnumpy() for g in result.grads]))
         losses.append((result.loss, ref_loss))
         errors.append(abs(result.loss - ref_loss) / abs(ref_loss))
         for pname, g in zip(names, result.grads):
@@ -184,6 +217,8 @@ def run_case(name: str, mesh, rank: int) -> None:
          f"worst relative error {worst:.2e} over the loss and {len(names)} gradients, losses {losses}, tied copies "
          f"equal to the one-process table after two SGD steps: {tied_equal}",
          worst=worst, params=names, losses=losses, tied=len(stage.tied))
+    if name in IDENTICAL_TO:
+        check_identical(name, mesh, rank, ref_steps, got)
     # Timing of the second step: measured per rank vs the simulator for the costs measured in it.
     costs = measured_stage_costs(result, schedule, mesh["world"])
     sims = {mode: mp.simulate_schedule(schedule, p2p=mode, stage_costs=costs) for mode in ("async", "rendezvous")}

@@ -52,6 +52,9 @@ CASES = {
     # reduce-scatters: the compiler neither merges nor prunes the backward gathers) and one-process
     # parity (losses 3.6e-7, norms 2.4e-7), in 207 s against 25 s here: it would prove nothing new.
     "tp2_rcomm": ({"tensor_parallel": 2}, {"local_batch_size": 4}, 1, 2),
+    # swap (SWAP below) under FSDP2: the hooks are each rank's own, around FSDP's re-gathering
+    # leaves and its PyNative gather prefetch. Requests GRAPH_MODE: swap trains in PyNative.
+    "fsdp2_swap": ({}, {"local_batch_size": 2}, 0, 2),
     "fsdp2_accum_mean": ({"reshard_after_forward_policy": "always", "disable_gradient_division": False},
                          {"local_batch_size": 1}, 1, 2),
     "hsdp2x2": ({"data_parallel_shard": 2, "reshard_after_forward_policy": "never"}, {"local_batch_size": 1}, 0, 4),
@@ -107,6 +110,8 @@ CASES = {
     # stage 0, MoE layer 2 on stage 1): each stage's balance loss in its own backward, the loads of
     # both stages' layers summed for the bias update; 4 micro-batches of 1 sample, PyNative.
     "moe_reference3": ({}, {"local_batch_size": 4}, 1, 1),
+    # ... its first SHORT_STEPS steps alone (the final weights and expert biases of a short case).
+    "moe_reference3_short": ({}, {"local_batch_size": 4}, 1, 1),
     "moe_pp2": ({"pipeline_parallel": 2, "pipeline_parallel_layers_per_stage": [2, 1]}, {"local_batch_size": 1}, 1, 2),
     # ... and each stage's experts split over its 2 data-parallel ranks (PP2 x EP2 on 4 ranks: the
     # non-expert weights FSDP-sharded over the pair, tokens exchanged by the all-to-all dispatcher
@@ -119,6 +124,16 @@ CASES = {
     # counts; 2 micro-batches of 2 samples.
     "moe_pp2_tp2": ({"pipeline_parallel": 2, "pipeline_parallel_layers_per_stage": [2, 1], "tensor_parallel": 2},
                     {"local_batch_size": 2}, 1, 4),
+    # The seed's parallelism example (TP2 x PP2 x EP8 over FSDP at world 32, alltoall_deredundancy,
+    # both overlap flags) scaled to 8 ranks: TP2 x PP2 x EP2 over FSDP2 on the 3-layer model. Device
+    # groups of 1 rank (npu_nums_per_device 1, the only size below ep 2 that leaves level 1 an
+    # exchange): a token crosses to the other ep rank once whichever of its experts live there, and
+    # is fanned out to them there (level 2). 2 micro-batches of 1 sample per dp slice: the last stage
+    # runs F0, [B0 F1], B1 (overlap_b_f's combined action).
+    "moe_seed_layout": ({"pipeline_parallel": 2, "pipeline_parallel_layers_per_stage": [2, 1], "tensor_parallel": 2,
+                         "expert_parallel": 2, "moe_token_dispatcher_type": "alltoall_deredundancy",
+                         "npu_nums_per_device": 1, "pipeline_parallel_overlap_p2p": True,
+                         "pipeline_parallel_overlap_b_f": True}, {"local_batch_size": 1}, 1, 8),
     # Pipeline parallelism on the 4-layer model (reference4): 4 micro-batches of 1 sample per step.
     "reference4": ({}, {"local_batch_size": 4}, 1, 1),
     "pp2_1f1b": ({"pipeline_parallel": 2}, {"local_batch_size": 1}, 1, 2),
@@ -157,6 +172,8 @@ CASES = {
 # seed's name and by MindFormers' norm name), the MLP input's in layer 1.
 RECOMPUTE_COMM = {"tp2_rcomm": {"enable": True, "select_module": {"attention.qkv": ["0"], "attention_norm": ["1"],
                                                                    "feed_forward": ["1"]}}}
+# The swap case's selection: layer 0 whole, layer 1's MLP by MindFormers' name.
+SWAP = {"fsdp2_swap": {"enable": True, "layer_swap": [{"layers": ["0"]}], "op_swap": [{"op_name": "mlp", "layers": ["1"]}]}}
 # Evaluation during training (eval_dataset) in the cases that compare it with one process: every
 # EVAL_INTERVAL steps on the same EVAL_SAMPLES held-out samples (eval_iters batches of the case's
 # local_batch_size), so the eval losses at steps 4 and 8 compare across layouts. Kept to a few
@@ -179,7 +196,17 @@ MOE_MODEL = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "
              "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_nope_head_dim": 8,
              "qk_rope_head_dim": 4, "v_head_dim": 8, "aux_loss_alpha": 0.01, "seq_aux": True,
              "moe_router_bias_update_rate": 0.01}
-MOE_LAYERS = {"moe_reference3": 3, "moe_pp2": 3, "moe_pp2_ep2": 3, "moe_pp2_tp2": 3}        # a MoE layer on each pipeline stage
+MOE_LAYERS = {"moe_reference3": 3, "moe_reference3_short": 3, "moe_pp2": 3, "moe_pp2_ep2": 3, "moe_pp2_tp2": 3,
+              "moe_seed_layout": 3}
+# Cases that train fewer steps (8 ranks on 2 cores cost ~15 s a step, loaded), each against a
+# one-process reference of the same length: 3 steps, the first at the full learning rate, after
+# which both MoE layers' expert biases have moved (after 4, layer 2's is back at zero).
+SHORT_STEPS = 3
+SHORT = ("moe_seed_layout", "moe_reference3_short")
+
+
+def steps_of(case: str) -> int:
+    return SHORT_STEPS if case in SHORT else STEPS        # a MoE layer on each pipeline stage
 # The tiny Mixtral of the moe_mixtral_* cases: 4 experts, top-2 by softmax, no shared expert, the
 # switch balance loss on (output_router_logits) at 10x transformers' default weight.
 MIXTRAL_MODEL = {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 32,
@@ -200,6 +227,33 @@ PACKED = {"reference_packed": ({**PACKED_DATA, "create_attention_mask": True}, "
           "cp2_packed": ({**PACKED_DATA, "create_compressed_eod_mask": True, "eod_pad_length": 8}, "actual_seq_len")}
 
 
+# The README demo's cases (DEMO_PIPELINE_CASES): examples/tiny/train.yaml as written, with its data
+# made beforehand in WORKDIR/demo_cache, 4 steps of its global batch of 16 in 4 micro-batches of 4
+# (so every schedule has a steady state), PyNative everywhere (pipeline ranks run PyNative; so does
+# the reference, for a like-for-like comparison), the end-of-training sample left out.
+DEMO_YAML = Path(__file__).resolve().parents[2] / "examples" / "tiny" / "train.yaml"
+DEMO_STEPS = 4
+DEMO_SCHEDULES = {"demo_reference": {}, "demo_pp2_1f1b": {},
+                  "demo_pp2_gpipe": {"pipeline_parallel_schedule": "gpipe"},
+                  "demo_pp2_interleaved": {"pipeline_parallel_interleave_num": 2},
+                  "demo_pp2_1f1b_split": {"pipeline_parallel_enable_dxdw_split": True},
+                  "demo_pp2_zbv": {"pipeline_parallel_schedule": "zbv"}}
+
+
+def demo_config(workdir: Path, name: str):
+    cache = workdir / "demo_cache"
+    out = workdir / name
+    data = ["1", str(cache / "pydoc_text_document")]
+    pipeline = {} if name == "demo_reference" else {"pipeline_parallel": 2, **DEMO_SCHEDULES[name]}
+    overrides = [f"output_dir={out}", f"checkpoint.save_path={out / 'ckpt'}", "context.mode=1",
+                 f"training.steps={DEMO_STEPS}", "training.local_batch_size=4",
+                 f"train_dataset.dataloader.config.data_path={json.dumps(data)}",
+                 f"eval_dataset.dataloader.config.data_path={json.dumps(data)}",
+                 f"tokenizer.path={cache / 'pydoc_spm.model'}", "inference=null", "monitor.tensorboard=false",
+                 *[f"parallelism.{key}={json.dumps(value)}" for key, value in pipeline.items()]]
+    return mf_config.load_config(str(DEMO_YAML), overrides)
+
+
 def train_dataset(workdir: Path, name: str) -> dict:
     section = toy_train_dataset(workdir)
     if name in PACKED:
@@ -217,8 +271,15 @@ def eval_section(workdir: Path, local_batch_size: int) -> dict:
             "eval_iters": EVAL_SAMPLES // local_batch_size}
 
 
-def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None = None, out: str | None = None):
+def config(workdir: Path, name: str, steps: int | None = None, load_path: str | None = None, out: str | None = None):
+    return mf_config.load_config(raw_config(workdir, name, steps, load_path, out))
+
+
+def raw_config(workdir: Path, name: str, steps: int | None = None, load_path: str | None = None,
+               out: str | None = None) -> dict:
+    """Case `name`'s YAML as plain data (test_multinode.py writes it to a file for `mf launch`)."""
     base = name.split("_from_")[0]
+    steps = steps_of(base) if steps is None else steps
     parallelism, training, mode, _ = CASES[base]
     if load_path is not None:
         mode = 1    # continuations test the checkpoint, not a second compile of a graph their base proved
@@ -247,9 +308,11 @@ def config(workdir: Path, name: str, steps: int = STEPS, load_path: str | None =
     }
     if base in RECOMPUTE_COMM:
         raw["recompute_comm"] = RECOMPUTE_COMM[base]
+    if base in SWAP:
+        raw["swap"] = SWAP[base]
     if evaluated:
         raw["eval_dataset"] = eval_section(workdir, training["local_batch_size"])
-    return mf_config.load_config(raw)
+    return raw
 
 
 class Recorder(Callback):
@@ -274,6 +337,9 @@ def run(workdir: Path, name: str) -> None:
         base, source = name.split("_from_")
         cfg = config(workdir, name, STEPS + MORE, load_path=str(workdir / source / "ckpt"))
         continued = True
+    elif name in DEMO_SCHEDULES:
+        cfg = demo_config(workdir, name)
+        continued = False
     else:
         cfg = config(workdir, name)
         continued = False
@@ -291,6 +357,7 @@ def run(workdir: Path, name: str) -> None:
                "moe": {key: [r[key] for r in recorder.records] for key in ("moe/aux_loss", "moe/max_imbalance")
                        if recorder.records and key in recorder.records[0]},
                "step_times": [r["step_time_s"] for r in recorder.records], "seconds": time.monotonic() - start,
+               "swap": trainer.offload.stats.snapshot() if trainer.offload is not None else None,
                "evaluations": [{k: e[k] for k in ("step", "eval_loss", "eval_accuracy", "eval_tokens", "eval_batches",
                                                   "eval_time_s")} for e in recorder.evaluations]}
     if trainer.pipeline is not None:          # the executor's view of the last step

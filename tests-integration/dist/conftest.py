@@ -9,9 +9,12 @@ test items share one launch (an msrun start-up costs ~20 s here). The launches o
   every test file that reads it (`world4`, and `cp_world4` for the CP checks);
 * world 2 (`_world2_worker.py`): the 2-rank Trainer cases, then the 2-rank context-parallel
   checks (`world2`; `cp_world2`); after world 4, whose EP4 checkpoint one of its cases continues;
+* world 8 (`_trainer_worker.py`): the seed's parallelism example scaled down (`world8`);
 * world 2 (`_pipeline_worker.py`): interleaved + dx/dw split + overlap flags, executor alone,
   against one process (fixture in test_pipeline_parity.py; the others are Trainer cases above);
-* plus one-process reference runs of `_trainer_worker.py` (no msrun) and the launcher tests.
+* plus one-process reference runs of `_trainer_worker.py` (no msrun), the launcher tests, and the
+  three two-node `mf launch` jobs of test_multinode.py (two network namespaces; after world 4,
+  whose `fsdp2_tp2` case is the uninterrupted run they resume bit for bit).
 """
 
 from __future__ import annotations
@@ -34,12 +37,15 @@ from _launches import (  # noqa: E402
     CP_WORLD2_CASES,
     CP_WORLD4_CASES,
     REFERENCES,
+    TRAINER_WORKER,
     WORLD2_CASES,
     WORLD2_WORKER,
     WORLD4_CASES,
     WORLD4_WORKER,
+    WORLD8_CASES,
     run_one_process,
     write_corpus,
+    write_demo_corpus,
 )
 from _results import parse  # noqa: E402
 
@@ -129,6 +135,7 @@ def dist_run(scratch):
 def trainer_workdir(scratch):
     workdir = scratch / "trainer"
     write_corpus(workdir / "data" / "toy_text_document")
+    write_demo_corpus(workdir / "demo_cache")
     return workdir
 
 
@@ -155,6 +162,16 @@ def world2(dist_run, reference, world4):
     """After world4: `moe_ep2_from_moe_ep4_deredundancy` continues the EP4 checkpoint written there."""
     result = dist_run(WORLD2_WORKER, 2, str(reference), *WORLD2_CASES, "--cp", *CP_WORLD2_CASES, "--prefetch")
     if result.rc != 0:
+        pytest.fail(result.failure_report())
+    return result
+
+
+@pytest.fixture(scope="session")
+def world8(dist_run, reference):
+    """8 ranks on this machine's 2 cores: one case, few steps (_trainer_worker.SHORT)."""
+    result = dist_run(TRAINER_WORKER, 8, str(reference), *WORLD8_CASES)
+    done = sum(all(f"CASE {case} rank" in log for case in WORLD8_CASES) for log in result.logs)
+    if result.rc != 0 or done != 8:
         pytest.fail(result.failure_report())
     return result
 

@@ -28,6 +28,11 @@ PP2 x EP2 (`moe_pp2_ep2`, 4 ranks): the same stages with each stage's experts sp
 data-parallel ranks (tokens exchanged inside the stage, non-expert weights FSDP-sharded over the
 pair, one micro-batch of 2 samples per slice) matches the same reference. The PP2 checkpoint
 continues in one process as one process's own does.
+The seed's parallelism example (TP2 x PP2 x EP8 over FSDP at world 32, `alltoall_deredundancy`,
+`pipeline_parallel_overlap_p2p` and `_overlap_b_f`) scaled to 8 ranks (`moe_seed_layout`: TP2 x
+PP2 x EP2 over FSDP2, device groups of 1 rank so that level 1 is an exchange, 2 micro-batches of
+1 sample per slice so that the last stage runs a combined backward + forward) matches the same
+3-layer model's one-process run over its first SHORT_STEPS steps (`moe_reference3_short`).
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ from _case_results import case_result as _result
 from _case_results import case_weights as _weights
 from _case_results import check_param_norms
 from _case_results import rel_err as _rel
-from _launches import WORLD4_CASES, run_one_process
-from _trainer_worker import CASES, MIXTRAL_MODEL, MOE_LAYERS, MOE_MODEL, MORE, STEPS
+from _launches import WORLD4_CASES, WORLD8_CASES, run_one_process
+from _trainer_worker import CASES, GLOBAL_BATCH, MIXTRAL_MODEL, MOE_LAYERS, MOE_MODEL, MORE, STEPS, steps_of
 
 RTOL = 1e-5
 
@@ -50,9 +55,13 @@ def runs(reference, world2):
     return reference
 
 
+def _launch_of(case: str) -> str:
+    return "world8" if case in WORLD8_CASES else "world4" if case in WORLD4_CASES else "world2"
+
+
 def _launched(request, case: str):
-    """The workdir once the launch running `case` (the 2- or the 4-rank one) has finished."""
-    request.getfixturevalue("world4" if case in WORLD4_CASES else "world2")
+    """The workdir once the launch running `case` (the 2-, 4- or 8-rank one) has finished."""
+    request.getfixturevalue(_launch_of(case))
     return request.getfixturevalue("reference")
 
 
@@ -62,7 +71,7 @@ PARITY = [("moe_fsdp2", "moe_reference"), ("moe_ep2", "moe_reference"), ("moe_ep
           ("moe_ep4_deredundancy", "moe_reference"), ("moe_mixtral_ep2", "moe_mixtral_reference"),
           ("moe_ep2_tp2", "moe_reference"), ("moe_tp2", "moe_reference"), ("moe_cp2", "moe_reference"),
           ("moe_cp2_ep2", "moe_reference"), ("moe_pp2", "moe_reference3"), ("moe_pp2_ep2", "moe_reference3"),
-          ("moe_pp2_tp2", "moe_reference3")]
+          ("moe_pp2_tp2", "moe_reference3"), ("moe_seed_layout", "moe_reference3_short")]
 
 
 def _model(case: str) -> dict:
@@ -73,7 +82,8 @@ def _model(case: str) -> dict:
 def test_moe_training_matches_one_process(request, case, one_process):
     runs = _launched(request, case)
     ref, got = _result(runs, one_process), _result(runs, case)
-    assert len(ref["losses"]) == len(got["losses"]) == STEPS and ref["losses"][-1] < ref["losses"][0]
+    steps = steps_of(case)
+    assert len(ref["losses"]) == len(got["losses"]) == steps and ref["losses"][-1] < ref["losses"][0]
     for key, a, b in (("loss", got["losses"], ref["losses"]), ("grad_norm", got["grad_norms"], ref["grad_norms"]),
                       *((k, got["moe"][k], ref["moe"][k]) for k in ("moe/aux_loss", "moe/max_imbalance"))):
         assert _rel(a, b) <= RTOL, f"{key}: {a} vs {b} (rel err {_rel(a, b):.2e})"
@@ -139,6 +149,27 @@ def test_two_level_dispatcher_moves_counts_then_the_routed_rows(request):
     # at most every token across once and every level-1 row's k assignments on within
     assert 0 < rows["payload_bytes"] <= layers * (tokens * (4 * hidden + 3 * k) + 2 * tokens * k * 4 * hidden) * 4
     assert "all_gather/emulated" not in got["comm"], got["comm"]
+
+
+def test_the_seed_layout_runs_the_two_level_dispatcher_and_both_overlap_flags(request):
+    """moe_seed_layout: pipeline rank 0 (layers 0-1: one MoE layer) exchanges routing counts as the
+    two-level dispatcher with device groups of 1 rank does: one int32 to the other device group per
+    exchange and none inside a group (the one-level dispatcher sends E/ep = 2 per exchange), twice
+    per micro-batch (its forward, and the forward its backward recomputes). Every rank says once
+    what each overlap flag cannot change on CPU; the last stage runs one combined backward + forward."""
+    got = _result(_launched(request, "moe_seed_layout"), "moe_seed_layout")
+    assert got["dims"].startswith("world=8 pp=2 dp_replicate=1 dp_shard=2 cp=1 tp=2 ep=2"), got["dims"]
+    assert "overlap_p2p + overlap_b_f" in got["pipeline"]["schedule"], got["pipeline"]
+    micro_batches = GLOBAL_BATCH // (2 * CASES["moe_seed_layout"][1]["local_batch_size"])     # dp 2
+    counts = got["comm"]["all_to_all/emulated"]
+    assert counts == {**counts, "calls": 2 * micro_batches, "payload_bytes": 2 * micro_batches * 4}, counts
+    logs = request.getfixturevalue("world8").logs
+    for rank, log in enumerate(logs):
+        flags = [line for line in log.splitlines() if "pipeline_parallel_overlap_" in line]
+        assert len(flags) == 2 and "overlap_p2p on mccl: changes nothing here" in flags[0], (rank, flags)
+        mine = 1 if rank >= 4 else 0           # ranks 4-7 are pipeline rank 1 (pp is the outermost axis)
+        assert (f"overlap_b_f on mccl: 1 pair (a backward and the forward of a later micro-batch after it; "
+                f"{mine} on this rank)") in flags[1], (rank, flags)
 
 
 def test_mixtral_reference_reads_the_expert_parallel_micro_batches(reference):

@@ -1,10 +1,11 @@
 """Pipeline parallelism against one process, executor alone, for what no Trainer case runs: PP2
-interleaved with the dx/dw split + overlap_p2p + overlap_b_f on mf-models' tiny llama with tied
-embeddings gives the loss and the gradient of every parameter that one process computes on the
-same micro-batches (fp32, within 1e-5 relative), for two steps with an SGD update between them
-(so the tied table's two copies must stay equal), and the overlap flags say once what they cannot
-change on CPU. One 2-rank msrun launch (`_pipeline_worker.py`); each rank compares its own
-parameters, by global name.
+interleaved with the dx/dw split + overlap_p2p + overlap_b_f, and plain 1F1B with overlap_b_f
+(each steady-state backward run with the next forward as one action), on mf-models' tiny llama
+with tied embeddings give the loss and the gradient of every parameter that one process computes
+on the same micro-batches (fp32, within 1e-5 relative), for two steps with an SGD update between
+them (so the tied table's two copies must stay equal); 1F1B with overlap_b_f gives plain 1F1B's
+losses and gradients bit for bit; the overlap flags say once what they cannot change on CPU. One
+2-rank msrun launch (`_pipeline_worker.py`); each rank compares its own parameters, by global name.
 
 PP2 gpipe, 1f1b, interleaved, 1f1b with the dx/dw split, zbv and PP4 1f1b with uneven layers are
 proven by the real Trainer against one process (test_pipeline_training.py: 8 steps, losses, grad
@@ -20,7 +21,7 @@ import pytest
 
 HERE = Path(__file__).parent
 PIPELINE_WORKER = HERE / "_pipeline_worker.py"
-PIPELINE2_CASES = ("pp2_interleaved_split_overlap",)
+PIPELINE2_CASES = ("pp2_interleaved_split_overlap", "pp2_1f1b_overlap_b_f")
 
 
 def _launch(dist_run, world, cases):
@@ -52,6 +53,13 @@ def test_pp2_schedule_matches_one_process(pp2, case):
             "layers.3.feed_forward.w2.weight"} <= names[0] | names[1]
     # tied embeddings: a copy on each end rank (loop placement)
     assert [r["tied"] for r in records] == [1, 1]
+
+
+def test_overlap_b_f_under_1f1b_changes_when_not_what(pp2):
+    """overlap_b_f moves forwards next to backwards of other micro-batches; each stage's backwards
+    keep their order, so the losses and gradients are plain 1F1B's, bit for bit."""
+    records = pp2.by_name("pp_identical[pp2_1f1b_overlap_b_f]")
+    assert len(records) == 2 and all(r["ok"] for r in records), [r["detail"] for r in records]
 
 
 def test_overlap_flags_say_what_they_cannot_do_on_cpu(pp2):

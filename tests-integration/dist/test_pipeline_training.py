@@ -28,8 +28,8 @@ from _case_results import assert_same_evaluations
 from _case_results import case_weights as _weights
 from _case_results import check_param_norms
 from _case_results import rel_err as _rel
-from _launches import PIPELINE2_CASES, PIPELINE4_CASES, run_one_process
-from _trainer_worker import CASES, LR, MAX_NORM, MORE, STEPS
+from _launches import DEMO_PIPELINE_CASES, PIPELINE2_CASES, PIPELINE4_CASES, run_one_process
+from _trainer_worker import CASES, DEMO_STEPS, LR, MAX_NORM, MORE, STEPS
 
 RTOL = 1e-5
 # As in test_trainer_parity.py: the key bias's gradient is almost only rounding (see there).
@@ -105,3 +105,25 @@ def test_checkpoints_continue_between_pipeline_layouts_and_one_process(runs, pp2
     assert got["start_step"] == STEPS and len(got["losses"]) == MORE == len(want)
     assert _rel(got["losses"], want) <= RTOL, f"{source}: {got['losses']} vs {want}"
 
+
+
+@pytest.mark.parametrize("case", DEMO_PIPELINE_CASES)
+def test_readme_demo_under_every_schedule_matches_one_process(runs, world2, case):
+    """The README's pipeline command on the demo itself (examples/tiny/train.yaml, the 2M llama with
+    tied embeddings and its held-out evaluation), under each schedule: one process's losses, grad
+    norms, evaluation and final weights."""
+    ref, got = _result(runs, "demo_reference"), _result(runs, case)
+    assert len(got["losses"]) == DEMO_STEPS == len(ref["losses"]) and "pp=2" in got["dims"]
+    loss_err, norm_err = _rel(got["losses"], ref["losses"]), _rel(got["grad_norms"], ref["grad_norms"])
+    print(f"\n{case} ({got['pipeline']['schedule']}): losses rel err {loss_err:.1e}, grad norms {norm_err:.1e}; "
+          f"median step {np.median(got['step_times'][1:]):.2f} s vs {np.median(ref['step_times'][1:]):.2f} s")
+    assert loss_err <= RTOL, f"{case}: losses {got['losses']} vs {ref['losses']}"
+    assert norm_err <= RTOL, f"{case}: grad norms {got['grad_norms']} vs {ref['grad_norms']}"
+    # the demo's eval_dataset (interval 100): evaluated once, at the last step, as one process
+    assert [e["step"] for e in got["evaluations"]] == [e["step"] for e in ref["evaluations"]] == [DEMO_STEPS]
+    err = _rel([got["evaluations"][0]["eval_loss"]], [ref["evaluations"][0]["eval_loss"]])
+    assert err <= RTOL, (got["evaluations"], ref["evaluations"])
+    want, have = _weights(runs, "demo_reference"), _weights(runs, case)
+    assert set(have) == set(want)
+    for name in want:
+        np.testing.assert_allclose(have[name], want[name], rtol=RTOL, atol=1e-6, err_msg=f"{case}: {name}")

@@ -178,6 +178,19 @@ def test_recompute_comm_gathers_again_in_backward_with_tp2s_losses(runs, world2)
     assert comm["comm"]["all_gather/native"]["payload_bytes"] == gathered["payload_bytes"] + gathers["all_gather/native"] * one
 
 
+def test_swap_offloads_on_each_rank_with_one_process_losses(runs, world2):
+    """fsdp2_swap (layer 0 whole, layer 1's mlp; GRAPH_MODE requested): trained in PyNative, its
+    parity with one process is test_parity_with_one_process's; here, what rank 0 moved: every
+    micro-batch's saved activations of exactly those units, each brought back once."""
+    got = _result(runs, "fsdp2_swap")
+    assert got["mode"] == 1
+    swap = got["swap"]
+    assert list(swap["units"]) == ["layers.0", "layers.1.feed_forward"]
+    assert all(u["calls"] == STEPS and u["packed"] > 0 for u in swap["units"].values())   # 1 micro-batch a step
+    packed = sum(u["packed"] for u in swap["units"].values())
+    assert swap["fetched"] == packed and swap["bytes_in"] == sum(u["bytes_out"] for u in swap["units"].values())
+
+
 def test_communication_volume_is_in_the_metrics(runs):
     for case in ("fsdp2", "tp2", "hsdp2x2", "fsdp2_tp2"):
         keys = set(_result(runs, case)["metrics_keys"])

@@ -11,6 +11,7 @@ import json
 import sys
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 
@@ -18,17 +19,23 @@ def generate(hf_dir: str, args: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     generation = GenerationConfig.from_pretrained(hf_dir)
+    eos = generation.eos_token_id if isinstance(generation.eos_token_id, list) else [generation.eos_token_id]
     rows = []
     for prompt in args["prompts"]:
         ids = tokenizer(prompt)["input_ids"]
         with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=args["max_new_tokens"], do_sample=False,
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=args["max_new_tokens"], do_sample=False,
                                  generation_config=generation)
         new = out[0, len(ids):].tolist()
-        rows.append({"prompt_ids": ids, "completion_ids": new, "text": tokenizer.decode(ids + new,
-                                                                                        skip_special_tokens=True)})
+        shown = new[:-1] if new and new[-1] in eos else new    # the stop token is not text
+        # skip_special_tokens=False: the unknown piece stays (as sentencepiece's " ⁇ "), and the
+        # tokenizer's own decoder decides what a control piece becomes
+        rows.append({"prompt_ids": ids, "completion_ids": new,
+                     "prompt_text": tokenizer.decode(ids, skip_special_tokens=False),
+                     "text": tokenizer.decode(ids + shown, skip_special_tokens=False)})
     return {"rows": rows, "eos_token_id": generation.eos_token_id, "tokenizer_class": type(tokenizer).__name__,
-            "model_class": type(model).__name__}
+            "model_class": type(model).__name__, "transformers": transformers.__version__}
 
 
 def peft_logits(base_dir: str, adapter_dir: str, merged_dir: str, args: dict) -> dict:
@@ -39,7 +46,8 @@ def peft_logits(base_dir: str, adapter_dir: str, merged_dir: str, args: dict) ->
     with torch.no_grad():
         adapted = PeftModel.from_pretrained(base, adapter_dir).eval()(ids).logits[0]
         merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()(ids).logits[0]
-    return {"max_abs_diff": float((adapted - merged).abs().max()), "max_abs": float(merged.abs().max())}
+    return {"max_abs_diff": float((adapted - merged).abs().max()), "max_abs": float(merged.abs().max()),
+            "transformers": transformers.__version__}
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
-"""An HF export of a run, read by transformers itself (issue 11's "done when"): `mf train` a tiny
-llama on the demo corpus, `mf generate` greedily from its checkpoint, `mf ckpt convert --to hf`,
-then, in a venv holding torch + transformers + peft and no mf package, `AutoTokenizer`,
-`AutoModelForCausalLM`, `GenerationConfig` and `generate` on the export: the same prompt ids, the
-same greedy tokens and the same text as `mf generate`. A LoRA adapter exported to PEFT's layout
-loads with `PeftModel.from_pretrained` and gives the logits of `mf ckpt merge-lora --to hf`.
+"""An HF export of a run, read by transformers itself (issue 11's "done when", issue 31's versions):
+`mf train` a tiny llama on the demo corpus, `mf generate` greedily from its checkpoint, `mf ckpt
+convert --to hf`, then, in a venv holding torch + transformers + peft and no mf package,
+`AutoTokenizer`, `AutoModelForCausalLM`, `GenerationConfig` and `generate` on the export: the same
+prompt ids, the same greedy tokens and the same text as `mf generate`, for ordinary text, unicode,
+digits, leading spaces and newlines. A LoRA adapter exported to PEFT's layout loads with
+`PeftModel.from_pretrained` and gives the logits of `mf ckpt merge-lora --to hf`.
 
-The venv is `MF_HF_PYTHON` (the nox session `hf_interop` builds it from requirements.txt); without
-it the tests are skipped with that reason.
+Each test runs against every venv of `MF_HF_PYTHONS` (os.pathsep-separated pythons; the nox session
+`hf_interop` builds one per transformers version: 4.57.x, 5.23.0, the newest 5.x; `MF_HF_PYTHON`,
+one python, is read too); without any the tests are skipped with that reason.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-HF_PYTHON = os.environ.get("MF_HF_PYTHON")
-pytestmark = pytest.mark.skipif(not HF_PYTHON or not os.access(HF_PYTHON, os.X_OK),
-                                reason="MF_HF_PYTHON (a python with torch, transformers and peft) is not set: "
-                                       "run `./bootstrap nox -s hf_interop`")
+HF_PYTHONS = [p for p in (os.environ.get("MF_HF_PYTHONS") or os.environ.get("MF_HF_PYTHON") or "").split(os.pathsep)
+              if p and os.access(p, os.X_OK)]
+pytestmark = pytest.mark.skipif(not HF_PYTHONS, reason="MF_HF_PYTHONS (pythons with torch, transformers and peft) "
+                                                       "is not set: run `./bootstrap nox -s hf_interop`")
 
 TRAIN = """\
 output_dir: out/tiny
@@ -46,7 +48,8 @@ tokenizer: {path: cache/pydoc_spm.model}
 model: {model_type: llama, vocab_size: 300, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2,
         num_attention_heads: 2, max_position_embeddings: 64, seq_length: 32, initializer_range: 0.3}
 """
-PROMPTS = ["The for statement", "Classes provide a means"]
+PROMPTS = ["The for statement", "Classes provide a means", "ünïcödé café, 日本語 🙂", "digits 12345 and 0.5",
+           "  two leading spaces", "first line\nsecond line\n\nthird", "\nafter a newline"]
 NEW = 10
 
 
@@ -57,11 +60,16 @@ def mf(cwd, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
-def hf(*args: str) -> dict:
-    done = subprocess.run([HF_PYTHON, str(HERE / "hf_side.py"), *args], capture_output=True, text=True, timeout=900,
+def hf(python: str, *args: str) -> dict:
+    done = subprocess.run([python, str(HERE / "hf_side.py"), *args], capture_output=True, text=True, timeout=900,
                           env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")})
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(params=HF_PYTHONS or [None], ids=lambda p: Path(p).parent.parent.name if p else "none")
+def hf_python(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -72,34 +80,51 @@ def run(tmp_path_factory):
     return root
 
 
-def test_export_generates_in_transformers_as_mf_generate_does(run, tmp_path):
-    # the checkpoint is copied away from the training directory: everything comes from inside it
-    ckpt = tmp_path / "copied"
+@pytest.fixture(scope="module")
+def exported(run, tmp_path_factory):
+    """`mf generate` on the run's checkpoint copied away from its training directory (everything
+    comes from inside it), and its HF export."""
+    root = tmp_path_factory.mktemp("export")
+    ckpt = root / "copied"
     subprocess.run(["cp", "-r", str(run / "out" / "tiny" / "checkpoint"), str(ckpt)], check=True)
     args = [a for p in PROMPTS for a in ("--prompt", p)]
-    mf(tmp_path, "generate", str(ckpt), *args, "--max-new-tokens", str(NEW), "--mode", "pynative",
-       "--output", str(tmp_path / "gen.jsonl"))
-    ours = [json.loads(line) for line in (tmp_path / "gen.jsonl").read_text().splitlines()]
-    converted = mf(tmp_path, "ckpt", "convert", "--from", "mf", "--to", "hf", str(ckpt), str(tmp_path / "hf"))
-    assert "tokenizer: tokenizer.model, tokenizer_config.json" in converted.stdout
+    mf(root, "generate", str(ckpt), *args, "--max-new-tokens", str(NEW), "--mode", "pynative",
+       "--output", str(root / "gen.jsonl"))
+    ours = [json.loads(line) for line in (root / "gen.jsonl").read_text().splitlines()]
+    converted = mf(root, "ckpt", "convert", "--from", "mf", "--to", "hf", str(ckpt), str(root / "hf"))
+    assert "tokenizer: tokenizer.json, tokenizer.model, tokenizer_config.json" in converted.stdout
     assert "generation_config.json" in converted.stdout
+    return {"ours": ours, "hf": root / "hf", "spm": run / "cache" / "pydoc_spm.model"}
 
-    theirs = hf("generate", str(tmp_path / "hf"), json.dumps({"prompts": PROMPTS, "max_new_tokens": NEW}))
+
+def test_export_generates_in_transformers_as_mf_generate_does(exported, hf_python):
+    from mf_data import SentencePieceTokenizer
+
+    sp = SentencePieceTokenizer(str(exported["spm"]))
+    theirs = hf(hf_python, "generate", str(exported["hf"]), json.dumps({"prompts": PROMPTS, "max_new_tokens": NEW}))
+    print(f"transformers {theirs['transformers']}: {theirs['tokenizer_class']}, {theirs['model_class']}")
     assert theirs["model_class"] == "LlamaForCausalLM"
-    for mine, other in zip(ours, theirs["rows"]):
-        assert other["prompt_ids"] == mine["prompt_ids"], mine["prompt"]
+    assert theirs["tokenizer_class"] in ("PreTrainedTokenizerFast", "TokenizersBackend")   # 5.x: the same class
+    eos = theirs["eos_token_id"]
+    eos = eos if isinstance(eos, list) else [eos]
+    for mine, other in zip(exported["ours"], theirs["rows"], strict=True):
+        assert other["prompt_ids"] == mine["prompt_ids"] == sp.encode([mine["prompt"]])[0], mine["prompt"]
         completion = other["completion_ids"]
-        eos = theirs["eos_token_id"]
-        eos = eos if isinstance(eos, list) else [eos]
         if completion and completion[-1] in eos:       # mf leaves the stop token out of completion_ids
             completion = completion[:-1]
         assert completion == mine["completion_ids"], mine["prompt"]
-        assert other["text"].endswith(mine["completion"]) and other["text"].startswith(mine["prompt"])
+        # the text: sentencepiece's decoding of the prompt, then mf's completion text
+        assert other["prompt_text"] == sp.decode(mine["prompt_ids"]), mine["prompt"]
+        assert other["text"] == other["prompt_text"] + mine["completion"], mine["prompt"]
 
 
-def test_peft_export_loads_in_peft_with_the_merged_logits(run, tmp_path):
+@pytest.fixture(scope="module")
+def peft_dirs(run, tmp_path_factory):
+    """A LoRA adapter trained on the run's checkpoint, exported to PEFT's layout, with the base
+    exported and the adapter merged into it (`merge-lora --to hf`)."""
     import yaml
 
+    tmp_path = tmp_path_factory.mktemp("peft")
     base = run / "out" / "tiny" / "checkpoint"
     cfg = yaml.safe_load(TRAIN)
     cfg["run_mode"] = "finetune"
@@ -117,6 +142,9 @@ def test_peft_export_loads_in_peft_with_the_merged_logits(run, tmp_path):
     config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
     mf(tmp_path, "ckpt", "merge-lora", str(base), str(adapter), str(tmp_path / "merged"), "--to", "hf")
-    result = hf("peft", str(tmp_path / "base_hf"), str(tmp_path / "peft"), str(tmp_path / "merged"),
-                json.dumps({"ids": list(range(5, 25))}))
+    return [str(tmp_path / name) for name in ("base_hf", "peft", "merged")]
+
+
+def test_peft_export_loads_in_peft_with_the_merged_logits(peft_dirs, hf_python):
+    result = hf(hf_python, "peft", *peft_dirs, json.dumps({"ids": list(range(5, 25))}))
     assert result["max_abs_diff"] <= 1e-5 * max(1.0, result["max_abs"]), result

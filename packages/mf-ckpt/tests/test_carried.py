@@ -124,12 +124,14 @@ def test_missing_tokenizer_file_fails_the_save_on_every_rank(tmp_path):
 
 
 def test_export_to_hf_writes_what_transformers_reads(trained, spm_files, tmp_path, capsys):
-    """config.json without mf-only keys, generation_config.json, tokenizer.model and
-    tokenizer_config.json (model_max_length added), all read back by transformers itself."""
+    """config.json without mf-only keys, generation_config.json, tokenizer.json built from
+    tokenizer.model (kept beside it) and tokenizer_config.json naming PreTrainedTokenizerFast
+    (model_max_length added), all read back by transformers itself."""
     out = tmp_path / "hf"
     assert main(["convert", "--from", "mf", "--to", "hf", str(trained["ckpt"]), str(out)]) == 0
     said = capsys.readouterr().out
-    assert "generation_config.json" in said and "tokenizer: tokenizer.model, tokenizer_config.json" in said
+    assert "generation_config.json" in said
+    assert "tokenizer: tokenizer.json, tokenizer.model, tokenizer_config.json" in said
     config = json.loads((out / "config.json").read_text())
     assert "seq_length" not in config and "compute_dtype" not in config
     assert config["architectures"] == ["LlamaForCausalLM"] and config["dtype"] == "float32"
@@ -137,8 +139,8 @@ def test_export_to_hf_writes_what_transformers_reads(trained, spm_files, tmp_pat
     assert (out / "tokenizer.model").read_bytes() == spm_files["tokenizer.model"]
     tok_config = json.loads((out / "tokenizer_config.json").read_text())
     assert tok_config["model_max_length"] == trained["config"]["max_position_embeddings"]
+    assert tok_config["tokenizer_class"] == "PreTrainedTokenizerFast"
     transformers = pytest.importorskip("transformers", reason="transformers (mf-ckpt's test extra) reads the export")
-    pytest.importorskip("google.protobuf", reason="transformers converts tokenizer.model with protobuf")
     spm = pytest.importorskip("sentencepiece")
     assert transformers.AutoConfig.from_pretrained(out).to_dict()["hidden_size"] == config["hidden_size"]
     generation = transformers.GenerationConfig.from_pretrained(out)
@@ -216,6 +218,10 @@ def test_merge_and_merge_lora_carry_the_tokenizer(trained, spm_files, tmp_path):
     assert main(["merge-lora", str(trained["ckpt"]), str(tmp_path / "adapter"), str(tmp_path / "lora-hf"), "--to",
                  "hf"]) == 0
     assert (tmp_path / "lora-hf" / "tokenizer.model").read_bytes() == spm_files["tokenizer.model"]
+    # merge-lora --to hf exports the sentencepiece tokenizer as convert --to hf does
+    assert json.loads((tmp_path / "lora-hf" / "tokenizer.json").read_text())["model"]["type"] == "Unigram"
+    assert json.loads((tmp_path / "lora-hf" / "tokenizer_config.json").read_text())["tokenizer_class"] == \
+        "PreTrainedTokenizerFast"
     assert json.loads((tmp_path / "lora-hf" / "generation_config.json").read_text()) == GENERATION
 
 

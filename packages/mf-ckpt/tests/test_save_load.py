@@ -183,6 +183,16 @@ def test_no_save_optim_and_no_load_optim(tmp_path):
     assert all((st.data == 5).all() for r in results for st in r[1].values())  # optimizer untouched
 
 
+def test_committed_checkpoint_is_what_the_marker_names(tmp_path):
+    assert mf_ckpt.committed_checkpoint(tmp_path) is None                  # nothing saved yet
+    save(str(tmp_path), 3, {"w": np.ones(2, np.float32)})
+    (tmp_path / ".iteration_00000004.abc.incomplete").mkdir()             # a save cut short
+    assert mf_ckpt.committed_checkpoint(tmp_path) == tmp_path / "iteration_00000003"
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("not a number")
+    with pytest.raises(CheckpointError, match="does not hold an iteration number"):
+        mf_ckpt.committed_checkpoint(tmp_path)
+
+
 def test_layout_cache_skips_the_gather_while_structure_is_unchanged(tmp_path):
     def body(comm):
         saver = Saver(SaveOptions(save_path=str(tmp_path), save_max=None), comm)
@@ -241,7 +251,7 @@ def test_layout_cache_save_errors_and_disagreements_reach_every_rank(tmp_path):
         with pytest.raises(CheckpointError, match="rank 1: model tensor 'extra': dtype complex64"):
             saver.save(4, bad)
         assert not saver.save(5, st).layout_cache_hit          # the cache is rebuilt ...
-        with pytest.raises(CheckpointError, match="failed on rank 0: iteration must be a non-negative integer"):
+        with pytest.raises(CheckpointError, match=r"failed on rank 0: iteration must be an integer in \[0, 999999999999999999\]"):
             saver.save(6 if comm.rank else -1, st)            # ... and a cached save's error reaches all
 
     run_threaded(2, body)

@@ -94,3 +94,67 @@ def test_missing_config_through_the_installed_command(setup, tmp_path):
     out = _mf("eval", str(tmp_path / "nope.yaml"))
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().startswith("mf eval: error:") and len(out.stderr.strip().splitlines()) == 1
+
+
+# ---- mf eval --tasks: lm-evaluation-harness in process (the checkpoint-directory form, against mf
+# serve and a teacher-forced forward, is tests-integration/test_lm_eval.py) ---------------------
+def _harness_setup(root, prefix) -> tuple[str, str]:
+    """An eval YAML with a tokenizer (its eval_dataset unused by --tasks) and a 6-item task."""
+    import mf_data
+
+    corpus = root / "tok.jsonl"   # few characters: a vocabulary of 64 (the model's) covers them
+    words = ["is", "even", "odd", "yes", "no", "one", "two", "three", "four", "five", "six"]
+    lines = [" ".join(words[(i * 7 + k * 3) % len(words)] for k in range(8)) + f" {i}?" for i in range(300)]
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in lines), encoding="utf-8")
+    mf_data.train_sentencepiece([str(corpus)], str(root / "tok.model"), 64)
+    tasks = root / "tasks"
+    tasks.mkdir(exist_ok=True)
+    rows = [{"q": f"Is {i} even?", "choices": ["yes", "no"], "answer": i % 2} for i in range(6)]
+    (tasks / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tasks / "mf_even.yaml").write_text(
+        f"task: mf_even\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tasks / 'items.jsonl'}\n"
+        'test_split: test\noutput_type: multiple_choice\ndoc_to_text: "{{q}}"\ndoc_to_choice: "{{choices}}"\n'
+        'doc_to_target: "{{answer}}"\nmetric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n')
+    return _yaml(root, prefix, "tasks.yaml", tokenizer={"path": str(root / "tok.model")}), str(tasks)
+
+
+def test_tasks_run_lm_eval_in_process(setup, capsys, monkeypatch, tmp_path):
+    root, prefix = setup
+    config, tasks = _harness_setup(root, prefix)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    out = tmp_path / "results"
+    assert main(["eval", config, "--tasks", "mf_even", "--include-path", tasks, "--limit", "4", "--batch-size", "3",
+                 "--output-path", str(out), "--json"]) == 0
+    captured = capsys.readouterr()
+    results = json.loads(captured.out.strip().splitlines()[-1])
+    assert 0.0 <= results["mf_even"]["acc,none"] <= 1.0
+    assert "mf eval: note: eval_dataset is not used: lm-eval tasks bring their own data" in captured.err
+    (written,) = out.glob("*/results_*.json")   # as lm-eval writes them: <output>/<model>/results_<date>.json
+    assert json.loads(written.read_text())["results"]["mf_even"]["acc,none"] == results["mf_even"]["acc,none"]
+    assert json.loads(written.read_text())["n-samples"]["mf_even"]["effective"] == 4
+    assert main(["eval", config, "--tasks", "mf_odd", "--include-path", tasks]) == 2
+    assert "no lm-eval task named 'mf_odd'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--limit", "5"], "--limit applies to lm-eval tasks: add --tasks NAMES"),
+    (["--include-path", "."], "--include-path applies to lm-eval tasks"),
+    (["--tasks", "x", "--all"], "--all applies to the eval_dataset evaluation"),
+    (["--tasks", "x", "--batch-size", "0"], "--batch-size: must be at least 1, got 0"),
+    (["--tasks", "x", "--include-path", "/nonexistent"], "--include-path: /nonexistent is not a directory"),
+])
+def test_task_flags_are_checked_first(setup, capsys, args, needle):
+    root, prefix = setup
+    assert main(["eval", _yaml(root, prefix), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_tasks_without_lm_eval_is_one_line(setup, capsys, monkeypatch):
+    root, prefix = setup
+    monkeypatch.setitem(sys.modules, "lm_eval", None)   # as if the eval extra were not installed
+    assert main(["eval", _yaml(root, prefix), "--tasks", "hellaswag"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ['mf eval: error: --tasks runs lm-evaluation-harness, which is not installed: '
+                   'pip install "mf-cli[eval]"'], err

@@ -198,7 +198,7 @@ BAD = [
     (["generate", "{hf}", "--max-new-tokens", "abc"], "argument --max-new-tokens: invalid int value: 'abc' (see 'mf generate --help')"),
     (["generate", "{hf}", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     (["generate", "{hf}", "--prompt-ids"], "argument --prompt-ids: expected one argument"),
-    (["generate", "{hf}", "--prompt-ids", "-1,2"], "prompt token id -1 is outside the vocabulary"),
+    (["generate", "{hf}", "--prompt-ids", "-1,2"], "--prompt-ids: token id -1 is outside the vocabulary [0, 600)"),
 ]
 
 

@@ -70,3 +70,23 @@ def test_the_console_leaves_out_mindspores_own_info_lines():
     console.flush()
     assert out.getvalue() == ("[mf_trainer] step 1/3 | loss 7.6\n[WARNING] ME(4242,7f,python): kept\n"
                               "[mf_trainer] [INFO] my own")
+
+
+def test_a_failed_job_names_where_a_rerun_resumes(tmp_path):
+    import numpy as np
+
+    import mf_ckpt
+    import mf_config
+    from mf_cli.commands.launch import resume_note
+
+    cfg = mf_config.load_config(yaml.safe_load(open(_yaml(tmp_path))))
+    save_path = cfg.checkpoint.save_path
+    assert resume_note(cfg.checkpoint) == f"no checkpoint committed in {save_path} yet (a rerun starts over)"
+    mf_ckpt.save(save_path, 4, {"w": np.ones(2, np.float32)})
+    (tmp_path / "out" / "checkpoint" / ".iteration_00000005.x.incomplete").mkdir()    # cut short by the failure
+    assert resume_note(cfg.checkpoint, nodes=2) == (
+        f"last committed checkpoint: {save_path}/iteration_00000004 (rerun the same command on every node to resume "
+        "from it)")
+    off = mf_config.load_config(yaml.safe_load(open(_yaml(tmp_path, checkpoint={"enable_save": False}))))
+    assert resume_note(off.checkpoint) == "no checkpoints saved (checkpoint.enable_save: false): a rerun starts over"
+

@@ -114,8 +114,6 @@ def test_no_pipeline(tmp_path, capsys):
     (["--world", "6"], "does not divide the world size 6"),
     (["--set", "parallelism.pipeline_parallel_interleave_num=2", "--set", "training.global_batch_size=6"],
      "interleaved_1f1b needs a micro-batch count that is a multiple of pipeline_parallel = 4, got 6"),
-    (["--set", "parallelism.pipeline_parallel_schedule=zbv", "--set", "parallelism.pipeline_parallel_overlap_b_f=true"],
-     "overlap_b_f"),
     (["--set", "parallelism.pipeline_parallel_schedule=gpipe", "--set",
       "parallelism.pipeline_parallel_enable_dxdw_split=true"], "gpipe runs every backward after every forward"),
     (["--set", "parallelism.pipeline_parallel_layers_per_stage=[3,3]"], "one layer count per virtual stage"),
@@ -125,6 +123,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, extra, message):
     rc, out, err = _plan(capsys, _yaml(tmp_path), *extra)
     assert rc == 2 and out == ""
     assert err.startswith("mf plan: error: ") and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("schedule, line", [
+    ("1f1b", r"overlap_b_f: \d+ pairs \(a backward and the next forward\) run combined"),
+    ("zbv", r"overlap_b_f: changes nothing here, ZB-V follows each backward by its weight gradient"),
+])
+def test_overlap_b_f_is_planned_or_said_to_change_nothing(tmp_path, capsys, schedule, line):
+    rc, out, _ = _plan(capsys, _yaml(tmp_path), "--set", f"parallelism.pipeline_parallel_schedule={schedule}",
+                       "--set", "parallelism.pipeline_parallel_overlap_b_f=true")
+    assert rc == 0 and len(re.findall(line, out)) == 1, out
 
 
 def test_png(tmp_path, capsys):

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -45,11 +46,9 @@ REFUSED_BY_TRAIN = [
     {"parallelism": {"pipeline_parallel": 2}},
     {"parallelism": {"tensor_parallel": 2}},
     {"parallelism": {"data_parallel_shard_strategy": "optim"}},
-    {"parallelism": {"reshard_after_forward_policy": "always"}},
-    {"parallelism": {"cpu_offload": True}},
     {"model": {"hidden_sizee": 64}},
     {"model": {"vocab_size": 63}, "parallelism": {"tensor_parallel": 2}},
-    {"inference": {"top_k": 3}},
+    {"inference": {"prompts": ["hi"]}},
     {"tokenizer": {"path": "tok", "type": "hf"}},
     {"swap": {"enable": True}},
     {"run_mode": "finetune"},
@@ -84,15 +83,15 @@ def test_loss_mask_missing_is_refused_by_both(tmp_path, capsys):
 
 
 def test_three_independent_problems_are_three_lines(tmp_path, capsys):
-    path = _write(tmp_path, _cfg(tmp_path, model={"hidden_sizee": 64}, parallelism={"pipeline_parallel_schedule": "gpipe"},
-                                 inference={"top_k": 3}))
+    path = _write(tmp_path, _cfg(tmp_path, model={"hidden_sizee": 64}, parallelism={"data_parallel_shard_strategy": "optim"},
+                                 inference={"prompts": ["hi"]}))
     for argv, command in ((["config", "validate", path], "config"), (["train", path], "train"),
                           (["launch", "-n", "2", path], "launch")):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 3, err
-        assert sorted(_keys(err, command)) == ["inference.top_k", "model.hidden_sizee",
-                                               "parallelism.pipeline_parallel_schedule"]
+        assert sorted(_keys(err, command)) == ["model.hidden_sizee", "parallelism.data_parallel_shard_strategy",
+                                               "tokenizer.path"]
 
 
 def test_validate_without_world_lists_what_it_skipped(tmp_path, capsys):
@@ -137,6 +136,44 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
     assert main(["train", path, "--dry-run", "--world", "3", "--set", "parallelism.tensor_parallel=2"]) == 2
     assert "does not divide the world size 3" in capsys.readouterr().err
     assert main(["train", path, "--world", "2"]) == 2        # --world only plans
+    assert not (tmp_path / "out").exists()
+
+
+# The reference's parallelism example (seed 000, "示例：FSDP + TP + PP + MoE EP 组合"), verbatim.
+SEED_PARALLELISM_EXAMPLE = """\
+parallelism:
+  data_parallel_shard: -1
+  reshard_after_forward_policy: "default"
+  cpu_offload: False
+  disable_gradient_division: True
+  tensor_parallel: 2
+  pipeline_parallel: 2
+  pipeline_parallel_overlap_p2p: True       # PP overlap 系列
+  pipeline_parallel_overlap_b_f: True
+  context_parallel: 1
+  expert_parallel: 8                        # MoE：EP >= npu_nums_per_device
+  npu_nums_per_device: 8
+  moe_token_dispatcher_type: "alltoall_deredundancy"
+"""
+SKELETON = Path(__file__).resolve().parents[3] / "examples" / "skeleton.yaml"
+
+
+@pytest.mark.parametrize("device", ["CPU", "Ascend"])
+def test_the_references_parallelism_example_plans_at_its_own_world(tmp_path, capsys, device):
+    """TP2 x PP2 x EP8 over FSDP with alltoall_deredundancy and both overlap flags, laid over the
+    skeleton (its DeepSeek-V3), at world 32: deredundancy beside tp and in MoE pipeline stages is
+    proven by the dist case moe_seed_layout, overlap_b_f runs under 1f1b. (The skeleton's
+    moe_monitor targets are another item of issue 25, left out here.)"""
+    cfg = yaml.safe_load(SKELETON.read_text(encoding="utf-8"))
+    cfg.update(yaml.safe_load(SEED_PARALLELISM_EXAMPLE))
+    cfg.pop("monitor")
+    cfg["output_dir"] = str(tmp_path / "out")
+    cfg["checkpoint"]["save_path"] = str(tmp_path / "out" / "ckpt")
+    path = _write(tmp_path, cfg)
+    assert main(["train", path, "--dry-run", "--world", "32", "--set", f"context.device_target={device}"]) == 0, \
+        capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "layout: world=32 pp=2 dp_replicate=1 dp_shard=8 cp=1 tp=2 ep=8 (FSDP, TP+SP, PP, EP)" in out
     assert not (tmp_path / "out").exists()
 
 

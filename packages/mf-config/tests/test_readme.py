@@ -55,8 +55,8 @@ def test_rows_show_the_defaults():
 
 def test_extensions_are_marked():
     rows = _rows()
-    for name in ("run_mode", "output_dir", "max_consecutive_nonfinite", "log_interval", "tensorboard",
-                 "peak_flops_per_device"):
+    for name in ("run_mode", "output_dir", "max_consecutive_nonfinite", "hang_timeout_s", "log_interval",
+                 "tensorboard", "peak_flops_per_device"):
         assert "*extension*" in rows[name], name
     for section in ("eval_dataset", "tokenizer", "lora", "inference"):
         assert f"#### `{section}`" in README.split("## Extensions")[1]

@@ -27,6 +27,7 @@ SEED_DEFAULTS = {
     "training": {
         "steps": 1000, "local_batch_size": 1, "global_batch_size": 1, "max_norm": 1.0, "seed": 42,
         "deterministic": False, "max_consecutive_nonfinite": 5, "max_skipped_fraction": 0.1,
+        "hang_timeout_s": 600.0,
     },
     "parallelism": {
         "data_parallel_shard": -1, "data_parallel_shard_strategy": "optim_grads_params",

@@ -1,8 +1,10 @@
-"""The YAML examples of the configuration reference (seeds/000), verbatim, in the order they appear.
+"""The YAML examples of the configuration reference (seeds/000), verbatim, in the order they appear:
+the skeleton (examples/skeleton.yaml) and each section's example (examples/reference/NN_name.yaml).
 
 They are the user's documented examples: every one must validate (combined with the minimal
 required sections where it shows only one section). A test also checks, when the reference is
-available beside the checkout, that this copy still matches it.
+available beside the checkout, that these copies still match it. (tests-integration/
+test_reference_examples.py lays each over the skeleton and dry-runs it at its own world.)
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import pytest
 import yaml
 
 from mf_config import config_to_dict, dump_config, load_config
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 SEED_EXAMPLES = {
     "skeleton": """\
@@ -107,143 +111,10 @@ swap:
 
 callbacks: []
 """,
-    "checkpoint": """\
-checkpoint:
-  enable_save: True
-  save_path: "./output/ckpt"
-  save_max: 3
-  save_interleaved_steps: 500
-  async_save: True
-  prefix: "qwen3"
-  load_path: "./output/ckpt"     # 断点续训：指向上次保存目录
-  no_load_optim: False
-""",
-    "training": """\
-training:
-  steps: 2000
-  local_batch_size: 2
-  global_batch_size: 16
-  max_norm: 1.0
-  seed: 1234
-  deterministic: False
-""",
-    "parallelism": """\
-# 示例：FSDP + TP + PP + MoE EP 组合
-parallelism:
-  data_parallel_shard: -1
-  reshard_after_forward_policy: "default"
-  cpu_offload: False
-  disable_gradient_division: True
-  tensor_parallel: 2
-  pipeline_parallel: 2
-  pipeline_parallel_overlap_p2p: True       # PP overlap 系列
-  pipeline_parallel_overlap_b_f: True
-  context_parallel: 1
-  expert_parallel: 8                        # MoE：EP >= npu_nums_per_device
-  npu_nums_per_device: 8
-  moe_token_dispatcher_type: "alltoall_deredundancy"
-""",
-    "optimizer": """\
-optimizer:
-  type: AdamW
-  betas: [0.9, 0.95]
-  eps: 1.e-8
-  weight_decay: 0.1
-  weight_decay_exclude: ["bias", "norm"]    # norm/bias 不做衰减
-""",
-    "lr_scheduler": """\
-lr_scheduler:
-  type: ConstantWarmUpLR
-  learning_rate: 1.e-5
-  warmup_ratio: 0          # 透传字段，按调度器类型解析
-""",
-    "train_dataset": """\
-train_dataset:
-  dataloader:
-    type: BlendedMegatronDatasetDataLoader
-    column_names: ["input_ids", "labels", "loss_mask", "position_ids"]
-    shuffle: False
-  drop_remainder: True
-  num_parallel_workers: 8
-  prefetch_size: 1
-  numa_enable: False
-""",
-    "model": """\
-model:
-  model_type: deepseek_v3
-  architectures: DeepseekV3ForCausalLM
-  # 以下均为透传的结构超参，须与所选模型匹配
-  vocab_size: 129280
-  seq_length: 4096
-  hidden_size: 1792
-  intermediate_size: 3072
-  num_hidden_layers: 12
-  num_attention_heads: 8
-  use_flash_attention: True
-  compute_dtype: "bfloat16"
-  # MoE 结构超参（如适用）
-  n_routed_experts: 8
-  num_experts_per_tok: 4
-""",
-    "monitor": """\
-monitor:
-  train_state:
-    local_loss: True
-  moe_monitor:
-    save_tokens_per_expert_interval: 100
-    target_layers: [0, 1, 2]
-""",
-    "profiler": """\
-profiler:
-  enable_profiling: True
-  start_step: 3
-  end_step: 5
-  profiler_level: 1
-  profile_memory: True
-  with_stack: True
-  profiler_rank: [0]
-  output_path: "./output/profile"
-""",
-    "recompute_full": """\
-recompute:
-  mode: "full"
-  full_recompute_layer: ['0-3']     # 前 4 层全量重算
-""",
-    "recompute_select": """\
-recompute:
-  mode: "select"
-  select_module:
-    "attention": ['0-1']            # 第 0、1 层的 attention 模块重算
-    "mlp": ['2']                    # 第 2 层的 mlp 模块重算
-""",
-    "recompute_comm": """\
-recompute_comm:
-  enable: True
-  select_module:
-    "attention.qkv": ['0-3']
-""",
-    "swap_layer": """\
-swap:
-  enable: True
-  default_prefetch: 1
-  layer_swap:
-    - layers: ['0-1']          # offload 第 0、1 层
-""",
-    "swap_op": """\
-swap:
-  enable: True
-  op_swap:
-    - op_name: "attention"
-      layers: ['0']            # 第 0 层的 attention 算子 offload
-    - op_name: "mlp"
-      layers: ['1']            # 第 1 层的 mlp 算子 offload
-""",
-    "callbacks": """\
-callbacks:
-  - type: MyCustomCallback
-    log_interval: 10          # 透传给该回调的构造参数
-""",
 }
+# each section's example, in the reference's order (file names NN_name.yaml)
+SEED_EXAMPLES.update({path.stem.split("_", 1)[1]: path.read_text(encoding="utf-8")
+                      for path in sorted((REPO_ROOT / "examples" / "reference").glob("[0-9][0-9]_*.yaml"))})
 
 
 @pytest.mark.parametrize("name", list(SEED_EXAMPLES))
@@ -268,9 +139,6 @@ def _assert_contains(loaded, written, path):
         assert loaded == float(written), path  # PyYAML 1.1 reads 1.e-5 / 1e-5 differently; both are numbers here
     else:
         assert loaded == written, path
-
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _find_reference() -> Path | None:

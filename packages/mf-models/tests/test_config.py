@@ -67,6 +67,9 @@ def test_architecture_alone_selects_the_model():
     ({"attention_dropout": 0.1}, r"^model\.attention_dropout: attention dropout is not implemented"),
     ({"compute_dtype": "bf16"}, r"^model\.compute_dtype: unknown dtype 'bf16'; did you mean 'bfloat16'\?"),
     ({"hidden_size": 0}, r"^model\.hidden_size: must be positive, got 0$"),
+    # NaN is not <= 0: it passed, and generated "\u2047" with exit 0 (issue 31)
+    ({"rms_norm_eps": float("nan")}, r"^model\.rms_norm_eps: must be a finite number, got nan$"),
+    ({"rms_norm_eps": float("inf")}, r"^model\.rms_norm_eps: must be a finite number, got inf$"),
     ({"tie_word_embeddings": "yes"}, r"^model\.tie_word_embeddings: expected bool, got 'yes'$"),
     ({"vocab_size": 64.0}, r"^model\.vocab_size: expected int"),
     ({"pad_token_id": 64}, r"^model\.pad_token_id: 64 is outside the vocabulary"),

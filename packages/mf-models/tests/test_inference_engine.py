@@ -68,7 +68,7 @@ def test_a_decode_call_covers_the_occupied_slots_not_every_slot(tiny):
     engine = InferenceEngine(tiny, max_slots=5, max_len=40, eos_token_ids=[])
     calls = []   # rows each decode call covered
     build = engine._decode_step
-    engine._decode_step = lambda rows, view, sample: calls.append(rows) or build(rows, view, sample)
+    engine._decode_step = lambda rows, *rest: calls.append(rows) or build(rows, *rest)
     alone = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4))
     assert calls == [1, 1, 1] and alone[0].output_ids == reference(tiny, PROMPTS[0], 4)
     calls.clear()
@@ -80,7 +80,7 @@ def test_a_decode_call_covers_the_occupied_slots_not_every_slot(tiny):
         assert request.output_ids == reference(tiny, prompt, new)
     # all five slots: the last bucket is max_slots itself
     engine.generate(PROMPTS, SamplingParams(max_new_tokens=2))
-    assert calls[-1] == 5 and sorted({rows for rows, _, _ in engine._decode}) == [1, 2, 4, 5]
+    assert calls[-1] == 5 and sorted({key[0] for key in engine._decode}) == [1, 2, 4, 5]
 
 
 def test_stop_tokens_end_a_request_and_free_its_slot(tiny):

@@ -137,7 +137,31 @@ def test_streamed_completion_and_stop_strings(client, model):
 
 BAD = [
     ("/v1/completions", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 3}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": -1}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": True}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": -1, "echo": True}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+     400, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, 400, "logprobs"),
+    # a lone surrogate is valid JSON (an escape) but no text: a 400 naming where, never a 500
+    ("/v1/completions", {"prompt": "a\ud800b"}, 400, "prompt"),
+    ("/v1/completions", {"prompt": ["ok", "\udfff"]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "x", "model": "\ud83d"}, 400, "model"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]},
+     400, "messages"),
+    ("/v1/completions", {"prompt": "x", "\ud800": 1}, 400, None),
+    ("/tokenize", {"prompt": "\ud800"}, 400, "prompt"),
+    ("/tokenize", {"prompt": 5}, 400, "prompt"),
+    ("/tokenize", {"prompt": "x", "messages": []}, 400, "prompt"),
+    ("/tokenize", {"prompt": "x", "add_generation_prompt": True}, 400, "add_generation_prompt"),
+    ("/tokenize", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
+    ("/tokenize", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
+    ("/detokenize", {"tokens": [5, 100]}, 400, "tokens"),
+    ("/detokenize", {"tokens": "5"}, 400, "tokens"),
     ("/v1/completions", {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
     ("/v1/completions", {"prompt": "x", "temperature": 3}, 400, "temperature"),
     ("/v1/completions", {"prompt": "x", "top_p": 0}, 400, "top_p"),
@@ -183,7 +207,7 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("url,body,status,param", BAD, ids=[b[3] + str(i) for i, b in enumerate(BAD)])
+@pytest.mark.parametrize("url,body,status,param", BAD, ids=[f"{b[3]}{i}" for i, b in enumerate(BAD)])
 def test_bad_requests_get_openai_errors(client, url, body, status, param):
     # json.dumps writes NaN / Infinity literals, as some clients do (httpx's json= refuses them)
     response = client.post(url, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
@@ -203,6 +227,9 @@ def test_transport_errors_are_json_too(client):
     for response, status in cases:
         assert response.status_code == status and set(response.json()["error"]) == {"message", "type", "param", "code"}
     assert client.get("/health").json()["status"] == "ok"
+    too_long = client.post("/v1/completions", json={"prompt": "x" * 60}).json()["error"]
+    assert too_long["code"] == "context_length_exceeded"
+    assert client.post("/v1/completions", json={"prompt": "y" * 5000}).json()["error"]["code"] == "request_too_large"
 
 
 def test_without_tokenizer_ids_work_and_text_is_refused(runner, model):
@@ -337,3 +364,93 @@ def test_a_bad_generation_config_is_one_line(config, needle):
     with pytest.raises(ValueError) as info:
         SamplingDefaults.from_generation_config(config, "gc.json")
     assert str(info.value).startswith("gc.json: ") and needle in str(info.value) and "\n" not in str(info.value)
+
+
+def reference_engine(model):
+    """An engine of its own for references (the server's runs on its thread)."""
+    return InferenceEngine(model, max_slots=1, max_len=48)
+
+
+def test_completion_logprobs_echo_and_prompt_scoring(client, model):
+    from mf_models.inference import SamplingParams
+
+    ids = TOK.encode("Hi there")
+    (reference,) = reference_engine(model).generate([ids], SamplingParams(max_new_tokens=3, logprobs=2, prompt_logprobs=2))
+    body = client.post("/v1/completions", json={"prompt": "Hi there", "max_tokens": 3, "temperature": 0,
+                                                "logprobs": 2, "echo": True}).json()
+    (choice,) = body["choices"]
+    lp = choice["logprobs"]
+    assert choice["token_ids"] == reference.output_ids == greedy(model, ids, 3)
+    assert lp["tokens"] == list("Hi there") + [TOK.decode([t]) for t in reference.output_ids]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    expected = [e.logprob for e in reference.prompt_logprobs[1:]] + [e.logprob for e in reference.output_logprobs]
+    assert lp["token_logprobs"][1:] == pytest.approx(expected, abs=1e-6)
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(len(ids) + 3)]
+    for position, top in enumerate(lp["top_logprobs"][1:], 1):  # the 2 most likely and the chosen one
+        assert 2 <= len(top) <= 3 and top[lp["tokens"][position]] == lp["token_logprobs"][position]
+    # max_tokens 0 with echo: the prompt scored, nothing generated
+    scored = client.post("/v1/completions", json={"prompt": [ids, ids[:4]], "max_tokens": 0, "echo": True,
+                                                  "logprobs": 0}).json()
+    first, second = scored["choices"]
+    assert first["text"] == "Hi there" and first["token_ids"] == [] and first["finish_reason"] == "length"
+    assert first["logprobs"]["token_logprobs"] == lp["token_logprobs"][:len(ids)]
+    assert second["logprobs"]["token_logprobs"] == pytest.approx(lp["token_logprobs"][:4], abs=1e-6)
+    assert scored["usage"]["completion_tokens"] == 0
+    # the stream carries the same numbers, the prompt's with the first piece
+    events = sse(client, "/v1/completions", {"prompt": "Hi there", "max_tokens": 3, "temperature": 0, "logprobs": 2,
+                                             "echo": True})
+    streamed = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for event in events:
+        for key in streamed:
+            streamed[key] += event["choices"][0]["logprobs"][key] if event["choices"] else []
+    assert streamed == lp and "".join(e["choices"][0]["text"] for e in events if e["choices"]) == choice["text"]
+
+
+def sse(client, url, body):
+    with client.stream("POST", url, json={**body, "stream": True}) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+
+
+def test_chat_logprobs_in_the_chat_shape(client, model):
+    from mf_models.inference import SamplingParams
+
+    messages = [{"role": "user", "content": "Hi"}]
+    body = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4, "temperature": 0,
+                                                     "logprobs": True, "top_logprobs": 3}).json()
+    (reference,) = reference_engine(model).generate([TOK.encode_chat(messages)], SamplingParams(max_new_tokens=4, logprobs=3))
+    content = body["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == [TOK.decode([t]) for t in reference.output_ids]
+    assert [c["logprob"] for c in content] == pytest.approx([e.logprob for e in reference.output_logprobs], abs=1e-6)
+    assert all(len(c["top_logprobs"]) == 3 and c["bytes"] == list(c["token"].encode()) for c in content)
+    assert content[0]["top_logprobs"][0]["logprob"] == content[0]["logprob"]   # greedy: the chosen is the top
+    events = sse(client, "/v1/chat/completions", {"messages": messages, "max_tokens": 4, "temperature": 0,
+                                                  "logprobs": True, "top_logprobs": 3})
+    assert [c for e in events[1:] for c in (e["choices"][0]["logprobs"] or {"content": []})["content"]] == content
+    plain = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2, "logprobs": False})
+    assert plain.json()["choices"][0]["logprobs"] is None
+
+
+def test_tokenizer_endpoints(client):
+    body = client.post("/tokenize", json={"prompt": "Hi there", "return_token_strs": True}).json()
+    assert body == {"count": 8, "max_model_len": 48, "tokens": TOK.encode("Hi there"), "token_strs": list("Hi there")}
+    chat = client.post("/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
+    assert chat["tokens"] == TOK.encode_chat([{"role": "user", "content": "Hi"}])
+    assert client.post("/detokenize", json={"tokens": body["tokens"]}).json() == {"prompt": "Hi there"}
+    info = client.get("/tokenizer_info").json()
+    assert info["model_max_length"] == 48 and "eos_token" in info and info["add_bos_token"] is False
+
+
+def test_special_token_strings_in_text_are_their_tokens():
+    from mf_models.serving import TextEncoder
+
+    class WithSpecials(CharTokenizer):
+        special_tokens = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": None}
+
+        def token_to_id(self, text):
+            return {"<s>": 1, "</s>": 2}.get(text)
+
+    encoder = TextEncoder(WithSpecials())
+    assert encoder.encode("<s>Hi</s> x") == [1, *TOK.encode("Hi"), 2, *TOK.encode(" x")]
+    assert encoder.encode("Hi") == TOK.encode("Hi") and TextEncoder(TOK).encode("</s>") == TOK.encode("</s>")

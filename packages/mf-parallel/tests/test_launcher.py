@@ -188,3 +188,10 @@ def test_finish_codes(tmp_path):
     assert _finish(0, status, 2, tmp_path, out) == 0
     assert _finish(1, status, 2, tmp_path, out) == 0 and "all 2 ranks finished; msrun itself exited with code 1" \
         in out.getvalue()
+
+
+def test_several_nodes_log_apart(tmp_path):
+    from mf_parallel import node_log_dir
+
+    assert node_log_dir(tmp_path / "logs") == tmp_path / "logs"
+    assert node_log_dir(tmp_path / "logs", 2, 1) == tmp_path / "logs" / "node_1"

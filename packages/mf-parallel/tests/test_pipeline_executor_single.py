@@ -152,6 +152,28 @@ def test_side_losses_are_differentiated_in_their_own_chunks_and_stats_summed(sch
         np.testing.assert_allclose(g.asnumpy(), ref[p.name], rtol=1e-5, atol=1e-7, err_msg=p.name)
 
 
+def test_combined_backward_then_forward_runs_in_its_order_bit_for_bit():
+    """overlap_b_f's 1F1B pair B_i + F_{i+1} (one rank, one chunk with side outputs): the combined
+    actions run backward first, and the step's loss, side loss, stats and gradients are the
+    unpaired schedule's bit for bit."""
+    mbs = _micro_batches(4)
+    results = []
+    for overlap in (False, True):
+        spec = PipelineSpec(1, "1f1b", 1, overlap_b_f=overlap)
+        schedule = build_schedule(spec, 4)
+        validate_schedule(schedule)
+        pairs = [a for a in schedule.actions(0) if type(a).__name__ == "Combined"]
+        assert bool(pairs) == overlap and all(a.backward_first for a in pairs)
+        executor = mp.PipelineExecutor(schedule, [SideChunk(0, True)], make_group("pp", [0]))
+        results.append(executor.step(mbs, _loss))
+    plain, fused = results
+    assert [a.label() for a, _, _ in fused.actions] == ["F0", "B0+F1", "B1+F2", "B2+F3", "B3"]
+    assert (plain.loss, plain.side_loss) == (fused.loss, fused.side_loss)
+    np.testing.assert_array_equal(plain.stats[0][0].asnumpy(), fused.stats[0][0].asnumpy())
+    for a, b in zip(plain.grads, fused.grads):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+
+
 def test_deferred_weight_gradient_is_the_unsplit_one_bit_for_bit():
     block = Block(5, bias=True)
     x = Tensor(np.random.default_rng(1).standard_normal((6, H)).astype(np.float32))

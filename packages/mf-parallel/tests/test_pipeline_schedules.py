@@ -133,6 +133,45 @@ def test_overlap_b_f_combines_pairs_without_lengthening_the_plan(pp, m):
     assert simulate(fused).bubble <= simulate(plain).bubble
 
 
+@pytest.mark.parametrize("pp, m", list(itertools.product(PPS, (2, 3, 4, 8, 16))))
+def test_overlap_b_f_under_1f1b_pairs_a_backward_with_the_next_forward(pp, m):
+    """Plain 1F1B (MindFormers' / HyperParallel's OVERLAP_B_F): in the steady state each backward
+    and the forward after it, of another micro-batch, run as one action; rank r warms up with
+    2(pp - 1 - r) forwards, so every pair keeps the plan of plain 1F1B (same bubble and makespan
+    under every cost and p2p semantics) at the price of min(2(pp - r) - 1, m) activations held."""
+    plain, fused = _schedule(pp, m), _schedule(pp, m, overlap_b_f=True)
+    peaks = validate_schedule(fused)
+    pairs = [a for rank in fused.ranks for a in rank if type(a).__name__ == "Combined"]
+    assert fused.combined and fused.overlap_b_f and pairs
+    assert all(c.backward_first and c.backward.mb < c.forward.mb and c.label().startswith("B") for c in pairs)
+    for costs in COSTS:
+        for p2p in ("async", "rendezvous"):
+            assert simulate(fused, costs, p2p).makespan <= simulate(plain, costs, p2p).makespan
+        assert simulate(fused, costs).bubble == simulate(plain, costs).bubble
+    assert peaks == [min(2 * (pp - r) - 1, m) for r in range(pp)]
+    # the last stage runs F0, [B0 F1], [B1 F2], ..., B(m-1): the same computations in the same order
+    last = [a.label() for a in fused.actions(pp - 1) if type(a).__name__ != "Comm"]
+    assert last == ["F0", *(f"B{i}+F{i + 1}" for i in range(m - 1)), f"B{m - 1}"]
+    assert fused.compute_order(pp - 1) == plain.compute_order(pp - 1)
+
+
+@pytest.mark.parametrize("kwargs, m, reason", [
+    (dict(pp=2, schedule="gpipe"), 4, "gpipe runs every forward before every backward"),
+    (dict(pp=2, schedule="zbv"), 4, "ZB-V follows each backward by its weight gradient"),
+    (dict(pp=2), 1, "1f1b with 1 micro-batch per step has no steady state"),
+    (dict(pp=2, interleave_num=2), 2, "interleaved_1f1b with 2 micro-batches per step has no steady state"),
+])
+def test_overlap_b_f_with_nothing_to_pair_leaves_the_schedule_as_it_is(kwargs, m, reason):
+    """A speed knob with nothing to act on in the layout: accepted, the schedule unchanged, and one
+    reason for the executor's notice line."""
+    from mf_parallel.pipeline import overlap_b_f_idle_reason
+
+    fused = mp.build_schedule(mp.resolve_pipeline(**kwargs, overlap_b_f=True), m)
+    assert fused.overlap_b_f and not fused.combined
+    assert fused.ranks == mp.build_schedule(mp.resolve_pipeline(**kwargs), m).ranks
+    assert reason in overlap_b_f_idle_reason(fused)
+
+
 def test_schedules_are_pure_functions():
     a, b = _schedule(4, 8, "zbv"), _schedule(4, 8, "zbv")
     assert a == b and hash(a.ranks) == hash(b.ranks)
@@ -212,8 +251,6 @@ def test_resolve_pipeline(kwargs, spec):
     (dict(pp=2, schedule="zero_bubble"), "pipeline_parallel_schedule: must be one of gpipe, 1f1b, interleaved_1f1b, zbv"),
     (dict(pp=2, schedule="gpipe", interleave_num=2), "interleave_num: must be 1 with pipeline_parallel_schedule 'gpipe'"),
     (dict(pp=2, schedule="gpipe", dxdw_split=True), "enable_dxdw_split: gpipe runs every backward"),
-    (dict(pp=2, overlap_b_f=True), "overlap_b_f: pairs the forward of one model chunk"),
-    (dict(pp=2, schedule="zbv", overlap_b_f=True), "overlap_b_f: has no pair in the ZB-V order"),
     (dict(pp=2, schedule="zbv", interleave_num=3), "zbv places exactly two chunks per rank"),
     (dict(pp=2, schedule="interleaved_1f1b"), "interleaved_1f1b needs pipeline_parallel_interleave_num > 1"),
     (dict(pp=1, dxdw_split=True), "enable_dxdw_split: only acts with pipeline_parallel > 1"),
@@ -230,8 +267,6 @@ def test_micro_batch_count_the_schedule_cannot_use_names_the_fix():
     spec = mp.resolve_pipeline(4, "1f1b", 2)
     with pytest.raises(mp.ParallelConfigError, match=r"multiple of pipeline_parallel = 4, got 6 .*one of \[4, 8, 12, 16\]"):
         mp.build_schedule(spec, 6)
-    with pytest.raises(mp.ParallelConfigError, match="no steady state"):
-        mp.build_schedule(mp.resolve_pipeline(2, "1f1b", 2, overlap_b_f=True), 2)
     with pytest.raises(mp.ParallelConfigError, match="positive integer"):
         mp.build_schedule(mp.resolve_pipeline(2), 0)
 

@@ -63,6 +63,33 @@ def test_recompute_keeps_the_layer_input_and_rebuilds_one_layer(tmp_path, tiny_c
     assert any("attention.wq: not estimated" in n for n in plan.notes)
 
 
+def test_swap_moves_kept_activations_off_the_device_but_not_on_cpu(tmp_path, tiny_config):
+    def plan(device, **sections):
+        cfg = mf_config.load_config(tiny_config(tmp_path, tmp_path / "none", **sections))
+        return mf_trainer.memory_plan(cfg, 1, device=device)
+
+    swap = {"enable": True, "layer_swap": [{"layers": ["0"]}], "op_swap": [{"op_name": "mlp", "layers": ["1"]}]}
+    (cpu,) = plan("CPU", swap=swap).ranks
+    (base,) = plan("CPU").ranks
+    assert (cpu.activations, cpu.transient) == (base.activations, base.transient)
+    assert any("nothing leaves the device" in n for n in plan("CPU", swap=swap).notes)
+    # Ascend (float32 here, as the model asks): layer 0 whole and layer 1's MLP leave the device;
+    # the biggest swapped unit (layer 0) is back on it at a time
+    ascend = plan("Ascend", swap=swap, model={"compute_dtype": "float32"})
+    (none,) = plan("Ascend", model={"compute_dtype": "float32"}).ranks
+    (r,) = ascend.ranks
+    mlp = 4 * 32 * 64
+    assert none.activations_per_microbatch - r.activations_per_microbatch == (LAYER + mlp) * 2 * 4
+    assert r.transient - none.transient == LAYER * 2 * 4
+    assert any(n.startswith(f"swap: {(LAYER + mlp) * 2 * 4 / 2**20:.1f} MiB per micro-batch") for n in ascend.notes)
+    # a fully recomputed layer keeps its input, which swap moves
+    (both,) = plan("Ascend", swap=swap, model={"compute_dtype": "float32"},
+                   recompute={"mode": "full", "full_recompute_layer": ["0"]}).ranks
+    (rc,) = plan("Ascend", model={"compute_dtype": "float32"},
+                 recompute={"mode": "full", "full_recompute_layer": ["0"]}).ranks
+    assert rc.activations_per_microbatch - both.activations_per_microbatch == (32 * 32 + mlp) * 2 * 4
+
+
 def test_pipeline_stages_hold_their_layers_and_ends(tmp_path, tiny_config):
     plan = _plan(tmp_path, tiny_config, world=2, parallelism={"pipeline_parallel": 2},
                  training={"global_batch_size": 8})
@@ -159,14 +186,14 @@ def test_the_memory_plan_imports_no_mindspore(tmp_path, tiny_config):
     assert run.returncode == 0, run.stderr
 
 
-def test_recompute_comm_acts_under_tp_and_is_refused_without_it(tmp_path, tiny_config):
+def test_recompute_comm_acts_under_tp_and_is_a_notice_without_it(tmp_path, tiny_config):
     cfg = mf_config.load_config(tiny_config(
         tmp_path, tmp_path / "none", recompute_comm={"enable": True, "select_module": {"attention": ["0-1"]}},
         monitor={"train_state": {"local_norm": "wq"}}))
-    lines = dict(mf_trainer.preflight(cfg, "launch", 2, "CPU").problems)
-    assert "tensor_parallel is 1: there are none" in lines["recompute_comm.enable"]
-    assert "monitor.train_state.local_norm" not in lines
-    assert "has none" in dict(mf_trainer.preflight(cfg, "train", 1, "CPU").problems)["recompute_comm.enable"]
+    report = mf_trainer.preflight(cfg, "launch", 2, "CPU")   # nothing to recompute: accepted, one notice
+    assert report.ok and "tensor_parallel is 1: there are none here" in dict(report.notices)["recompute_comm.enable"]
+    alone = mf_trainer.preflight(cfg, "train", 1, "CPU")
+    assert alone.ok and "a single-process run has none" in dict(alone.notices)["recompute_comm.enable"]
     tp2 = mf_config.load_config(tiny_config(
         tmp_path, tmp_path / "none", parallelism={"tensor_parallel": 2},
         recompute_comm={"enable": True, "select_module": {"attention.qkv": ["0-1"], "ffn_norm": ["1"]}}))

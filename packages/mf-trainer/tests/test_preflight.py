@@ -19,9 +19,9 @@ def _cfg(tmp_path, tiny_config, **sections):
 
 def test_every_independent_problem_is_one_keyed_line(tmp_path, tiny_config):
     cfg = _cfg(tmp_path, tiny_config, parallelism={"pipeline_parallel": 2, "data_parallel_shard_strategy": "optim"},
-               model={"hidden_sizee": 8}, inference={"top_k": 3}, monitor={"train_state": {"local_norm": "wq("}})
+               model={"hidden_sizee": 8}, inference={"prompts": ["hi"]}, monitor={"train_state": {"local_norm": "wq("}})
     report = mf_trainer.preflight(cfg, "train", world=1, device="CPU")
-    assert report.keys == ["inference.top_k", "parallelism.data_parallel_shard_strategy", "parallelism.pipeline_parallel",
+    assert report.keys == ["tokenizer.path", "parallelism.data_parallel_shard_strategy", "parallelism.pipeline_parallel",
                            "model.hidden_sizee", "monitor.train_state.local_norm"]
     with pytest.raises(PreflightError) as err:
         report.raise_for_problems()
@@ -33,9 +33,95 @@ def test_world_and_device_checks_are_skipped_and_named_without_them(tmp_path, ti
     cfg = _cfg(tmp_path, tiny_config, parallelism={"tensor_parallel": 2}, context={"device_id": 1})
     report = mf_trainer.preflight(cfg, "train")
     assert report.ok and any("world size" in s for s in report.skipped) and any("device" in s for s in report.skipped)
-    assert mf_trainer.preflight(cfg, "train", world=1, device="CPU").keys == ["parallelism.tensor_parallel",
-                                                                               "context.device_id"]
+    report = mf_trainer.preflight(cfg, "train", world=1, device="CPU")
+    assert report.keys == ["parallelism.tensor_parallel"] and [n.key for n in report.notices] == ["context.device_id"]
     assert mf_trainer.preflight(cfg, "launch", world=2, device="Ascend").ok
+
+
+# The one policy: a speed, memory or telemetry knob with nothing to act on in this device or layout is
+# accepted with exactly one notice line naming it and why. (command, world, device, sections, line)
+NOTICED = [
+    ("train", 1, "CPU", {"parallelism": {"pipeline_parallel_overlap_p2p": True}},
+     "parallelism.pipeline_parallel_overlap_p2p: True only acts with pipeline_parallel > 1"),
+    ("train", 1, "CPU", {"parallelism": {"pipeline_parallel_overlap_b_f": True}},
+     "parallelism.pipeline_parallel_overlap_b_f: True only acts with pipeline_parallel > 1"),
+    ("train", 1, "CPU", {"parallelism": {"pipeline_parallel_enable_dxdw_split": True}},
+     "parallelism.pipeline_parallel_enable_dxdw_split: True only acts with pipeline_parallel > 1"),
+    ("train", 1, "CPU", {"parallelism": {"pipeline_parallel_interleave_num": 2}},
+     "parallelism.pipeline_parallel_interleave_num: 2 only acts with pipeline_parallel > 1"),
+    ("train", 1, "CPU", {"parallelism": {"pipeline_parallel_schedule": "zbv"}},
+     "parallelism.pipeline_parallel_schedule: 'zbv' only acts with pipeline_parallel > 1"),
+    ("train", 1, "CPU", {"parallelism": {"context_parallel_async": True}},
+     "parallelism.context_parallel_async: True only acts with context_parallel > 1"),
+    ("train", 1, "CPU", {"parallelism": {"context_parallel_method": "ulysses"}},
+     "parallelism.context_parallel_method: 'ulysses' only acts with context_parallel > 1"),
+    ("launch", 2, "CPU", {"parallelism": {"context_parallel": 2, "context_parallel_method": "ulysses",
+                                          "context_parallel_async": True}},
+     "parallelism.context_parallel_async: true has nothing to overlap with context_parallel_method 'ulysses'"),
+    ("launch", 2, "CPU", {"parallelism": {"context_parallel": 2, "context_parallel_async": True}},
+     "parallelism.context_parallel_async: collectives are synchronous on device_target CPU"),
+    ("launch", 2, "CPU", {"parallelism": {"context_parallel": 2, "ulysses_degree_in_cp": 2}},
+     "parallelism.ulysses_degree_in_cp: 2: context_parallel_method 'colossal' is a pure ring"),
+    ("train", 1, "CPU", {"parallelism": {"cpu_offload": True}},
+     "parallelism.cpu_offload: parameters and optimizer states already live in host memory"),
+    ("train", 1, "CPU", {"parallelism": {"reshard_after_forward_policy": "always"}},
+     "parallelism.reshard_after_forward_policy: 'always' only acts with data parallelism over several ranks"),
+    ("launch", 2, "CPU", {"parallelism": {"tensor_parallel": 2, "disable_gradient_division": False}},
+     "parallelism.disable_gradient_division: False only acts with data parallelism"),
+    ("train", 1, "CPU", {"parallelism": {"sequence_parallel": True}},
+     "parallelism.sequence_parallel: true: sequence parallelism follows tensor_parallel, which is 1"),
+    ("train", 1, "CPU", {"recompute_comm": {"enable": True, "select_module": {"attention": ["0"]}}},
+     "recompute_comm.enable: recomputes communication operators; a single-process run has none"),
+    ("train", 1, "CPU", {"profiler": {"start_step": 2, "end_step": 3}},
+     "profiler.start_step: set while profiler.enable_profiling is false"),
+    ("train", 1, "CPU", {"profiler": {"enable_profiling": True, "start_step": 2, "end_step": 60}},
+     "profiler.end_step: 60 is after the last step (6): the profile ends there"),
+    ("train", 1, "CPU", {"profiler": {"enable_profiling": True, "start_step": 7, "end_step": 9}},
+     "profiler.start_step: 7 is after the last step (6): nothing is profiled"),
+    ("train", 1, "CPU", {"profiler": {"enable_profiling": True, "profiler_level": 1}},
+     "profiler.profiler_level: 1: the detail levels select Ascend kernel and AI Core data"),
+    ("train", 1, "CPU", {"profiler": {"enable_profiling": True, "mstx": True}},
+     "profiler.mstx: True: the mstx markers are recorded by the Ascend toolkit"),
+    ("train", 1, "CPU", {"profiler": {"enable_profiling": True}},
+     "profiler.with_stack: True: call stacks are collected with Ascend activity"),
+    ("train", 1, "CPU", {"profiler": {"enable_profiling": True, "profile_cpu": False}},
+     "profiler.profile_cpu: false: on device_target CPU the CPU activity is all there is"),
+    ("train", 1, "CPU", {"optimizer": {"weight_decay_exclude": ["bias", "norm"]}},
+     "optimizer.weight_decay_exclude: pattern 'bias' matches no parameter of this model"),
+    ("train", 1, "CPU", {"inference": {"batch_size": 4}},
+     "inference.batch_size: set without inference.prompts or input_file"),
+    ("train", 1, "CPU", {"context": {"device_id": 3}}, "context.device_id: 3: a CPU run has no device index"),
+    ("eval", 1, "CPU", {"run_mode": "eval", "checkpoint": {"load_path": "w"}, "parallelism": {"tensor_parallel": 2},
+                        "eval_dataset": {"dataloader": {"type": "BlendedMegatronDatasetDataLoader", "sizes": [0, 9, 0],
+                                                        "column_names": ["input_ids", "labels", "loss_mask"]}}},
+     "parallelism.tensor_parallel: 2: this command runs in one process, so the layout has nothing to act on"),
+]
+
+
+@pytest.mark.parametrize("command, world, device, sections, line", NOTICED, ids=[c[4].split(":")[0] for c in NOTICED])
+def test_knobs_with_nothing_to_act_on_are_notices(tmp_path, tiny_config, command, world, device, sections, line):
+    report = mf_trainer.preflight(_cfg(tmp_path, tiny_config, **sections), command, world, device)
+    assert report.ok, report.lines()
+    said = [n for n in report.notice_lines() if n.startswith("notice: " + line.split(":")[0] + ":")]
+    assert len(said) == 1 and said[0].startswith("notice: " + line), report.notice_lines()
+
+
+@pytest.mark.parametrize("sections, line", [
+    ({"parallelism": {"cpu_offload": True}}, "parallelism.cpu_offload: not supported by mf-parallel on Ascend yet"),
+    ({"optimizer": {"weight_decay_exclude": ["bais", "nrom"]}},
+     "optimizer.weight_decay_exclude: no pattern of ['bais', 'nrom'] matches a parameter of this model"),
+])
+def test_what_cannot_act_anywhere_stays_refused(tmp_path, tiny_config, sections, line):
+    lines = mf_trainer.preflight(_cfg(tmp_path, tiny_config, **sections), "train", 1, "Ascend").lines()
+    assert [got for got in lines if got.startswith(line)], lines
+
+
+def test_an_eval_interval_past_the_run_evaluates_at_its_end(tmp_path, tiny_config):
+    raw = tiny_config(tmp_path, tmp_path / "none")
+    raw["eval_dataset"] = {"dataloader": dict(raw["train_dataset"]["dataloader"], sizes=[0, 50, 0]),
+                           "eval_interval": 100, "eval_iters": 1}
+    report = mf_trainer.preflight(mf_config.load_config(raw), "train", 1, "CPU")
+    assert report.ok and report.notices == [], report.lines() + report.notice_lines()
 
 
 def test_model_and_layout_checks(tmp_path, tiny_config):
@@ -52,8 +138,6 @@ def test_model_and_layout_checks(tmp_path, tiny_config):
 
 
 CP_REFUSED = [
-    ({"context_parallel": 2, "context_parallel_method": "ulysses", "context_parallel_async": True}, {}, 2,
-     "parallelism.context_parallel_async: true has nothing to overlap with context_parallel_method 'ulysses'"),
     ({"context_parallel": 4, "context_parallel_method": "ulysses"}, {}, 4,
      "parallelism.context_parallel: 4 does not divide the 2 attention heads a tensor-parallel rank holds; Ulysses "
      "splits heads over the cp ranks: use context_parallel one of [2] or context_parallel_method 'colossal'"),
@@ -66,8 +150,6 @@ CP_REFUSED = [
     ({"context_parallel": 2, "pipeline_parallel": 2}, {}, 4,
      "parallelism.context_parallel: 2 with pipeline_parallel 2 is not implemented (pipeline stages have no "
      "context-parallel attention); use one of them"),
-    ({"context_parallel_method": "ulysses"}, {}, 2,
-     "parallelism.context_parallel_method: 'ulysses' only acts with context_parallel > 1 (leave it at its default)"),
     ({"context_parallel": 2}, {}, 1,
      "parallelism.context_parallel: 2 > 1 needs 2 ranks; this process runs alone: start it with `mf launch -n N` "
      "(N a multiple of 2)"),

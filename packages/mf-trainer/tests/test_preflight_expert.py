@@ -1,6 +1,7 @@
 """The preflight under expert parallelism: the layouts that run (ep = the data-parallel size or a
 divisor of it on a MoE model, alltoall with or without tensor parallelism, alltoall_deredundancy
-over every data-parallel rank), and one keyed line for each combination that is refused."""
+over every data-parallel rank, beside tensor parallelism and in pipeline stages), and one keyed
+line for each combination that is refused."""
 
 from __future__ import annotations
 
@@ -34,7 +35,17 @@ def _lines(tmp_path, tiny_config, parallelism, world, model=None):
                                                 ({"expert_parallel": 2, "tensor_parallel": 2}, 8),
                                                 ({"expert_parallel": 2, "context_parallel": 2}, 2),
                                                 ({"expert_parallel": 4, "context_parallel": 2}, 4),
-                                                ({"expert_parallel": 2, "pipeline_parallel": 2}, 4)])
+                                                ({"expert_parallel": 2, "pipeline_parallel": 2}, 4),
+                                                # the two-level dispatcher beside tp, in pipeline stages, and
+                                                # the seed's TP2 x PP2 x EP over FSDP layout kinds (8 and 32 ranks)
+                                                (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 1,
+                                                                 "tensor_parallel": 2}, 4),
+                                                (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 2,
+                                                                 "pipeline_parallel": 2}, 4),
+                                                (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 1,
+                                                                 "tensor_parallel": 2, "pipeline_parallel": 2}, 8),
+                                                (DEREDUNDANCY | {"expert_parallel": 4, "npu_nums_per_device": 4,
+                                                                 "tensor_parallel": 2, "pipeline_parallel": 2}, 16)])
 def test_expert_parallel_over_the_data_parallel_ranks_runs(tmp_path, tiny_config, parallelism, world):
     assert _lines(tmp_path, tiny_config, parallelism, world) == []
 
@@ -64,8 +75,6 @@ REFUSED = [
     # MoE pipeline stages with their experts over every data-parallel rank of a stage, alltoall only.
     ({"expert_parallel": 2, "pipeline_parallel": 2}, 8, None,
      "parallelism.pipeline_parallel: 2 with data-parallel ranks (world=8 pp=2 dp_replicate=1 dp_shard=4"),
-    (DEREDUNDANCY | {"expert_parallel": 2, "pipeline_parallel": 2, "npu_nums_per_device": 2}, 4, None,
-     "parallelism.moe_token_dispatcher_type: 'alltoall_deredundancy' in MoE pipeline stages is not proven"),
     ({"expert_parallel": 2, "data_parallel_shard": 2}, 4, None,
      "parallelism.expert_parallel: 2 with data-parallel replicas (HSDP: data_parallel_shard 2 of 4) is not proven"),
     ({"expert_parallel": 2, "data_parallel_shard": 2, "tensor_parallel": 2}, 8, None,
@@ -76,19 +85,30 @@ REFUSED = [
     (DEREDUNDANCY | {"expert_parallel": 4, "npu_nums_per_device": 3}, 4, None,
      "parallelism.npu_nums_per_device: 3 does not divide expert_parallel 4 (alltoall_deredundancy groups the ep "
      "ranks by npu_nums_per_device; expert_parallel must be a multiple of it); use one of [1, 2, 4]"),
-    ({"expert_parallel": 2, "npu_nums_per_device": 2}, 2, None,
-     "parallelism.npu_nums_per_device: 2 only acts with moe_token_dispatcher_type 'alltoall_deredundancy' (leave "
-     "it at its default, or use that dispatcher)"),
-    # The two-level dispatcher is proven with ep over every data-parallel rank and no tp (EP4 in groups of 2).
+    # The two-level dispatcher is proven with ep over every data-parallel rank (EP4 in groups of 2, and
+    # beside tp and pipeline stages on 8 ranks).
     (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 2}, 4, None,
      "parallelism.moe_token_dispatcher_type: 'alltoall_deredundancy' with expert_parallel 2 below the 4 "
      "data-parallel ranks is not proven yet"),
-    (DEREDUNDANCY | {"expert_parallel": 2, "npu_nums_per_device": 2, "tensor_parallel": 2}, 4, None,
-     "parallelism.moe_token_dispatcher_type: 'alltoall_deredundancy' with tensor_parallel 2 is not proven yet"),
-    ({"npu_nums_per_device": 2}, 2, None,
-     "parallelism.npu_nums_per_device: 2 only acts with expert_parallel > 1 and moe_token_dispatcher_type "
-     "'alltoall_deredundancy' (leave it at its default)"),
 ]
+
+# The dispatcher's group size where the dispatcher has no groups: accepted, one notice line.
+NOTICED = [
+    ({"expert_parallel": 2, "npu_nums_per_device": 2}, 2,
+     "notice: parallelism.npu_nums_per_device: 2 only acts with moe_token_dispatcher_type 'alltoall_deredundancy'"),
+    ({"npu_nums_per_device": 2}, 2,
+     "notice: parallelism.npu_nums_per_device: 2 only acts with expert_parallel > 1 and moe_token_dispatcher_type "
+     "'alltoall_deredundancy'"),
+]
+
+
+@pytest.mark.parametrize("parallelism, world, line", NOTICED)
+def test_dispatcher_knobs_without_their_dispatcher_are_notices(tmp_path, tiny_config, parallelism, world, line):
+    cfg = mf_config.load_config(tiny_config(tmp_path, tmp_path / "none", parallelism=parallelism, model=MIXTRAL,
+                                            training={"local_batch_size": 1, "global_batch_size": 8}))
+    report = mf_trainer.preflight(cfg, "launch", world=world, device="CPU")
+    assert report.ok, report.lines()
+    assert [n for n in report.notice_lines() if n.startswith(line)], report.notice_lines()
 
 
 @pytest.mark.parametrize("parallelism, world, model, line", REFUSED)

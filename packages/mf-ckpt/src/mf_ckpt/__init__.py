@@ -3,6 +3,7 @@
 Depends on numpy and safetensors only (tqdm for progress bars); never on MindSpore.
 """
 
+from .ckpt_dir import committed_checkpoint
 from .collectives import Collective, RankFailed, SingleProcess, ThreadedWorld, exchange_bytes, run_threaded
 from .dtypes import BF16, bf16_from_float32, to_float32
 from .errors import CheckpointError
@@ -50,6 +51,7 @@ __all__ = [
     "__version__",
     "bf16_from_float32",
     "check_config_shapes",
+    "committed_checkpoint",
     "exchange_bytes",
     "find_tokenizer",
     "hf_to_mf",

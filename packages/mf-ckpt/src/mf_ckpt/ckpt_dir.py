@@ -28,6 +28,22 @@ _MARKER_MAX = 24  # bytes: 18 digits (an int64 step) and surrounding whitespace
 _MARKER_RE = re.compile(rb"\s*[0-9]{1,18}\s*")
 
 
+# An iteration directory's number has at most 18 digits (an int64 step): what loading and the
+# marker accept, so what saving accepts too.
+MAX_ITERATION = 10 ** 18 - 1
+
+
+def check_iteration(iteration, what: str = "iteration") -> int:
+    """`iteration` as an int in [0, MAX_ITERATION]; CheckpointError (one line) otherwise."""
+    import numbers
+
+    if isinstance(iteration, bool) or not isinstance(iteration, numbers.Integral) \
+            or not 0 <= iteration <= MAX_ITERATION:
+        raise CheckpointError(f"{what} must be an integer in [0, {MAX_ITERATION}] (at most 18 digits), "
+                              f"got {iteration!r}")
+    return int(iteration)
+
+
 def iteration_name(iteration: int) -> str:
     return f"iteration_{iteration:08d}"
 
@@ -96,6 +112,14 @@ def iteration_dir(root: Path, iteration: int) -> Path:
     if kept.is_dir():
         return kept
     raise CheckpointError(f"{root}: checkpoint directory {iteration_name(iteration)} is missing")
+
+
+def committed_checkpoint(save_path: str | Path) -> Path | None:
+    """The directory of the checkpoint committed in `save_path` (the one its marker names: what a
+    resume loads), None when nothing is committed there. Reads the marker only, so it answers
+    while another process writes the next checkpoint; a corrupt marker is a CheckpointError."""
+    iteration = read_marker(Path(save_path))
+    return None if iteration is None else iteration_dir(Path(save_path), iteration)
 
 
 def resolve(path: Path, iteration: int | None = None) -> tuple[Path, int]:

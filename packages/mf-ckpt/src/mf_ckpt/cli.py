@@ -44,8 +44,8 @@ def _size(text: str) -> int:
 ITERATION_HELP = "an iteration other than the latest committed one (mf save directories)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="mf-ckpt", description="Inspect, verify, merge and convert mf checkpoints.")
+def build_parser(prog: str = "mf-ckpt") -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description="Inspect, verify, merge and convert mf checkpoints.")
     parser.add_argument("--version", action="version", version=f"mf-ckpt {__version__}",
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
@@ -202,27 +202,28 @@ def _written(out: str) -> str:
     return f" [{'; '.join(extra)}]"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `mf-ckpt` and of `mf ckpt`; returns the exit status."""
+def main(argv: Sequence[str] | None = None, prog: str = "mf-ckpt") -> int:
+    """Entry point of `mf-ckpt` and of `mf ckpt` (`prog`: the name it is called by, in usage and
+    messages); returns the exit status."""
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(prog).parse_args(argv)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             status = _run(args)
         for w in caught:
-            print(f"mf-ckpt: warning: {w.message}", file=sys.stderr)
+            print(f"{prog}: warning: {w.message}", file=sys.stderr)
         return status
     except (_UsageError, CheckpointError) as e:
-        print(f"mf-ckpt: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # `mf-ckpt inspect DIR | head`: the reader left, nothing to report
         sys.stdout = open(os.devnull, "w")  # keeps the interpreter's exit flush quiet
         return 0
     except OSError as e:  # disk full, permission denied...: still one line, nothing half-written
-        print(f"mf-ckpt: error: {e.filename or ''}: {e.strerror or e}".replace("error: : ", "error: "), file=sys.stderr)
+        print(f"{prog}: error: {e.filename or ''}: {e.strerror or e}".replace("error: : ", "error: "), file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("mf-ckpt: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -121,7 +121,7 @@ def loads_json(raw: bytes | str, where: str, what: str):
         value = json.loads(raw)
     except RecursionError:
         raise CheckpointError(f"{where}: {what} nests too deeply to be read") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:     # ValueError: also an integer of 5000 digits
         raise CheckpointError(f"{where}: {what} is not valid JSON ({e})") from None
     if not json_depth_ok(value):
         raise CheckpointError(f"{where}: {what} nests more than {MAX_JSON_DEPTH} levels deep")

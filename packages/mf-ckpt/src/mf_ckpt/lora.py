@@ -110,12 +110,22 @@ def plan_merge(base_shapes: Mapping[str, tuple[int, ...]], adapter_shapes: Mappi
     return {m + ".weight": m for m in modules}
 
 
-def merged_weight(weight: np.ndarray, lora_a: np.ndarray, lora_b: np.ndarray, scale: float) -> np.ndarray:
-    """`weight + scale * lora_b @ lora_a` in float64, returned in the weight's dtype (BF16 included)."""
+def merged_weight(weight: np.ndarray, lora_a: np.ndarray, lora_b: np.ndarray, scale: float,
+                  name: str = "weight") -> np.ndarray:
+    """`weight + scale * lora_b @ lora_a` in float64, returned in the weight's dtype (BF16 included).
+    CheckpointError when that makes values the weight's dtype cannot hold (inf or NaN where the
+    base was finite: an alpha like 1e308, or an adapter that diverged), rather than writing them."""
     code = dtypes.code_of(weight.dtype)
     w = dtypes.to_float32(weight).astype(np.float64)
     delta = np.asarray(dtypes.to_float32(lora_b), np.float64) @ np.asarray(dtypes.to_float32(lora_a), np.float64)
-    return dtypes.cast((w + scale * delta).astype(np.float32), code) if code != "F64" else w + scale * delta
+    with np.errstate(over="ignore", invalid="ignore"):
+        merged = w + scale * delta
+        out = dtypes.cast(merged.astype(np.float32), code) if code != "F64" else merged
+    broken = ~np.isfinite(out if code == "F64" else dtypes.to_float32(out)) & np.isfinite(w)
+    if broken.any():
+        raise CheckpointError(f"{name}: merging the adapter (alpha / rank = {scale:g}) gives {int(broken.sum())} "
+                              f"non-finite value(s) where the base weight is finite; nothing was written")
+    return out
 
 
 def merge_lora(base_state: Mapping[str, np.ndarray], adapter_state: Mapping[str, np.ndarray],
@@ -130,7 +140,7 @@ def merge_lora(base_state: Mapping[str, np.ndarray], adapter_state: Mapping[str,
     merged = dict(base_state)
     for weight_name, m in plan.items():
         merged[weight_name] = merged_weight(np.asarray(base_state[weight_name]), np.asarray(adapter_state[m + ".lora_a"]),
-                                            np.asarray(adapter_state[m + ".lora_b"]), scale)
+                                            np.asarray(adapter_state[m + ".lora_b"]), scale, weight_name)
     return merged
 
 

@@ -87,7 +87,7 @@ def merge_lora_checkpoint(base, adapter, out, *, to: str = "mf", hf_config=None,
         value = read_box(layout, pool, "model", name)
         if name in plan:
             m = plan[name]
-            value = merged_weight(value, adapter_state[m + ".lora_a"], adapter_state[m + ".lora_b"], scale)
+            value = merged_weight(value, adapter_state[m + ".lora_a"], adapter_state[m + ".lora_b"], scale, name)
         return value
 
     config = None
@@ -102,7 +102,9 @@ def merge_lora_checkpoint(base, adapter, out, *, to: str = "mf", hf_config=None,
         config = config if isinstance(config, dict) else None
     headers = validate_files(layout, {("model", n) for n in metas})
     total = sum(m.nbytes for m in metas.values())
-    tokenizer = tokenizer_bytes(adapter_layout) or tokenizer_bytes(layout)
+    tokenizer, tokenizer_source = tokenizer_bytes(adapter_layout), str(adapter_layout.root)
+    if not tokenizer:
+        tokenizer, tokenizer_source = tokenizer_bytes(layout), str(layout.root)
     with atomic_output_dir(out, overwrite=overwrite) as tmp, ReaderPool(headers) as pool:
         if to == "mf":
             entries = [Entry(name, m.dtype, m.shape, lambda name=name: whole(pool, name)) for name, m in metas.items()]
@@ -125,7 +127,7 @@ def merge_lora_checkpoint(base, adapter, out, *, to: str = "mf", hf_config=None,
                     entries.append(Entry(p.hf, code, p.hf_shape, read))
             generation = _generation_config(adapter_layout) or _generation_config(layout)
             write_hf_files(tmp, entries, config, limit, generation_config=generation, tokenizer=tokenizer,
-                           progress=progress)
+                           progress=progress, source=tokenizer_source)
     return {"modules": len(plan), "rank": meta["rank"], "alpha": meta["alpha"], "bytes": total,
             "base": str(layout.root), "adapter": str(adapter), "out": str(out), "to": to}
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import assets as carried
-from .errors import CheckpointError, brief
+from .errors import CheckpointError, brief, first_few
 from .fsutil import atomic_output_dir, read_json
 from .hf.convert import plan_for
 from .hf.io import read_config
@@ -112,11 +112,12 @@ def export_peft(layout: CheckpointLayout, meta: Mapping[str, Any], dst, *, hf_co
         "alpha_pattern": {},
     }
     tokenizer = tokenizer_bytes(layout)
+    tokenizer = hf_export_files(tokenizer, hf_config, where) if tokenizer else {}
     with atomic_output_dir(dst, overwrite=overwrite) as tmp:
         write_file(tmp / ADAPTER_WEIGHTS, entries, {"format": "pt"})
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         if tokenizer:
-            write_files(tmp, hf_export_files(tokenizer, hf_config, where))
+            write_files(tmp, tokenizer)
     return Path(dst)
 
 
@@ -140,6 +141,76 @@ def _check_config(cfg: Any, where: str) -> tuple[int, float, float]:
         raise CheckpointError(f"{where}: use_rslora must be true or false, got {brief(cfg.get('use_rslora'))}")
     # PEFT scales by lora_alpha / sqrt(r) under rsLoRA; mf by alpha / r: the same update needs alpha * sqrt(r).
     return rank, float(alpha) * math.sqrt(rank) if cfg.get("use_rslora") else float(alpha), float(dropout)
+
+
+def _strings(value: Any) -> list[str] | None:
+    if isinstance(value, (list, tuple, set)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    return None
+
+
+def _named_by(entries: list[str], module: str) -> bool:
+    """PEFT's list form: a module is named by an entry equal to it or ending its dotted name."""
+    return module in entries or any(module.endswith("." + e) for e in entries)
+
+
+def _layer_index(module: str, patterns: list[str]) -> int | None:
+    """The index of the layer a module sits in, found as PEFT finds it (the first numbered
+    segment, or the one after one of `layers_pattern`)."""
+    if not patterns:
+        found = re.match(r".*?\.[^.]*\.(\d+)\.", module)
+    else:
+        found = next((m for p in patterns if (m := re.match(rf"(?:^|.*?\.){p}\.(\d+)\.", module))), None)
+    return int(found.group(1)) if found else None
+
+
+def peft_targets(cfg: dict, modules: Iterable[str], linear: Iterable[str], where: str) -> set[str]:
+    """The modules of the base model (transformers names) PEFT applies this adapter_config's LoRA to:
+    `exclude_modules`, then `target_modules` (a regex matched whole, "all-linear", or a list of
+    names / name endings), then, for a list, `layers_to_transform` / `layers_pattern`."""
+    targets, exclude = cfg.get("target_modules"), cfg.get("exclude_modules")
+    if targets is None:
+        raise CheckpointError(f"{where}: target_modules is missing (PEFT saves the modules it adapted)")
+    if not isinstance(targets, str) and _strings(targets) is None:
+        raise CheckpointError(f"{where}: target_modules must be a regular expression or a list of module names, "
+                              f"got {brief(targets)}")
+    if exclude is not None and not isinstance(exclude, str) and _strings(exclude) is None:
+        raise CheckpointError(f"{where}: exclude_modules must be a regular expression or a list of module names, "
+                              f"got {brief(exclude)}")
+    layers, pattern = cfg.get("layers_to_transform"), cfg.get("layers_pattern")
+    if layers is not None and not (type(layers) is int or (isinstance(layers, list)
+                                                           and all(type(v) is int for v in layers))):
+        raise CheckpointError(f"{where}: layers_to_transform must be a layer index or a list of them, got {brief(layers)}")
+    patterns = [pattern] if isinstance(pattern, str) and pattern else _strings(pattern) if pattern else []
+    if patterns is None:
+        raise CheckpointError(f"{where}: layers_pattern must be a name or a list of names, got {brief(pattern)}")
+
+    def matches(regex: str, module: str) -> bool:
+        try:
+            return re.fullmatch(regex, module) is not None
+        except re.error as exc:
+            raise CheckpointError(f"{where}: {brief(regex)} is not a regular expression ({exc})") from None
+
+    chosen = set()
+    for module in modules:
+        if exclude and (matches(exclude, module) if isinstance(exclude, str) else _named_by(exclude, module)):
+            continue
+        if isinstance(targets, str):
+            if targets.lower() == "all-linear":
+                if module in set(linear):
+                    chosen.add(module)
+            elif matches(targets, module):
+                chosen.add(module)
+        elif module in targets:
+            chosen.add(module)
+        elif _named_by(targets, module):
+            if layers is None or layers == []:
+                chosen.add(module)
+            else:
+                index = _layer_index(module, patterns)
+                if index is not None and (index == layers if type(layers) is int else index in layers):
+                    chosen.add(module)
+    return chosen
 
 
 def _base_config(src: Path, cfg: dict, hf_config) -> tuple[dict, str | None]:
@@ -193,6 +264,19 @@ def import_peft(src, dst, *, arch: str | None = None, iteration: int = 0, hf_con
                                   f"{plan.summary} model")
         found[f"{module}.lora_{m.group(2).lower()}"] = key
     modules = _modules(set(found), str(weights))
+    # What PEFT itself would adapt: weights for a module its config does not target are ignored
+    # there (an unexpected key), so converting them would merge what PEFT never applies.
+    hf_modules = module_names(plan)
+    linear = [hf for mf, hf in hf_modules.items() if len(plan.targets[mf + ".weight"].shape) == 2
+              and not hf.endswith(("embed_tokens", "lm_head"))]
+    targeted = peft_targets(cfg, hf_modules.values(), linear, where)
+    stray = sorted(hf_modules[m] for m in modules if hf_modules[m] not in targeted)
+    if stray:
+        raise CheckpointError(
+            f"{where}: {ADAPTER_WEIGHTS} holds LoRA weights for {len(stray)} module(s) its target_modules "
+            f"{brief(cfg.get('target_modules'))}" + (f" / layers_to_transform {brief(cfg.get('layers_to_transform'))}"
+                                                     if cfg.get("layers_to_transform") not in (None, []) else "")
+            + f" does not select ({first_few(stray)}): PEFT would leave them out; the config and the weights disagree")
     shapes = {name: header.tensors[key].shape for name, key in found.items()}
     meta = make_lora_adapter_meta(rank=rank, alpha=alpha, dropout=dropout, modules=modules,
                                   target_modules="|".join(re.escape(m) for m in modules), base=base,

@@ -46,6 +46,7 @@ from .ckpt_dir import (
     FORMAT,
     FORMAT_VERSION,
     METADATA,
+    check_iteration,
     iteration_name,
     read_marker,
     replaced_name,
@@ -199,9 +200,7 @@ class Saver:
         error = states = common_json = per_rank_json = None
         prepared: dict[str, bytes] = {}
         try:
-            if isinstance(iteration, bool) or not isinstance(iteration, (int, np.integer)) or iteration < 0:
-                raise CheckpointError(f"iteration must be a non-negative integer, got {iteration!r}")
-            iteration = int(iteration)
+            iteration = check_iteration(iteration)
             states = {"model": as_sharded(model_state, "model")}
             if optimizer_state is not None and not opts.no_save_optim:
                 states["optimizer"] = as_sharded(optimizer_state, "optimizer")

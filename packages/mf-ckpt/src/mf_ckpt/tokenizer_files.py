@@ -14,7 +14,6 @@ itself a tokenizer directory; `CarriedTokenizer.path` is what mf-data's `load_to
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from . import assets
 from .errors import CheckpointError
 from .fsutil import loads_json
 from .layout import CheckpointLayout
+from .sentencepiece_json import config_bytes, sentencepiece_tokenizer_json
 
 TOKENIZER_DIR = "tokenizer"
 
@@ -108,17 +108,35 @@ def find_tokenizer(path: str | os.PathLike, iteration: int | None = None) -> Car
 
 def hf_export_files(files: Mapping[str, bytes], hf_config: Mapping[str, Any], where: str) -> dict[str, bytes]:
     """The tokenizer files of an HF export: as carried, with `model_max_length` in
-    tokenizer_config.json (the model's max_position_embeddings) when the tokenizer does not say."""
+    tokenizer_config.json (the model's max_position_embeddings) when the tokenizer does not say.
+
+    A sentencepiece tokenizer (tokenizer.model without tokenizer.json, what mf-trainer carries)
+    gains a tokenizer.json that encodes and decodes as sentencepiece does, and a
+    tokenizer_config.json naming `PreTrainedTokenizerFast`, the class every transformers version
+    loads it with as it is (see sentencepiece_json); tokenizer.model stays beside it for tools
+    that read sentencepiece itself."""
     out = dict(files)
-    limit = hf_config.get("max_position_embeddings")
-    if "tokenizer_config.json" in out and isinstance(limit, int) and not isinstance(limit, bool):
+    config: dict[str, Any] | None = None
+    before = None
+    if "tokenizer_config.json" in out:
         config = loads_json(out["tokenizer_config.json"], f"{where}/{TOKENIZER_DIR}/tokenizer_config.json",
                             "tokenizer_config.json")
         if not isinstance(config, dict):
             raise CheckpointError(f"{where}/{TOKENIZER_DIR}/tokenizer_config.json: must be a JSON object")
-        if config.get("model_max_length") is None:
-            config["model_max_length"] = limit
-            out["tokenizer_config.json"] = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8")
+        before = dict(config)
+    if "tokenizer.model" in out and "tokenizer.json" not in out:
+        exported = sentencepiece_tokenizer_json(out["tokenizer.model"], f"{where}/{TOKENIZER_DIR}/tokenizer.model")
+        out["tokenizer.json"] = exported.tokenizer_json
+        # the carried config's other keys (chat template, model_max_length, ...) stay; the keys that
+        # say how to load and encode are the exported tokenizer's
+        config = {**(config or {}), **exported.config}
+        config.pop("auto_map", None)
+    limit = hf_config.get("max_position_embeddings")
+    if config is not None and config.get("model_max_length") is None and isinstance(limit, int) \
+            and not isinstance(limit, bool):
+        config["model_max_length"] = limit
+    if config is not None and config != before:      # a config left as it is keeps its bytes
+        out["tokenizer_config.json"] = config_bytes(config)
     return out
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import assets as carried
 from . import jsonable
-from .ckpt_dir import COMMON, METADATA, iteration_name, shard_file, write_marker
+from .ckpt_dir import COMMON, METADATA, check_iteration, iteration_name, shard_file, write_marker
 from .errors import CheckpointError
 from .extract import read_box
 from .fsutil import atomic_output_dir, check_not_an_input, check_output_dir, read_json
@@ -100,6 +100,7 @@ def convert_hf_to_mf(src, dst, *, arch: str | None = None, iteration: int = 0, h
     the base's config.json when the adapter does not name a local base)."""
     from .peft import import_peft, is_peft_dir
 
+    iteration = check_iteration(iteration, "--iteration")
     check_not_an_input(dst, [src, hf_config if isinstance(hf_config, (str, Path)) else None], "DST")
     check_output_dir(Path(dst), overwrite=overwrite)
     if not Path(src).is_dir():
@@ -157,7 +158,7 @@ def convert_mf_to_hf(src, dst, *, iteration: int | None = None, hf_config=None, 
                 entries.append(Entry(p.hf, code, p.hf_shape, lambda name=name, p=p: read_box(
                     layout, pool, "model", name, p.offset, p.shape).reshape(p.hf_shape)))
         write_hf_files(tmp, entries, config, limit, generation_config=_generation_config(layout), tokenizer=tokenizer,
-                       progress=progress)
+                       progress=progress, source=str(layout.root))
     return Path(dst)
 
 

@@ -41,12 +41,14 @@ def completed(cfg, notes: list | None = None):
 
 
 def check(cfg, command: str, world: int | None = None, device: str | None = None, source: str | None = None, *,
-          files: bool = True, overwrite: bool = False, plan_only: bool = False):
-    """Run the preflight; every problem becomes one line of a UsageError (exit 2). Returns the report."""
+          files: bool = True, overwrite: bool = False, plan_only: bool = False, unused: tuple[str, ...] = ()):
+    """Run the preflight; every problem becomes one line of a UsageError (exit 2). Returns the report.
+    `unused`: top-level sections this run does not use, whose problems are not its own."""
     import mf_trainer
 
     report = mf_trainer.preflight(cfg, command, world, device, source=source, files=files, overwrite=overwrite,
                                   plan_only=plan_only)
+    report.problems = [p for p in report.problems if p[0].split(".")[0] not in unused]
     if report.problems:
         raise UsageError("\n".join(report.lines()))
     return report

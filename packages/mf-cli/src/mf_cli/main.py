@@ -21,7 +21,8 @@ COMMANDS: dict[str, str] = {
     "config": "validate, show or migrate a training YAML (mf config validate|show|migrate ...)",
     "train": "train or fine-tune a model as a YAML describes (mf train CONFIG [--set KEY=VALUE ...])",
     "launch": "mf train on N ranks under msrun (mf launch -n N [--nodes ...] CONFIG [--set KEY=VALUE ...])",
-    "eval": "loss, perplexity and token accuracy of a checkpoint on held-out data (mf eval CONFIG)",
+    "eval": "loss, perplexity and token accuracy of a checkpoint on held-out data (mf eval CONFIG), or "
+            "lm-evaluation-harness tasks (--tasks)",
     "generate": "generate text from a predict YAML, an mf checkpoint or an HF directory",
     "serve": "serve a model over HTTP with an OpenAI-compatible API (continuous batching)",
     "report": "plot and summarise training runs, compare their losses step by step (mf report RUN_DIR ...)",

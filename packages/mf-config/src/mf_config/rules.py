@@ -85,28 +85,19 @@ def _parallelism(cfg: TrainConfig) -> None:
             "moe_token_dispatcher_type is 'alltoall_deredundancy'",
             p.expert_parallel,
         )
-    if p.sequence_parallel and p.tensor_parallel == 1:
-        raise ConfigError("parallelism.sequence_parallel",
-                          "True needs tensor_parallel > 1 (SP splits what TP leaves replicated; it follows TP)", True)
-    if p.sequence_parallel and p.context_parallel > 1:
-        raise ConfigError("parallelism.sequence_parallel", "True conflicts with context_parallel > 1", True)
+    # sequence_parallel follows tensor_parallel (the reference: on whenever TP is, not switchable);
+    # a value saying otherwise is a notice of mf-trainer's preflight, not an error.
     if heads is not None and heads % p.tensor_parallel:
         raise ConfigError("parallelism.tensor_parallel",
                           f"must divide model.num_attention_heads ({heads})", p.tensor_parallel)
     _context_parallel(cfg, heads)
     _expert_parallel(cfg)
-    if cfg.context.device_target == "CPU" and p.cpu_offload:
-        raise ConfigError("parallelism.cpu_offload", "has no effect on context.device_target CPU", True)
 
 
 def _context_parallel(cfg: TrainConfig, heads: int | None) -> None:
     p = cfg.parallelism
     cp, degree, method = p.context_parallel, p.ulysses_degree_in_cp, p.context_parallel_method
     path = "parallelism.ulysses_degree_in_cp"
-    if p.context_parallel_async and cp == 1:
-        raise ConfigError("parallelism.context_parallel_async", "True needs context_parallel > 1", True)
-    if method == "colossal" and degree not in (None, 1):
-        raise ConfigError(path, "must be null or 1 with context_parallel_method 'colossal'", degree)
     if method == "ulysses" and degree not in (None, cp):
         raise ConfigError(path, f"must equal context_parallel ({cp}) with context_parallel_method 'ulysses'", degree)
     if method == "hybrid":
@@ -137,14 +128,8 @@ def _expert_parallel(cfg: TrainConfig) -> None:
 def _pipeline(cfg: TrainConfig) -> None:
     p = cfg.parallelism
     pp = p.pipeline_parallel
-    if pp == 1:
-        for name in ("pipeline_parallel_overlap_p2p", "pipeline_parallel_overlap_b_f",
-                     "pipeline_parallel_enable_dxdw_split"):
-            if getattr(p, name):
-                raise ConfigError(f"parallelism.{name}", "True needs pipeline_parallel > 1", True)
-        if p.pipeline_parallel_interleave_num > 1:
-            raise ConfigError("parallelism.pipeline_parallel_interleave_num", "needs pipeline_parallel > 1",
-                              p.pipeline_parallel_interleave_num)
+    # The pipeline knobs at pipeline_parallel 1 have nothing to act on: mf-trainer's preflight says
+    # so in one notice line each (they change no result). What cannot run anywhere is refused here.
     schedule, interleave = p.pipeline_parallel_schedule, p.pipeline_parallel_interleave_num
     if schedule == "gpipe" and interleave > 1:
         raise ConfigError("parallelism.pipeline_parallel_interleave_num",
@@ -155,13 +140,11 @@ def _pipeline(cfg: TrainConfig) -> None:
                           "interleaved_1f1b needs pipeline_parallel_interleave_num > 1 (model chunks per stage); set "
                           "it, or use '1f1b'", schedule)
     if schedule == "zbv":
-        if pp == 1:
-            raise ConfigError("parallelism.pipeline_parallel_schedule", "zbv needs pipeline_parallel > 1", schedule)
         if interleave not in (1, 2):
             raise ConfigError("parallelism.pipeline_parallel_interleave_num",
                               "zbv places exactly two model chunks per stage in a V; set it to 1 or 2", interleave)
     layers, value = cfg.num_hidden_layers, p.pipeline_parallel_layers_per_stage
-    if (value is None or value == "auto") and (layers is None or pp == 1):
+    if pp == 1 or ((value is None or value == "auto") and layers is None):
         return
     # Raises for a placement that does not fit the model; every virtual stage gets >= 1 layer.
     pipeline_layer_placement(value, pp, interleave, layers, "parallelism.pipeline_parallel_layers_per_stage",
@@ -191,10 +174,8 @@ def _datasets(cfg: TrainConfig) -> None:
         raise ConfigError("eval_dataset.dataloader.type",
                           "is required: name the loader class, e.g. BlendedMegatronDatasetDataLoader")
     check_dataloader(ev.dataloader, "eval_dataset.dataloader", cfg.model)
-    if training_run and ev.eval_interval is not None and ev.eval_interval > cfg.training.steps:
-        raise ConfigError("eval_dataset.eval_interval",
-                          f"must not exceed training.steps ({cfg.training.steps}), or no evaluation would run",
-                          ev.eval_interval)
+    # An eval_interval beyond training.steps is fine: the run evaluates after its last step anyway
+    # (as Megatron does), so a short run of a long recipe still gets its evaluation.
 
 
 # ----------------------------------------------------------------------------- monitor / profiler
@@ -212,10 +193,7 @@ def _profiler(cfg: TrainConfig) -> None:
     prof = cfg.profiler
     if prof.start_step > prof.end_step:
         raise ConfigError("profiler.end_step", f"must be >= profiler.start_step ({prof.start_step})", prof.end_step)
-    if prof.enable_profiling and prof.end_step > cfg.training.steps and cfg.run_mode in ("train", "finetune"):
-        raise ConfigError("profiler.end_step",
-                          f"must not exceed training.steps ({cfg.training.steps}), or the profile never ends",
-                          prof.end_step)
+    # A window reaching past training.steps is cut at the last step (mf-trainer's preflight says so).
 
 
 # ----------------------------------------------------------------------------- memory
@@ -246,11 +224,11 @@ def _swap(cfg: TrainConfig) -> None:
     s, layers = cfg.swap, cfg.num_hidden_layers
     if s.enable and not (s.layer_swap or s.op_swap):
         raise ConfigError("swap.enable", "True needs swap.layer_swap or swap.op_swap to say what to offload", True)
-    if s.enable and cfg.context.device_target == "CPU":
-        raise ConfigError("swap.enable", "is not supported on context.device_target CPU (nothing to offload to)", True)
-    if s.enable and layers is not None and not 1 <= s.default_prefetch <= layers - 1:
+    # The reference's range [1, num_layers - 1]; a one-layer model still takes the default 1.
+    top = max(1, layers - 1) if layers is not None else None
+    if s.enable and top is not None and not 1 <= s.default_prefetch <= top:
         raise ConfigError("swap.default_prefetch",
-                          f"must be in [1, model.num_hidden_layers - 1] = [1, {layers - 1}]", s.default_prefetch)
+                          f"must be in [1, model.num_hidden_layers - 1] = [1, {top}]", s.default_prefetch)
     owner: dict[int, int] = {}
     for i, entry in enumerate(s.layer_swap or []):
         path = f"swap.layer_swap[{i}].layers"
@@ -263,6 +241,9 @@ def _swap(cfg: TrainConfig) -> None:
     for i, entry in enumerate(s.op_swap or []):
         path = f"swap.op_swap[{i}].layers"
         for layer in parse_layer_spec(entry.layers, layers, path):
+            if layer in owner:
+                raise ConfigError(path, f"layer {layer} is offloaded whole by swap.layer_swap[{owner[layer]}], "
+                                        f"its {entry.op_name!r} with it", entry.layers)
             key = (entry.op_name, layer)
             if key in op_owner:
                 raise ConfigError(path, f"layer {layer} of {entry.op_name!r} is already offloaded by "

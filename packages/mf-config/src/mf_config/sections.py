@@ -128,6 +128,10 @@ class TrainingConfig(Section):
     max_skipped_fraction: float = fld(
         0.1, check=in_range(0.0, 1.0),
         doc="extension: a run that skipped more than this share of its steps (non-finite) fails; 1 = never")
+    hang_timeout_s: float = fld(
+        600.0, check=positive,
+        doc="extension: under mf launch, a rank whose heartbeat stays silent this many seconds (stopped, frozen) "
+            "ends the job with a line naming it and its step")
 
 
 # ----------------------------------------------------------------------------- parallelism

@@ -44,7 +44,8 @@ def _read_json(path: str) -> dict:
 
 class HFTokenizer:
     """`tokenizer.json` (+ `tokenizer_config.json`): `vocab_size`, `eod`, `bos`, `encode`,
-    `decode`, `special_tokens` (name -> text) and `chat_template` (jinja source or None)."""
+    `decode`, `special_tokens` (name -> text), `token_to_id(text)` and `chat_template` (jinja
+    source or None)."""
 
     def __init__(self, directory: str) -> None:
         self.model_path = os.fspath(directory)
@@ -98,6 +99,10 @@ class HFTokenizer:
     @property
     def bos(self) -> int | None:
         return self._id("bos_token")
+
+    def token_to_id(self, text: str) -> int | None:
+        """The id of the token spelled `text` (a special token's string, a vocabulary entry), or None."""
+        return self._tok.token_to_id(text)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         # One call per text: the batch API runs a thread pool, which does not survive fork()

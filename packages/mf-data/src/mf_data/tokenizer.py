@@ -31,8 +31,11 @@ def _spm() -> Any:
 
 
 class SentencePieceTokenizer:
-    """A loaded `.model`: `vocab_size`, `eod` (the model's end-of-sentence id), `bos` and batch
-    `encode`."""
+    """A loaded `.model`: `vocab_size`, `eod` (the model's end-of-sentence id), `bos`, batch
+    `encode`, `decode`, and as HFTokenizer names them: `special_tokens` (name -> piece text),
+    `token_to_id(text)` and `chat_template` (None: a sentencepiece model carries none)."""
+
+    chat_template = None
 
     def __init__(self, model_path: str) -> None:
         self.model_path = os.fspath(model_path)
@@ -59,6 +62,20 @@ class SentencePieceTokenizer:
     def bos(self) -> int | None:
         bos = int(self._sp.bos_id())
         return None if bos < 0 else bos
+
+    @property
+    def special_tokens(self) -> dict[str, str | None]:
+        """{"bos_token", "eos_token", "unk_token", "pad_token"}: each one's piece (`</s>`) or None."""
+        ids = {"bos_token": self._sp.bos_id(), "eos_token": self._sp.eos_id(), "unk_token": self._sp.unk_id(),
+               "pad_token": self._sp.pad_id()}
+        return {name: (self._sp.IdToPiece(int(i)) if i >= 0 else None) for name, i in ids.items()}
+
+    def token_to_id(self, text: str) -> int | None:
+        """The id of the piece spelled `text`, or None when no piece is (unknown text is not the unk id)."""
+        token = int(self._sp.PieceToId(text))
+        if token == self._sp.unk_id() and text != self._sp.IdToPiece(token):
+            return None
+        return token
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         # One thread per call: parallelism comes from worker processes, one per requested worker.

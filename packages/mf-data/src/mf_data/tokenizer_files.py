@@ -8,9 +8,12 @@
   `tokenizer_class` is transformers 5's `TokenizersBackend`, which converts tokenizer.model on load
   (needs the `sentencepiece` and `protobuf` packages) for unigram and BPE models alike; transformers
   5's `LlamaTokenizer` would force a BPE model with its own whitespace rules and encode
-  differently. Ordinary text encodes to the same ids as mf-data's SentencePieceTokenizer (tested
-  with transformers); special-token strings written in the text (`</s>`) are matched as special
-  tokens by transformers, as by every HF tokenizer.
+  differently. Ordinary text encodes to the same ids as mf-data's SentencePieceTokenizer with the
+  newest transformers (tested); transformers 4.x has no `TokenizersBackend` and 5.23 converted
+  tokenizer.model differently, so a directory for Hugging Face users is the export (`mf ckpt
+  convert --to hf`), which adds a tokenizer.json every version reads as sentencepiece encodes
+  (mf-ckpt's sentencepiece_json). Special-token strings written in the text (`</s>`) are matched
+  as special tokens by transformers, as by every HF tokenizer.
 """
 
 from __future__ import annotations

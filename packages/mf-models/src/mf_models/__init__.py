@@ -24,6 +24,13 @@ __version__ = "0.9.0"
 from .common.args import BaseArgs
 from .common.inventory import ParamEntry, moe_activations, parameter_inventory, saved_activations
 from .common.layout import tensor_parallel_problems
+from .common.module_names import (
+    LAYER_MODULE_ALIASES,
+    layer_module_path,
+    layer_modules,
+    module_in_layer,
+    resolve_layer_module,
+)
 from .deepseek_v3.args import DeepseekV3Args
 from .errors import ModelConfigError, ModelStateError
 from .llama.args import LlamaArgs
@@ -53,8 +60,9 @@ __all__ = [
     "tiny_model_section", "LoraLinear", "adapter_state", "apply_lora", "describe_lora_modules", "linear_modules",
     "load_adapter_state", "lora_modules",
     "ParallelOptions", "parallelize_model", "tensor_parallel_problems", "RECOMPUTE_COMM_MODULES",
-    "recompute_comm_module",
+    "recompute_comm_module", "LAYER_MODULE_ALIASES", "layer_module_path",
     "ParamEntry", "parameter_inventory", "saved_activations", "moe_activations",
+    "layer_modules", "module_in_layer", "resolve_layer_module",
     "PipelineChunk", "PipelineStage", "pipeline_stage",
 ]
 

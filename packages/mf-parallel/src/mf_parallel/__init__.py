@@ -50,8 +50,8 @@ __all__ = [
     # state
     "ParamLayout", "param_layouts", "shard_metadata", "local_blocks", "gather_full_state", "load_full_state",
     "load_sharded_state",
-    # launching and the checkpoint collective interface
-    "launch", "Communicator",
+    # launching (per-node logs, the ranks' heartbeat the launcher watches) and the checkpoint collective interface
+    "launch", "node_log_dir", "Heartbeat", "start_heartbeat", "watched_by_launcher", "Communicator",
     # pipeline parallelism (mf_parallel.pipeline: pure Python except the executor)
     *_PIPELINE,
 ]
@@ -82,7 +82,9 @@ _LAZY = {
                                                 "deredundancy_problem", "routed_rows")},
     **{name: "state" for name in ("ParamLayout", "param_layouts", "shard_metadata", "local_blocks",
                                   "gather_full_state", "load_full_state", "load_sharded_state")},
-    "launch": "launcher", "Communicator": "communicator",
+    "launch": "launcher", "node_log_dir": "launcher", "Heartbeat": "heartbeat", "start_heartbeat": "heartbeat",
+    "watched_by_launcher": "heartbeat",
+    "Communicator": "communicator",
     **{name: "pipeline" for name in _PIPELINE},
 }
 

@@ -16,8 +16,17 @@ refused config, 1 for a failure while training), 1 for an exception or a vanishe
 scheduler process runs the same script: when it fails, a rank's report is preferred (it is the
 same error, said by the process the user thinks of).
 
-Per-rank logs are msrun's `<log_dir>/worker_<rank>.log`; the lowest rank of this node (rank 0 on
-node 0) is streamed to `console` as it is written.
+Two more ways a job ends instead of waiting forever:
+- a hung rank: every rank that starts a heartbeat (heartbeat.py; the Trainer does) is watched,
+  and a live rank silent longer than the timeout it declared ends the job with one line naming
+  it and its step (watchdog.py);
+- several nodes: the launchers link up (nodelink.py), so a node that dies whole, or whose ranks
+  fail or hang, ends the job on every node with the same line, within a second (a closed
+  connection) or LINK_TIMEOUT_S (a machine gone silent).
+
+Per-rank logs are msrun's `<log_dir>/worker_<rank>.log` (with several nodes, each node writes
+under `<log_dir>/node_<i>/`: node_log_dir); the lowest rank of this node (rank 0 on node 0) is
+streamed to `console` as it is written.
 """
 
 from __future__ import annotations
@@ -31,11 +40,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
 from mf_parallel.errors import ParallelConfigError
+from mf_parallel.heartbeat import STATUS_ENV
+from mf_parallel.nodelink import Hub, LinkEvent, Spoke, link_port
+from mf_parallel.watchdog import read_beats, silent_rank
 
 _ENTRY = Path(__file__).with_name("_rank_entry.py")
 
@@ -169,16 +181,28 @@ def _terminate(proc: subprocess.Popen, worker_pids: list[int], grace: float = 3.
     proc.wait()
 
 
+def node_log_dir(log_dir: str | os.PathLike, nodes: int = 1, node_rank: int = 0) -> Path:
+    """Where this node's logs go: `log_dir` itself on one node; `log_dir/node_<i>` with several,
+    so nodes sharing one output directory never write the same file (msrun.log, scheduler.log and
+    the status files are per node; worker_<rank>.log names are global ranks)."""
+    return Path(log_dir) / f"node_{node_rank}" if nodes > 1 else Path(log_dir)
+
+
 def launch(nprocs: int, argv: Sequence[str], log_dir: str | os.PathLike, *, nodes: int = 1, node_rank: int = 0,
            master_addr: str = "127.0.0.1", master_port: int | None = None, python: str | None = None,
            env: Mapping[str, str] | None = None, console: TextIO | None = None, cwd: str | os.PathLike | None = None,
-           cluster_timeout: int = 600, poll_interval: float = 0.2) -> int:
+           cluster_timeout: int = 600, poll_interval: float = 0.2,
+           failure_note: Callable[[], str] | None = None) -> int:
     """Run `python argv[0] argv[1:]` on `nprocs` ranks of this node (x `nodes` nodes) under msrun.
 
     `python` (default: this interpreter) is put first on PATH, because msrun starts `python`
-    from PATH. Returns 0 when every rank of this node finished, else non-zero (the failing rank's
-    exit code when it reported one). Per-rank logs land in `log_dir`; ranks run in `cwd` (default:
-    the current directory, so relative paths in a config mean what they mean to the caller).
+    from PATH. Returns 0 when every rank of this node finished (on node 0 of several: of every
+    node), else non-zero (the failing rank's exit code when it reported one). Per-rank logs land
+    in `node_log_dir(log_dir, nodes, node_rank)`; ranks run in `cwd` (default: the current
+    directory, so relative paths in a config mean what they mean to the caller). With several
+    nodes the launchers link up over `master_port + 1` on node 0 (nodelink.py). `failure_note()`
+    is appended to the line of a failure that is not bad input (mf launch: the last committed
+    checkpoint, which a rerun resumes from).
     """
     _check_args(nprocs, nodes, node_rank, master_port, list(argv))
     console = console or sys.stdout
@@ -194,7 +218,8 @@ def launch(nprocs: int, argv: Sequence[str], log_dir: str | os.PathLike, *, node
         if nodes > 1:
             raise ParallelConfigError("launch: --master-port is required with more than one node")
         master_port = free_port()
-    logs = Path(log_dir)
+    link = _open_link(nodes, node_rank, nprocs, master_addr, master_port, cluster_timeout)
+    logs = node_log_dir(log_dir, nodes, node_rank)
     status = logs / ".status"
     status.mkdir(parents=True, exist_ok=True)
     for stale in status.iterdir():     # leftovers of an earlier run in the same directory
@@ -203,37 +228,157 @@ def launch(nprocs: int, argv: Sequence[str], log_dir: str | os.PathLike, *, node
     # would otherwise replay the old run's lines before msrun replaces the file.
     for stale in logs.glob("worker_*.log"):
         stale.unlink()
-    run_env["MF_LAUNCH_STATUS_DIR"] = str(status.resolve())
+    run_env[STATUS_ENV] = str(status.resolve())
     world = nprocs * nodes
     cmd = [msrun, f"--worker_num={world}", f"--local_worker_num={nprocs}", f"--master_addr={master_addr}",
            f"--master_port={master_port}", f"--node_rank={node_rank}", f"--log_dir={logs.resolve()}", "--join=True",
            f"--cluster_time_out={cluster_timeout}", str(_ENTRY), str(Path(argv[0]).resolve()), *[str(a) for a in argv[1:]]]
     first_rank = node_rank * nprocs
-    with open(logs / "msrun.log", "w") as msrun_log:
-        proc = subprocess.Popen(cmd, env=run_env, cwd=cwd, stdout=msrun_log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    tail = _Tail(logs / f"worker_{first_rank}.log", console)
-    pids: dict[str, int] = {}
     try:
+        with open(logs / "msrun.log", "w") as msrun_log:
+            proc = subprocess.Popen(cmd, env=run_env, cwd=cwd, stdout=msrun_log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        job = _Job(proc, nprocs, node_rank, logs, console, _Tail(logs / f"worker_{first_rank}.log", console), link,
+                   failure_note, poll_interval)
+        try:
+            return job.run()
+        except KeyboardInterrupt:
+            _terminate(proc, list(job.pids.values()))
+            job.tell_link(f"interrupted on node {node_rank}", 130)
+            console.write("\nmf launch: interrupted; stopped all ranks\n")
+            return 130
+    finally:
+        if link is not None:
+            link.close()
+
+
+def _open_link(nodes: int, node_rank: int, nprocs: int, master_addr: str, master_port: int,
+               timeout: float) -> Hub | Spoke | None:
+    if nodes == 1:
+        return None
+    ranks = list(range(node_rank * nprocs, (node_rank + 1) * nprocs))
+    port = link_port(master_port)
+    if node_rank > 0:
+        return Spoke(master_addr, port, node_rank, ranks, timeout)
+    if port > 65535:
+        raise ParallelConfigError(f"launch: --master-port {master_port}: the launchers' link needs the next port "
+                                  f"too; choose one below 65535")
+    try:
+        return Hub(port, nodes, ranks, timeout)
+    except OSError as exc:
+        raise ParallelConfigError(f"launch: --master-port {master_port}: node 0 also needs port {port} for the "
+                                  f"launchers' link, and it is not free here ({exc.strerror or exc}); choose "
+                                  "another --master-port") from None
+
+
+class _Job:
+    """One node's share of a running job: its ranks, its console, its link to the other nodes."""
+
+    def __init__(self, proc: subprocess.Popen, nprocs: int, node_rank: int, logs: Path, console: TextIO,
+                 tail: _Tail, link: Hub | Spoke | None, note: Callable[[], str] | None, poll_interval: float) -> None:
+        self.proc, self.nprocs, self.node_rank, self.logs, self.console = proc, nprocs, node_rank, logs, console
+        self.status = logs / ".status"
+        self.tail, self.link, self.note, self.poll_interval = tail, link, note, poll_interval
+        self.pids: dict[str, int] = {}
+
+    def run(self) -> int:
         while True:
-            tail.pump()
-            failure = _find_failure(status, pids, logs / "msrun.log")
+            self.tail.pump()
+            failure = _find_failure(self.status, self.pids, self.logs / "msrun.log")
             if failure is not None:
-                who, message = failure
-                _terminate(proc, list(pids.values()))
-                tail.flush()
-                console.write(_failure_report(who, message, logs))
-                console.flush()
-                return _exit_code(message)
-            rc = proc.poll()
+                return self._local_failure(*failure)
+            hang = silent_rank(self.status, _alive)
+            if hang is not None:
+                return self._end(hang, 1)
+            for event in self._link_events():
+                code = self._on_event(event)
+                if code is not None:
+                    return code
+            rc = self.proc.poll()
             if rc is not None:
-                tail.flush()
-                return _finish(rc, status, nprocs, logs, console)
-            time.sleep(poll_interval)
-    except KeyboardInterrupt:
-        _terminate(proc, list(pids.values()))
-        console.write("\nmf launch: interrupted; stopped all ranks\n")
-        return 130
+                self.tail.flush()
+                return self._after_local_end(_finish(rc, self.status, self.nprocs, self.logs, self.console))
+            time.sleep(self.poll_interval)
+
+    # ---- the other nodes ---------------------------------------------------------------------
+    def _link_events(self) -> list[LinkEvent]:
+        if self.link is None:
+            return []
+        if isinstance(self.link, Hub):
+            return self.link.poll()
+        steps = {rank: beat.step for rank, beat in read_beats(self.status).items()}
+        return self.link.poll(steps)
+
+    def _on_event(self, event: LinkEvent) -> int | None:
+        """The job's code when `event` ends it, else None."""
+        if event.kind == "lost":
+            return self._end(event.text, 1)
+        if event.kind == "failed":                 # a spoke stopped its own ranks; the hub relays it
+            return self._end(f"node {event.node}: {event.text}", event.code)
+        if event.kind == "stop":                   # the hub ends the job
+            return self._end(event.text, event.code)
+        return None
+
+    def tell_link(self, headline: str, code: int) -> None:
+        if isinstance(self.link, Hub):
+            self.link.tell({"stop": headline, "code": code})
+        elif isinstance(self.link, Spoke):
+            self.link.report({"failed": headline, "code": code})
+
+    # ---- endings -----------------------------------------------------------------------------
+    def _local_failure(self, who: str, message: str) -> int:
+        """A rank of this node failed. With other nodes, a moment for the link first: a node that
+        vanished makes this node's ranks fail too, and the lost node is the cause to name."""
+        if self.link is not None:
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline:
+                for event in self._link_events():
+                    code = self._on_event(event)
+                    if code is not None:
+                        return code
+                time.sleep(0.1)
+        headline, details = _failure_parts(who, message, self.logs)
+        return self._end(headline, _exit_code(message), details)
+
+    def _end(self, headline: str, code: int, details: str = "") -> int:
+        """Stop this node's ranks, tell the other nodes, print the cause once; returns `code`."""
+        _terminate(self.proc, list(self.pids.values()))
+        self.tail.flush()
+        self.tell_link(headline, code)
+        note = self.note() if self.note is not None and code != 2 else ""
+        self.console.write(f"\nmf launch: {headline}{'; ' + note if note else ''}\n{details}"
+                           f"mf launch: stopped all ranks; logs in {self.logs}\n")
+        self.console.flush()
+        return code
+
+    def _after_local_end(self, code: int) -> int:
+        """msrun exited on this node. Node 0 of several waits for every other node's word."""
+        if isinstance(self.link, Spoke):
+            self.link.report({"done": True} if code == 0 else
+                             {"failed": f"msrun on node {self.node_rank} exited before every rank finished", "code": code})
+            return code
+        if not isinstance(self.link, Hub):
+            return code
+        if code != 0:
+            self.link.tell({"stop": f"node 0 ended with code {code}", "code": code})
+            return code
+        self.link.tell({"done": True})
+        waited = time.monotonic()
+        said = False
+        while not self.link.all_finished():
+            for event in self.link.poll():
+                if event.kind in ("lost", "failed"):
+                    text = event.text if event.kind == "lost" else f"node {event.node}: {event.text}"
+                    note = self.note() if self.note is not None and event.code != 2 else ""
+                    self.console.write(f"\nmf launch: {text}{'; ' + note if note else ''}\n")
+                    self.console.flush()
+                    return event.code
+            if not said and time.monotonic() - waited > 2.0:
+                self.console.write("mf launch: node 0 finished; waiting for the other nodes\n")
+                self.console.flush()
+                said = True
+            time.sleep(self.poll_interval)
+        return 0
 
 
 def _finish(rc: int, status: Path, nprocs: int, logs: Path, console: TextIO) -> int:
@@ -252,18 +397,21 @@ def _finish(rc: int, status: Path, nprocs: int, logs: Path, console: TextIO) -> 
     return 0
 
 
-def _failure_report(who: str, message: str, logs: Path) -> str:
-    """One line naming the failing rank and its own error; the log tail only when the rank left no
-    error line of its own (an exception's traceback, a vanished process)."""
+def _failure_parts(who: str, message: str, logs: Path) -> tuple[str, str]:
+    """(the line naming the failing rank and its own error, the log tail to show under it: only
+    when the rank left no error line of its own, an exception's traceback, a vanished process)."""
     what, log = ((f"rank {who}", logs / f"worker_{who}.log") if who != "scheduler" else
                  ("the cluster scheduler", logs / "scheduler.log"))
     exited = _EXITED.match(message.strip())
     if exited and exited.group(2).strip() and exited.group(2).strip() != "no error printed":
-        return (f"\nmf launch: {what} failed (exit {exited.group(1)}): {exited.group(2).strip()}\n"
-                f"mf launch: stopped all ranks; logs in {logs}\n")
+        return f"{what} failed (exit {exited.group(1)}): {exited.group(2).strip()}", ""
     first = message.strip().splitlines()[0] if message.strip() else ""
-    return (f"\nmf launch: {what} failed: {first}\n--- last lines of {log} ---\n{_tail_of(log)}\n"
-            f"mf launch: stopped all ranks; logs in {logs}\n")
+    return f"{what} failed: {first}", f"--- last lines of {log} ---\n{_tail_of(log)}\n"
+
+
+def _failure_report(who: str, message: str, logs: Path) -> str:
+    headline, details = _failure_parts(who, message, logs)
+    return f"\nmf launch: {headline}\n{details}mf launch: stopped all ranks; logs in {logs}\n"
 
 
 def _failed_rank(status: Path) -> tuple[str, str] | None:

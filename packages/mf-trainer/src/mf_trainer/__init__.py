@@ -6,7 +6,7 @@ on first use (PEP 562), so `mf config validate` answers without a MindSpore star
 """
 
 from mf_trainer.errors import TrainerConfigError, TrainingError
-from mf_trainer.preflight import PreflightError, PreflightReport
+from mf_trainer.preflight import Notice, PreflightError, PreflightReport
 from mf_trainer.preflight import preflight as _preflight
 
 __version__ = "0.8.0"
@@ -28,6 +28,7 @@ __all__ = [
     "MetricsLogger",
     "Muon",
     "MuonOptions",
+    "Notice",
     "PreflightError",
     "PreflightReport",
     "RankMemory",
@@ -47,6 +48,7 @@ __all__ = [
     "decay_mask",
     "dry_run",
     "evaluate",
+    "evaluated_model",
     "memory_plan",
     "preflight",
     "register_callback",
@@ -55,7 +57,7 @@ __all__ = [
 _LAZY = {
     **{name: "callbacks" for name in ("CALLBACKS", "Callback", "StopAfterLoss", "StopAtStep", "build_callbacks",
                                       "register_callback")},
-    **{name: "evaluation" for name in ("EvalResult", "Evaluator", "evaluate")},
+    **{name: "evaluation" for name in ("EvalResult", "Evaluator", "evaluate", "evaluated_model")},
     **{name: "lr_schedulers" for name in ("SCHEDULERS", "LRScheduler", "build_scheduler")},
     "MetricsLogger": "monitor",
     "AdamW": "optimizer", "build_adamw": "optimizer", "build_optimizer": "optimizer",

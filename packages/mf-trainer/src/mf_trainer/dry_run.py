@@ -52,6 +52,7 @@ class DryRun:
         if self.start:
             out.append(f"start: {self.start}")
         out += self.notes
+        out += self.report.notice_lines()
         out += [f"not checked: {line}" for line in self.report.skipped]
         return out
 

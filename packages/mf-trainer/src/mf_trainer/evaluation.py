@@ -218,11 +218,15 @@ def load_weights(model, ckpt_cfg) -> str:
         raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
 
 
-def evaluate(cfg, *, whole_split: bool = False, weights: str | None = None) -> EvalResult:
-    """`mf eval`: the model of `cfg.model` (a fine-tune without one: its base's) with the weights
-    sources.weights_for_inference picks (`weights` given: those; a training YAML: its run's last
-    checkpoint; else checkpoint.load_path), evaluated on `eval_data(cfg)`; graph or PyNative as
-    `context.mode` says. Bad input: TrainerConfigError."""
+# The sections that name evaluation data: not used when the data comes from elsewhere (lm-eval tasks).
+DATA_SECTIONS = ("eval_dataset", "train_dataset")
+
+
+def evaluated_model(cfg, weights: str | None = None, *, data: bool = True):
+    """(model, cfg, description of the weights): the model `mf eval` evaluates, built and loaded
+    (see `evaluate`), in the mode `context.mode` says. `data=False`: the caller brings its own data
+    (lm-eval tasks), so the preflight's problems with the data sections are not this run's.
+    Bad input: TrainerConfigError."""
     import mf_models
     from mf_trainer import runtime
     from mf_trainer.preflight import preflight
@@ -232,7 +236,10 @@ def evaluate(cfg, *, whole_split: bool = False, weights: str | None = None) -> E
     cfg, model_note = complete_model_section(cfg)
     cfg, weights_note = weights_for_inference(cfg, weights)
     device = runtime.resolve_device(cfg.context.device_target)
-    preflight(cfg, "eval", runtime.world_size_from_env(), device).raise_for_problems()
+    report = preflight(cfg, "eval", runtime.world_size_from_env(), device)
+    if not data:
+        report.problems = [p for p in report.problems if p[0].split(".")[0] not in DATA_SECTIONS]
+    report.raise_for_problems()
     runtime.setup_context(device, cfg.context.mode, cfg.context.device_id, cfg.training.deterministic)
     runtime.seed_everything(cfg.training.seed)
     try:
@@ -243,6 +250,16 @@ def evaluate(cfg, *, whole_split: bool = False, weights: str | None = None) -> E
     for note in (model_note, weights_note):     # said once the weights loaded: bad input stays one line
         if note:
             log.info("%s", note)
+    model.set_train(False)
+    return model, cfg, what
+
+
+def evaluate(cfg, *, whole_split: bool = False, weights: str | None = None) -> EvalResult:
+    """`mf eval`: the model of `cfg.model` (a fine-tune without one: its base's) with the weights
+    sources.weights_for_inference picks (`weights` given: those; a training YAML: its run's last
+    checkpoint; else checkpoint.load_path), evaluated on `eval_data(cfg)`; graph or PyNative as
+    `context.mode` says. Bad input: TrainerConfigError."""
+    model, cfg, what = evaluated_model(cfg, weights)
     iters = None if whole_split else (cfg.eval_dataset.eval_iters if cfg.eval_dataset is not None else _default_iters())
     evaluator = Evaluator(cfg, model, micro_batch_size=cfg.training.local_batch_size, iters=iters)
     log.info("evaluating %s on %s: %d batches of %d samples, %s mode", what, evaluator.where, evaluator.batches,

@@ -25,8 +25,11 @@ For every pipeline rank (the other axes hold the same bytes on each of their ran
   recompute_comm (tp > 1) keeps a selected module's input as the norm's sequence shard instead of
   its all-gathered full sequence (the projections gather it again in backward): (seq - seq/tp) x
   hidden fewer elements per sample and selected gather, rebuilt one at a time in backward.
-  Multiplied by the micro-batches a rank holds at once: 1 without a pipeline (each micro-batch's
-  backward runs before the next forward), the schedule's peak in flight with one.
+  swap (not on CPU, where the host is the device) moves a swapped layer's or module's kept
+  activations to host memory (a recomputed layer's: its input), leaving one swapped unit's on the
+  device at a time (transient, below). Multiplied by the micro-batches a rank holds at once: 1
+  without a pipeline (each micro-batch's backward runs before the next forward), the schedule's
+  peak in flight with one.
 - transient: what exists only around the peak (the start of the last backward): the gradient of
   the logits (three logits-sized buffers in the one-process loss backward, one under tp), one layer's worth of activation gradients (backward makes a gradient for each saved
   tensor of the layer it is in, freeing them as it goes), one recomputed layer (or module) rebuilt
@@ -138,6 +141,8 @@ def parse_bytes(text: str, key: str = "--device-memory") -> int:
     scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
     if value <= 0:
         raise TrainerConfigError(f"{key}: must be positive, got {text!r}")
+    if not math.isfinite(value * scale) or value * scale >= 2 ** 80:      # a yobibyte: no device holds it
+        raise TrainerConfigError(f"{key}: {text!r} is not a size any device has (at most 2**80 bytes)")
     return int(value * scale)
 
 
@@ -174,7 +179,7 @@ def _recomputed(cfg, layers: int) -> tuple[set[int], dict[int, set[str]], list[s
     select: dict[int, set[str]] = {}
     if rc.mode == "select":
         for path, specs in rc.select_module.items():
-            top = path.split(".")[0]
+            top = mf_models.layer_module_path(path).split(".")[0]   # MindFormers' `mlp` is feed_forward
             if top not in MODULES or "." in path:
                 notes.append(f"recompute.select_module.{path}: not estimated (only {', '.join(MODULES)} are; "
                              f"counted as kept)")
@@ -182,6 +187,29 @@ def _recomputed(cfg, layers: int) -> tuple[set[int], dict[int, set[str]], list[s
             for i in mf_config.parse_layer_spec(specs, layers, f"recompute.select_module.{path}"):
                 select.setdefault(i, set()).add(top)
     return set(), select, notes
+
+
+def _swapped(cfg, args, layers: int) -> tuple[set[int], dict[int, set[str]], list[str]]:
+    """(layers swapped whole, {layer: swapped top-level modules}, notes): `swap` in mf's module
+    names (MindFormers' resolved per layer, as mf_trainer.swap does)."""
+    sw, notes = cfg.swap, []
+    if not sw.enable:
+        return set(), {}, notes
+    whole: set[int] = set()
+    for i, entry in enumerate(sw.layer_swap or []):
+        whole.update(mf_config.parse_layer_spec(entry.layers, layers, f"swap.layer_swap[{i}].layers"))
+    modules: dict[int, set[str]] = {}
+    for i, entry in enumerate(sw.op_swap or []):
+        for layer in mf_config.parse_layer_spec(entry.layers, layers, f"swap.op_swap[{i}].layers"):
+            path = mf_models.module_in_layer(entry.op_name, mf_models.layer_modules(args, layer))
+            if path is None:
+                continue                   # the preflight's line names it
+            if path not in MODULES:
+                notes.append(f"swap.op_swap[{i}] {entry.op_name}: not estimated (only whole modules are; counted "
+                             "as kept)")
+                break
+            modules.setdefault(layer, set()).add(path)
+    return whole, modules, notes
 
 
 def _regathered(cfg, layers: int, tp: int) -> dict[int, set[str]]:
@@ -242,12 +270,33 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
         return sum(per_layer[i].get(m, 0) for m in MODULES)
 
     def kept(i: int) -> int:
+        """Elements layer i keeps on the device from its forward to its backward."""
+        return on_device(i) - sum(swapped_elems(i).values())
+
+    def on_device(i: int) -> int:
+        """... before swap."""
         if i in full:
             return -(-local_seq // tp) * args.hidden_size * batch     # the layer's input shard
         recomputed = select.get(i, set())
         # a module recomputed whole already drops its gathered input (its norm keeps the shard)
         comm = sum(gather_saving for m in regathered.get(i, ()) if m not in recomputed)
         return layer_elems(i) - sum(per_layer[i].get(m, 0) for m in recomputed) - comm
+
+    # swap: what goes to host memory between a unit's forward and its backward. On CPU the host is
+    # the device, so nothing leaves it.
+    swap_whole, swap_modules, swap_notes = _swapped(cfg, args, n_layers)
+    offloading = device != "CPU"
+
+    def swapped_elems(i: int) -> dict[str, int]:
+        """{unit: elements it moves to host} of layer i (a recomputed layer's: its input)."""
+        if not offloading:
+            return {}
+        if i in swap_whole:
+            return {f"layers.{i}": on_device(i)}
+        if i in full:
+            return {}                # the input it keeps is the layer's, saved outside its modules
+        recomputed = select.get(i, set())
+        return {f"layers.{i}.{m}": per_layer[i].get(m, 0) for m in swap_modules.get(i, ()) if m not in recomputed}
 
     # Pipeline: which layers and ends each rank holds, and how many micro-batches it keeps at once.
     spec = mp.pipeline_from_config(par)
@@ -270,16 +319,23 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
 
     never = par.reshard_after_forward_policy == "never" or (par.reshard_after_forward_policy == "default"
                                                             and spec.pp > 1)
+    # Each entry's layer, found once: a stage looks only at its own layers' entries and the rest
+    # (ranks x entries would be quadratic in pipeline stages).
+    by_layer: dict[int, list] = {}
+    others = []
+    for e in inventory:
+        m = LAYER.match(e.name)
+        if m:
+            by_layer.setdefault(int(m.group(1)), []).append(e)
+        else:
+            others.append(e)
     ranks = []
     for pp_rank, (ids, first, last, in_flight) in enumerate(stages):
-        mine = set(ids)
         stored = local_total = trained = kept_gathered = 0
         unit_local: dict[str, int] = {}
-        for e in inventory:
+        for e in [e for i in sorted(set(ids)) for e in by_layer.get(i, ())] + others:
             m = LAYER.match(e.name)
             if m:
-                if int(m.group(1)) not in mine:
-                    continue
                 unit = f"layers.{m.group(1)}"
             elif e.name == "tok_embeddings.weight":
                 if not (first or (last and args.tie_word_embeddings)):
@@ -306,7 +362,7 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
         rank.optimizer = trained * 4 * 2
         act = sum(kept(i) for i in ids) + (terms["head"] if last else 0)
         rank.activations_per_microbatch = act * act_bytes
-        rebuilt = max([layer_elems(i) - kept(i) for i in ids] + [0])
+        rebuilt = max([layer_elems(i) - on_device(i) for i in ids] + [0])
         # The loss backward (mf_trainer.loss.TokenCrossEntropy) holds three logits-sized buffers at
         # once: the sparse kernel's softmax workspace, its softmax - onehot, and that scaled per token
         # (measured: +55 MiB on 8 x 256 x 2000 float32 logits, 16 MiB each). Under tp the
@@ -315,7 +371,9 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
         # Backward through a layer makes the gradients of its saved tensors (same shapes), freed as it
         # goes: about one layer's worth at once, recomputed or not.
         working = max(layer_elems(i) for i in ids) if ids else 0
-        rank.transient = (rebuilt + logits_grad * batch + working) * act_bytes
+        # swap: one unit's activations are on the device at a time (its forward, or back for its backward)
+        swapping = max((v for i in ids for v in swapped_elems(i).values()), default=0)
+        rank.transient = (rebuilt + logits_grad * batch + working + swapping) * act_bytes
         if shards > 1:
             biggest = max(unit_local.values(), default=0)
             resharded = max((v for k, v in unit_local.items() if not k.endswith(".moe")), default=0)
@@ -331,6 +389,14 @@ def memory_plan(cfg, world: int, *, device: str | None = None) -> MemoryPlan:
         notes.append(f"recompute_comm: {count} sequence-parallel all-gathered inputs kept as shards, "
                      f"{count * gather_saving * act_bytes / 2**20:.1f} MiB less per micro-batch (on the ranks holding "
                      "their layers)")
+    notes += swap_notes
+    if swap_whole or swap_modules:
+        host = sum(v for i in range(n_layers) for v in swapped_elems(i).values()) * act_bytes
+        notes.append(f"swap: {host / 2**20:.1f} MiB per micro-batch of saved activations in host memory (every "
+                     "layer's; a pipeline rank holds its own layers' share); one swapped unit's on the device at a "
+                     "time" if offloading else
+                     f"swap: device_target {device} keeps activations in host memory already: nothing leaves the "
+                     "device")
     notes += [f"micro-batches per step: {accum}; sequence {seq}, local_batch_size {batch}"]
     return MemoryPlan(dims.describe(), ranks, notes)
 

@@ -73,6 +73,34 @@ def measure_cpu_gemm_flops(n: int = 1536, seconds: float = 0.5) -> float:
             return best
 
 
+def _store_cpu_peak(peak: float) -> str:
+    """Keep `peak` as the best measured for this CPU; returns the cache's path (for the log)."""
+    key, path = _cpu_key(), _cache_dir() / "peak_flops.json"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if not isinstance(cache, dict):
+        cache = {}
+    if not (isinstance(cache.get(key), (int, float)) and cache[key] >= peak):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            cache[key] = peak
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(cache, indent=1))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # an unwritable cache only costs a re-measurement next run
+    return str(path)
+
+
+def raise_cpu_peak(achieved: float) -> str:
+    """A training step reached `achieved` FLOP/s per rank, above the measured CPU peak: the peak
+    measurement read low (a busy machine), and what a step reaches is itself a floor of what the
+    CPU can do. Keep it as the best measured; returns the cache's path."""
+    return _store_cpu_peak(achieved)
+
+
 def cpu_peak_flops() -> tuple[float, str]:
     """(peak FLOP/s, where it came from): the best of this run's short measurement and the best
     cached for this CPU. A single measurement on a busy machine reads low; keeping the best seen
@@ -87,16 +115,8 @@ def cpu_peak_flops() -> tuple[float, str]:
     measured = measure_cpu_gemm_flops(seconds=0.3 if cached else 0.5)
     if cached >= measured:
         return cached, f"best measured so far for {key} ({path})"
-    peak = measured
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        cache[key] = peak
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(cache, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # an unwritable cache only costs a re-measurement next run
-    return peak, f"measured now for {key}"
+    _store_cpu_peak(measured)
+    return measured, f"measured now for {key}"
 
 
 

@@ -65,7 +65,9 @@ class MoETraining:
         self.rate = float(args.expert_bias_rate())
         self.interval = moe_monitor.save_tokens_per_expert_interval
         targets = moe_monitor.target_layers
-        self.targets = None if targets is None else [int(i) for i in targets]
+        # decoder layer ids, as MindFormers' monitor takes them: those without experts are left out
+        # (the preflight's notice names them)
+        self.targets = None if targets is None else [int(i) for i in targets if int(i) in self.layers]
         self.parallel = parallel
         self._world_sum = None
         if parallel.world > 1:

@@ -107,16 +107,20 @@ class ParallelContext:
         from mf_trainer.recompute import recompute_comm_selection
 
         comm = recompute_comm_selection(self.cfg.recompute_comm, n_layers) if self.dims.tp_enabled else None
+        # The knobs with nothing to act on in this layout or device (the preflight's notices) go to
+        # the plan as their defaults: a context_parallel_* field without cp, the dispatcher's
+        # without ep, cpu_offload where host memory is all there is.
+        default = mf_models.ParallelOptions()
+        cp = {key: getattr(par if self.dims.cp_enabled else default, key) for key in (
+            "context_parallel_method", "context_parallel_async", "ulysses_degree_in_cp", "context_parallel_mask_type")}
+        if cp["context_parallel_method"] == "colossal":
+            cp["ulysses_degree_in_cp"] = None
+        ep = {key: getattr(par if self.dims.ep > 1 else default, key) for key in (
+            "moe_token_dispatcher_type", "npu_nums_per_device")}
+        offload = par.cpu_offload and ms.get_context("device_target") != "CPU"
         return mf_models.ParallelOptions(reshard_after_forward_policy=par.reshard_after_forward_policy,
                                          disable_gradient_division=par.disable_gradient_division,
-                                         cpu_offload=par.cpu_offload, recompute=recompute,
-                                         context_parallel_method=par.context_parallel_method,
-                                         context_parallel_async=par.context_parallel_async,
-                                         ulysses_degree_in_cp=par.ulysses_degree_in_cp,
-                                         context_parallel_mask_type=par.context_parallel_mask_type,
-                                         moe_token_dispatcher_type=par.moe_token_dispatcher_type,
-                                         recompute_comm=comm,
-                                         npu_nums_per_device=par.npu_nums_per_device)
+                                         cpu_offload=offload, recompute=recompute, recompute_comm=comm, **cp, **ep)
 
     def parallelize(self, model, recompute) -> None:
         """The model's own plan (the identity on one rank, where only the recompute callback acts)."""

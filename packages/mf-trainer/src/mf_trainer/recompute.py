@@ -1,7 +1,9 @@
 """The `recompute` section -> MindSpore's `Cell.recompute()` on the chosen layers or modules.
 
 `mode: full` recomputes whole decoder layers (`full_recompute_layer` specs); `mode: select` maps
-module paths inside a layer (`attention`, `feed_forward`, `attention.wq`, ...) to layer specs.
+module paths inside a layer (`attention`, `feed_forward`, `attention.wq`, ...) to layer specs; the
+reference's MindFormers names (`mlp`, `self_attention`, ...) select the same modules
+(mf_models.layer_module_path).
 `Cell.recompute()` works in GRAPH_MODE and PyNative (checked on CPU: the same losses with and
 without it). A module path a layer does not have is an error listing the layer's modules.
 
@@ -13,18 +15,17 @@ backward); `recompute_comm_selection` reads its section into the plan's {layer: 
 from __future__ import annotations
 
 import mf_config
+import mf_models
 from mf_trainer.errors import TrainerConfigError
 
 
 def _resolve(layer, path: str, key: str):
-    cell = layer
-    for part in path.split("."):
-        children = dict(cell.name_cells())
-        if part not in children:
-            raise TrainerConfigError(f"{key}: the layer has no module {path!r}; its modules are: "
-                                     f"{', '.join(children)}")
-        cell = children[part]
-    return cell
+    """The module `path` names in `layer` (mf's names or MindFormers'; `mlp` is a routed layer's
+    `moe` too), or one line listing the layer's modules."""
+    try:
+        return mf_models.resolve_layer_module(layer, path, key)
+    except mf_models.ModelConfigError as exc:
+        raise TrainerConfigError(str(exc)) from None
 
 
 def apply_recompute(model, recompute_cfg) -> list[str]:
@@ -44,7 +45,8 @@ def apply_recompute(model, recompute_cfg) -> list[str]:
         key = f"recompute.select_module.{path}"
         for i in mf_config.parse_layer_spec(specs, n, key):
             _resolve(layers[i], path, key).recompute()
-            marked.append(f"layers.{i}.{path}")
+            resolved = mf_models.module_in_layer(path, tuple(layers[i].name_cells()))
+            marked.append(f"layers.{i}.{resolved}")
     return marked
 
 

@@ -13,7 +13,8 @@ minus the keys that may legitimately change when a run is resumed (`RESUMABLE`):
 
     training.steps                      extending (or shortening) a run
     training.local_batch_size           how the global batch is cut into micro-batches (memory)
-    training.max_consecutive_nonfinite, training.max_skipped_fraction   failure policies
+    training.max_consecutive_nonfinite, training.max_skipped_fraction, training.hang_timeout_s
+                                        failure policies
     train_dataset.num_parallel_workers, prefetch_size, numa_enable, dataloader.python_multiprocessing
                                         how the data is read
 
@@ -37,7 +38,7 @@ from typing import Any
 IDENTITY_VERSION = 1
 SECTIONS = ("run_mode", "model", "tokenizer", "lora", "optimizer", "lr_scheduler", "train_dataset", "training")
 RESUMABLE = ("training.steps", "training.local_batch_size", "training.max_consecutive_nonfinite",
-             "training.max_skipped_fraction", "train_dataset.num_parallel_workers", "train_dataset.prefetch_size",
+             "training.max_skipped_fraction", "training.hang_timeout_s", "train_dataset.num_parallel_workers", "train_dataset.prefetch_size",
              "train_dataset.numa_enable", "train_dataset.dataloader.python_multiprocessing")
 
 

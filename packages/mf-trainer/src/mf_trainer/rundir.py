@@ -165,10 +165,30 @@ def _describe_run(common: dict) -> str:
     return "a run whose config is not recorded"
 
 
+def _enclosing_checkpoint(path: str, own_save_path: str) -> str | None:
+    """The checkpoint directory (one holding a commit marker) that `path` is, or is inside of,
+    other than this run's own save_path; None when there is none."""
+    own = os.path.realpath(own_save_path)
+    here = Path(os.path.realpath(path))
+    for directory in (here, *here.parents):
+        if str(directory) != own and (directory / MARKER).is_file():
+            return str(directory)
+    return None
+
+
 def inspect_run(cfg, *, overwrite: bool = False) -> RunDirectory:
     """What output_dir / checkpoint.save_path hold for `cfg`, and the verdict (module docstring)."""
     ckpt = cfg.checkpoint
     state = RunDirectory(cfg.output_dir, ckpt.save_path)
+    # Never inside another run's checkpoints: that run's rotation (save_max) or --overwrite would
+    # delete this run's files with the iteration they sit in.
+    for key, path in (("output_dir", cfg.output_dir), ("checkpoint.save_path", ckpt.save_path)):
+        enclosing = _enclosing_checkpoint(path, ckpt.save_path)
+        if enclosing is not None:
+            where = "is" if os.path.realpath(path) == enclosing else "is inside"
+            return _refuse(state, "other_run", key,
+                           f"{path} {where} {enclosing}, the checkpoint directory of another run (its rotation "
+                           f"would delete what this run writes there): choose a directory outside it")
     save = Path(ckpt.save_path)
     explicit = bool(ckpt.load_path) and os.path.realpath(ckpt.load_path) == os.path.realpath(ckpt.save_path)
     if overwrite:
@@ -264,6 +284,23 @@ def writable_problem(path: str) -> str | None:
         return f"{path} cannot be created: {ancestor} is a file"
     if not os.access(ancestor, os.W_OK | os.X_OK):
         return f"{path} cannot be created: {ancestor} is not writable"
+    return None
+
+
+def probe_writable(path: str) -> str | None:
+    """Create `path` (a directory) if needed and write, then remove, a probe file in it: what
+    permission bits cannot tell (root in /proc, a read-only mount, a full disk). None when it can
+    be written, else why not (one line). Each rank's probe has its own name."""
+    import socket
+
+    probe = os.path.join(path, f".mf-write-probe.{socket.gethostname()}.{os.getpid()}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"mf")
+        os.unlink(probe)
+    except OSError as err:
+        return f"{path} cannot be written ({err.strerror or type(err).__name__})"
     return None
 
 

@@ -28,7 +28,6 @@ or whose final loss is not finite, raises TrainingError at the end (after its la
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -42,9 +41,10 @@ from mf_trainer.data import build_loader
 from mf_trainer.demo_data import prepare_demo_data
 from mf_trainer.errors import TrainerConfigError, TrainingError
 from mf_trainer.evaluation import build_evaluator
+from mf_trainer.heartbeat import watch_for_hangs
 from mf_trainer.loss import MaskedLMLoss
 from mf_trainer.lr_schedulers import build_scheduler
-from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device, training_flops_per_token
+from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device, raise_cpu_peak, training_flops_per_token
 from mf_trainer.moe import MoETraining
 from mf_trainer.monitor import MetricsLogger
 from mf_trainer.optimizer import build_optimizer
@@ -56,11 +56,13 @@ from mf_trainer.preflight.data import accumulation
 from mf_trainer.preflight.registry import model_section
 from mf_trainer.profiling import ProfilerCallback
 from mf_trainer.recompute import apply_recompute
-from mf_trainer.rundir import inspect_run
+from mf_trainer.rundir import inspect_run, probe_writable
 from mf_trainer.session import RunSession, fp16_hint, hparams
 from mf_trainer.sources import complete_model_section
 from mf_trainer.start import start_plan
 from mf_trainer.step import GradNorm, StepResult, StepRunner
+from mf_trainer.swap import GRAPH_MODE_BLOCKER as SWAP_GRAPH_MODE_BLOCKER
+from mf_trainer.swap import SwapReport, apply_swap
 
 log = logging.getLogger("mf_trainer")
 
@@ -108,10 +110,11 @@ class Trainer:
         self.should_stop = False
         self.device = runtime.resolve_device(cfg.context.device_target)
         world = runtime.world_size_from_env()
-        preflight(cfg, "train", world, self.device, overwrite=overwrite).raise_for_problems()   # every refusal
+        report = preflight(cfg, "train", world, self.device, overwrite=overwrite)
+        report.raise_for_problems()   # every refusal; the accepted knobs with nothing to act on are said once below
         self.run_directory = inspect_run(cfg, overwrite=overwrite)
         self.session = RunSession(cfg, self.run_directory)
-        self.session.announce([model_note])
+        self.session.announce([model_note, *report.notice_lines()])
         dims = build_dims(cfg, world)
         dp = dims.dp
         self.accumulation = accumulation(cfg.training, dp)
@@ -119,7 +122,8 @@ class Trainer:
         if self.global_batch != cfg.training.global_batch_size:
             log.info("training.global_batch_size %d is not a multiple of dp x local_batch_size; using %d "
                      "(floor division, as specified)", cfg.training.global_batch_size, self.global_batch)
-        self.output_dir = cfg.output_dir  # created by train(): a refused config writes nothing
+        self.output_dir = cfg.output_dir  # created by prepare_outputs(): a refused config writes nothing
+        self._outputs_ready = False
         # Pure-Python parts first: a bad schedule or callback fails before any model is built.
         self.scheduler = build_scheduler(cfg.lr_scheduler.type, cfg.lr_scheduler.learning_rate,
                                          cfg.lr_scheduler.extra, total_steps=cfg.training.steps)
@@ -128,17 +132,21 @@ class Trainer:
         self.mode = cfg.context.mode
         self.parallel = ParallelContext(cfg, dims)    # joins the world (collective) when there are ranks
         self.session.set_writer(self.parallel.is_rank0)
+        self.heartbeat = watch_for_hangs(cfg.training.hang_timeout_s)
         blocker = self.parallel.graph_mode_blocker()
         if dims.pp > 1:   # the pipeline executor runs per micro-batch (pipeline_step.py)
             blocker = "the pipeline executor differentiates each micro-batch of each stage in PyNative"
+        if cfg.swap.enable and not blocker:
+            blocker = SWAP_GRAPH_MODE_BLOCKER
         if blocker and self.mode == 0:
-            log.warning("context.mode 0: %s (mf_parallel.graph_mode_blocker); training in PyNative", blocker)
+            log.warning("context.mode 0: %s; training in PyNative", blocker)
             runtime.use_pynative()
             self.mode = 1
         runtime.seed_everything(cfg.training.seed)
 
         # Where the weights come from and what a checkpoint holds (run_mode train / finetune).
         self.start = start_plan(cfg, cfg.training.seed, self.run_directory)
+        self.offload = None           # swap's ActivationOffload, set while the model's plan is applied
         self.model = self._build_model()
         # Balance loss, expert-bias update and routing metrics of MoE models (inactive for dense ones).
         self.moe = MoETraining(self.model, self.model.args, cfg.monitor.moe_monitor,
@@ -146,6 +154,7 @@ class Trainer:
         # pipeline_parallel > 1: this rank keeps its stage of the model (pipeline_step.py), None otherwise.
         self.pipeline = pipeline_plan(cfg, self.parallel, self.model, self.accumulation)
         whole_model = self.model
+        self.model_args = whole_model.args   # a pipeline stage below has no args of its own
         if self.pipeline is not None:
             self.model = self.pipeline.stage
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.parallel)   # AdamW or Muon
@@ -156,7 +165,9 @@ class Trainer:
         self.state = TrainState(total_steps=cfg.training.steps)
         source = self.start.restore_source()
         if source is not None:
+            self._beat(0, "loading the checkpoint")
             self._restore(*source)
+        self._beat(self.state.step, "setting up")
         self.loader = self._build_loader()
         self._check_data()
         self.evaluator = build_evaluator(cfg, self.model, cfg.training.local_batch_size, self.parallel, self.pipeline)
@@ -177,8 +188,11 @@ class Trainer:
             self.metrics_logger = MetricsLogger(self.output_dir, cfg.monitor.log_interval, cfg.monitor.tensorboard,
                                                 hparams=hparams(cfg))
             built_in.append(self.metrics_logger)
-            if cfg.profiler.enable_profiling:
-                built_in.append(ProfilerCallback(cfg.profiler, self.output_dir, self.device))
+        if cfg.profiler.enable_profiling:   # every rank profiler.profiler_rank names (null: every rank)
+            built_in.append(ProfilerCallback(cfg.profiler, self.output_dir, self.device, self.parallel.rank,
+                                             self.parallel.world))
+        if self.offload is not None and self.parallel.is_rank0:
+            built_in.append(SwapReport(self.offload))
         self.callbacks = CallbackList([*built_in, *user_callbacks])
 
     def _parameter_counts(self) -> str:
@@ -203,14 +217,15 @@ class Trainer:
         except mf_models.ModelConfigError as exc:
             raise TrainerConfigError(str(exc)) from None
         self.start.prepare_model(model)   # base weights, LoRA adapters: before the plan
-        # The model's plan: tensor + sequence parallelism, recompute, FSDP/HSDP, in that order.
-        self.parallel.parallelize(model, self._recompute)
+        # The model's plan: tensor + sequence parallelism, recompute and swap, FSDP/HSDP, in that order.
+        self.parallel.parallelize(model, self._mark_memory)
         return model
 
-    def _recompute(self, model) -> None:
+    def _mark_memory(self, model) -> None:
         marked = apply_recompute(model, self.config.recompute)
         if marked:
             log.info("recompute: %s", ", ".join(marked))
+        self.offload = apply_swap(model, self.config.swap, self.device)
 
     def _build_loader(self):
         cfg, par = self.config, self.parallel
@@ -285,7 +300,7 @@ class Trainer:
 
         extra = self.config.train_dataset.dataloader.extra
         if "demo_corpus" in extra or "demo_sft" in extra:
-            vocab = self.model.args.vocab_size
+            vocab = self.model_args.vocab_size
             problems = list(token_range_problems(self.config, vocab, [("train_dataset", self.config.train_dataset)]))
             if problems:
                 raise TrainerConfigError(f"{problems[0][0]}: {problems[0][1]}")
@@ -325,6 +340,11 @@ class Trainer:
             self.callbacks.on_save(self, step, path)
 
     # ---- the loop ------------------------------------------------------------------------------
+    def _beat(self, step: int, phase: str) -> None:
+        """Where this rank is, for the launcher's hang watchdog (heartbeat.py's line if it goes silent)."""
+        if self.heartbeat is not None:
+            self.heartbeat.at(step, phase)
+
     def _run_step(self, micro_batches, lr) -> tuple[StepResult, float]:
         """(the step's result, seconds spent compiling it: GRAPH_MODE's first step only)."""
         first_compiled = self.mode == 0 and self.state.step == self.state.start_step
@@ -359,12 +379,29 @@ class Trainer:
                  self.state.step + 1)
         return seconds
 
+    def prepare_outputs(self) -> None:
+        """Before step 1, on every rank (each writes: logs, error logs, its checkpoint files):
+        create output_dir and checkpoint.save_path and write a probe file in each, so a directory
+        that permission bits call writable but is not (/proc, a read-only mount) is refused now
+        (TrainerConfigError) rather than at the first save. `train()` calls it if not done."""
+        if self._outputs_ready:
+            return
+        places = [("output_dir", self.output_dir)]
+        if self.config.checkpoint.enable_save:
+            places.append(("checkpoint.save_path", self.config.checkpoint.save_path))
+        for key, path in places:
+            problem = probe_writable(path)
+            if problem:
+                self.session.close()      # nothing will be trained: train.log's buffer goes with it
+                raise TrainerConfigError(f"{key}: {problem}")
+        self._outputs_ready = True
+
     def train(self) -> TrainResult:
         """Run the remaining steps; see the module docstring for what is written and when it fails."""
         state = self.state
         status, reason = "failed", None
         try:
-            os.makedirs(self.output_dir, exist_ok=True)
+            self.prepare_outputs()
             self.session.begin(state.start_step, state.total_steps)
         except BaseException:
             self.session.close()      # train.log's handlers leave the loggers with it
@@ -402,6 +439,7 @@ class Trainer:
         try:
             while state.step < state.total_steps and not self.should_stop:
                 step = state.step + 1
+                self._beat(step, "training")
                 self.callbacks.on_step_begin(self, step)
                 micro = [self.parallel.shard_sequence(next(batches)) for _ in range(self.accumulation)]
                 lr = self.scheduler(self.optimizer.step)
@@ -428,11 +466,14 @@ class Trainer:
                             + fp16_hint(cfg, self.device))
                 # Before the save of this step: a run resumed from it must not need this evaluation again.
                 if self.evaluator is not None and self.evaluator.due(step, state.total_steps, self.should_stop):
+                    self._beat(step, "evaluating")
                     self.callbacks.on_evaluate(self, self.evaluator.run(step).metrics(step))
                 if self.checkpointer.should_save(step):
+                    self._beat(step, "saving a checkpoint")
                     self.save_checkpoint()
                 else:
                     self._announce(self.checkpointer.poll())
+            self._beat(state.step, "finishing")
             if (self.config.checkpoint.enable_save and state.step > state.start_step
                     and self.checkpointer.last_saved_step != state.step):
                 self.save_checkpoint()
@@ -484,7 +525,14 @@ class Trainer:
         state, mon, scale = self.state, self.config.monitor.train_state, self.parallel.loss_scale
         mfu = None
         if self.peak_flops:
-            mfu = self.flops_per_token * tokens / seconds / (self.peak_flops * self.parallel.world)
+            achieved = self.flops_per_token * tokens / seconds / self.parallel.world
+            if achieved > self.peak_flops and self.device == "CPU" and not self.config.monitor.peak_flops_per_device:
+                # the start-up measurement read low (a busy machine): a step is a floor of the peak
+                log.info("MFU: this step reached %.3g FLOP/s per rank, above the %.3g measured at start (a busy "
+                         "machine reads low); that is the peak from now on (kept in %s)", achieved, self.peak_flops,
+                         raise_cpu_peak(achieved))
+                self.peak_flops = achieved
+            mfu = achieved / self.peak_flops
         m = {
             "step": step, "loss": loss, "lr": lr, "grad_norm": done.grad_norm, "step_time_s": seconds,
             "tokens_per_s": tokens / seconds, "mfu": mfu, "rss_bytes": host_rss_bytes(),

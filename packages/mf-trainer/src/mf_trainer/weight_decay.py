@@ -11,7 +11,11 @@ Order of precedence, first match wins:
   3. `weight_decay_include` match -> decay (this is how to re-enable a default exclusion);
   4. the default exclusions `DEFAULT_EXCLUDE` (biases and norm scales) -> no decay;
   5. everything else -> decay.
-A user pattern that matches no parameter is an error: it is almost always a typo.
+Which patterns match nothing is the preflight's question (`unmatched_patterns` over the whole
+model's parameter names, preflight/optimizer.py), not this function's: a pipeline stage or a LoRA
+run sees only some names. A pattern that matches no parameter of the model is a notice (the
+reference's `["bias", "norm"]` on a model without biases); a list none of whose patterns matches
+anything is an error (almost always a typo).
 """
 
 from __future__ import annotations
@@ -63,10 +67,16 @@ def decay_mask(
             mask.append(True)
         else:
             mask.append(not any(rx.search(name) for rx in defaults))
-    for key, compiled in (("weight_decay_include", inc), ("weight_decay_exclude", exc)):
-        for pattern, _ in compiled:
-            if pattern not in used:
-                sample = ", ".join(list(names)[:4])
-                raise TrainerConfigError(
-                    f"optimizer.{key}: pattern {pattern!r} matches no parameter (names look like: {sample}, ...)")
     return mask
+
+
+def unmatched_patterns(names: Sequence[str], include: Sequence[str] | None = None,
+                       exclude: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """{"weight_decay_include" / "weight_decay_exclude": [patterns matching none of `names`]} for
+    the lists given (an invalid pattern raises TrainerConfigError, as in `decay_mask`)."""
+    out: dict[str, list[str]] = {}
+    for key, patterns in (("weight_decay_include", include), ("weight_decay_exclude", exclude)):
+        compiled = _compile(patterns, f"optimizer.{key}")
+        if compiled:
+            out[key] = [pattern for pattern, rx in compiled if not any(rx.search(name) for name in names)]
+    return out

@@ -134,18 +134,22 @@ def write_hf_files(
     generation_config: Mapping[str, Any] | None = None,
     tokenizer: Mapping[str, bytes] | None = None,
     progress: bool = False,
+    source: str = "the checkpoint",
 ) -> None:
     """Write config.json, the safetensors shards (+ index) of `entries`, generation_config.json
-    and the tokenizer's files ({name: bytes}) into the existing directory `out`."""
+    and the tokenizer's files ({name: bytes}) into the existing directory `out` (`source`: the
+    directory the tokenizer came from, for error messages)."""
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
+    # the tokenizer first: a tokenizer that cannot be exported fails before gigabytes are written
+    tokenizer_files = hf_export_files(tokenizer, hf_config, source) if tokenizer else {}
     total = sum(e.nbytes for e in entries)
     with Progress(total, "write", enabled=progress) as bar:
         write_tensors(out, entries, "model", limit, {"format": "pt"}, on_bytes=bar.update)
     write_json(out / "config.json", export_config(hf_config, entries))
     if generation_config is not None:
         write_json(out / "generation_config.json", generation_config)
-    if tokenizer:
-        write_files(out, hf_export_files(tokenizer, hf_config, str(out)))
+    if tokenizer_files:
+        write_files(out, tokenizer_files)
 
 
 def save_hf(

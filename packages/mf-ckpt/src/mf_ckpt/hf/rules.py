@@ -10,12 +10,13 @@ conversion, the HF reader/writer, and reading an HF directory directly as a `loa
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CheckpointError, first_few
+from ..errors import CheckpointError, brief, first_few
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,27 @@ def _whole(hf: str, shape: tuple[int, ...]) -> Piece:
 MAX_PLAN_PIECES = 300_000
 
 
+# Keys the model reads that no tensor shape shows: checked with the shapes, so no checkpoint is
+# converted that the model would refuse (max_position_embeddings: 0) or run wrongly (rms_norm_eps: NaN).
+_POSITIVE_INTS = ("max_position_embeddings",)
+_POSITIVE_NUMBERS = ("rms_norm_eps", "rope_theta")
+
+
+def check_hyperparameters(config: Mapping[str, Any], model_type: str) -> None:
+    for key in _POSITIVE_INTS:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise CheckpointError(f"config.json ({model_type}): {key} must be an integer >= 1, got {brief(value)}")
+    for key in _POSITIVE_NUMBERS:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise CheckpointError(f"config.json ({model_type}): {key} must be a finite number > 0, got {brief(value)}")
+
+
 def build_plan(arch: Architecture, config: Mapping[str, Any], hf_names: Iterable[str] | None = None) -> Plan:
     """Expand `arch` for `config`. With `hf_names`, layers stored fused are planned as fused."""
+    check_hyperparameters(config, arch.model_type)
     view = ConfigView(config, arch.model_type, arch.defaults)
     dims = arch.dims(view)
     conditions = arch.conditions(view)

@@ -6,4 +6,4 @@ from __future__ import annotations
 def run_delegated(argv: list[str]) -> int:
     from mf_ckpt.cli import main
 
-    return int(main(argv) or 0)
+    return int(main(argv, prog="mf ckpt") or 0)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 
 from mf_cli.errors import UsageError
 
@@ -50,7 +49,7 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
     p = actions.add_parser("migrate", help=text, description=text + ". The report goes to stderr.")
     p.add_argument("file", help="the old run_xxx.yaml")
     p.add_argument("-o", "--output", metavar="NEW", help="write the new YAML here (default: print it on stdout)")
-    p.add_argument("--force", action="store_true", help="overwrite NEW if it exists")
+    p.add_argument("--force", action="store_true", help="overwrite NEW (and the --report FILE) if it exists")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="set a key of the NEW file (repeatable), e.g. train_dataset.dataloader.config.data_path=[/d/x]; "
                         "the action lines it answers are removed")
@@ -98,6 +97,8 @@ def _validate(args, config) -> int:
                    files=not args.no_files, plan_only=True)
     for note in notes:
         print(f"mf config: note: {note}", file=sys.stderr)
+    for line in report.notice_lines():
+        print(f"mf config: {line}", file=sys.stderr)
     for warning in mf_config.path_warnings(config):
         print(f"mf config: warning: {warning}", file=sys.stderr)
     for line in report.skipped:
@@ -106,10 +107,20 @@ def _validate(args, config) -> int:
     return 0
 
 
-def _check_output(path: str, force: bool) -> None:
-    """Refuse before doing any work: an existing NEW without --force, a directory, a missing parent."""
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _check_output(path: str, force: bool, flag: str, source: str) -> None:
+    """Refuse before doing any work: the old file itself (never overwritten, even with --force),
+    an existing file without --force, a directory, a missing parent."""
+    if _same_file(path, source):
+        raise UsageError(f"{flag} {path}: is the file being migrated; write the new file elsewhere")
     if os.path.isdir(path):
-        raise UsageError(f"{path}: is a directory; give a file name with -o")
+        raise UsageError(f"{path}: is a directory; give a file name with {flag}")
     if os.path.lexists(path) and not force:
         raise UsageError(f"{path}: already exists; add --force to overwrite it")
     parent = os.path.dirname(os.path.abspath(path))
@@ -118,16 +129,12 @@ def _check_output(path: str, force: bool) -> None:
 
 
 def _write_atomically(path: str, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename: a failure leaves any old file intact."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".mf-migrate-", suffix=".yaml", dir=directory)
+    """Whole or not at all, with the umask's permissions (mf_cli.files)."""
+    from mf_cli.files import write_atomically
+
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        write_atomically(path, text)
     except OSError as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         raise UsageError(f"{path}: cannot be written ({exc.strerror or exc})") from None
 
 
@@ -163,9 +170,11 @@ def _migrate(args) -> int:
     import mf_config
 
     if args.output is not None:
-        _check_output(args.output, args.force)
+        _check_output(args.output, args.force, "-o", args.file)
     if args.report is not None:
-        _check_output(args.report, True)
+        _check_output(args.report, args.force, "--report", args.file)
+        if args.output is not None and _same_file(args.report, args.output):
+            raise UsageError(f"--report {args.report}: is also -o; give the report its own file")
     try:
         result = mf_config.migrate_legacy(args.file)
         resolved = result.apply_overrides(args.overrides)

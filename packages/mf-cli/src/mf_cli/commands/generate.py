@@ -57,6 +57,25 @@ class TokenizerAdapter:
     def eos_token_id(self) -> int | None:
         return self._tok.eod
 
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._tok.bos
+
+    @property
+    def special_tokens(self) -> dict[str, str | None]:
+        return dict(self._tok.special_tokens)
+
+    def token_to_id(self, text: str) -> int | None:
+        return self._tok.token_to_id(text)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._tok.chat_template
+
+    @property
+    def tokenizer_class(self) -> str:
+        return type(self._tok).__name__
+
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode([text])[0])
 
@@ -236,7 +255,7 @@ def _read_jsonl(path: str) -> list[dict]:
             continue
         try:
             item = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):   # RecursionError: a line nested deeper than the parser goes
             raise UsageError(f"{path}:{number}: not a JSON object") from None
         if not isinstance(item, dict) or set(item) - {"prompt", "prompt_ids", "id"} or \
                 ("prompt" in item) == ("prompt_ids" in item):
@@ -292,13 +311,41 @@ def _prompts(args, source: Source) -> list[dict]:
     return items
 
 
+def _explicit_max_new_tokens(args) -> bool:
+    """Whether the command line or the YAML itself names inference.max_new_tokens (the schema's
+    default of 128 does not count: a training YAML has no inference section of its own)."""
+    if args.max_new_tokens is not None:
+        return True
+    if any(o.split("=", 1)[0].strip() == "inference.max_new_tokens" for o in args.overrides):
+        return True
+    import yaml
+
+    try:
+        with open(args.source, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)       # already loaded and validated by mf-config: it parses
+    except (OSError, ValueError, yaml.YAMLError):
+        return True
+    inference = raw.get("inference") if isinstance(raw, dict) else None
+    return isinstance(inference, dict) and inference.get("max_new_tokens") is not None
+
+
+def _generation_default(generation_config: dict) -> int | None:
+    """The checkpoint's own max_new_tokens (its generation_config), when it records a usable one."""
+    value = (generation_config or {}).get("max_new_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _sampling_settings(args, source: Source) -> dict[str, Any]:
+    """Explicit settings win; without a max_new_tokens the checkpoint's generation config gives it
+    (else 128), fitted to the positions the prompt leaves (see _generate)."""
     inf = source.inference
+    default = _generation_default(source.generation_config)
     if inf is not None:  # CLI flags already went into the config as overrides
-        return {"max_new_tokens": inf.max_new_tokens, "do_sample": inf.do_sample, "temperature": inf.temperature,
+        return {"max_new_tokens": inf.max_new_tokens if _explicit_max_new_tokens(args) else None,
+                "default_max_new_tokens": default, "do_sample": inf.do_sample, "temperature": inf.temperature,
                 "top_k": inf.top_k, "top_p": inf.top_p, "stop_token_ids": tuple(inf.stop_token_ids or ()),
                 "slots": inf.batch_size, "seed": source.seed, "output": inf.output_file}
-    return {"max_new_tokens": args.max_new_tokens, "do_sample": bool(args.do_sample),
+    return {"max_new_tokens": args.max_new_tokens, "default_max_new_tokens": default, "do_sample": bool(args.do_sample),
             "temperature": 1.0 if args.temperature is None else args.temperature,
             "top_k": 0 if args.top_k is None else args.top_k, "top_p": 1.0 if args.top_p is None else args.top_p,
             "stop_token_ids": tuple(args.stop_ids or ()), "slots": args.batch_size or 8, "seed": args.seed,
@@ -347,7 +394,7 @@ def _dry_run(args) -> int:
     Without prompts (neither flags nor inference.prompts / input_file) the config is checked as
     `mf serve` checks it, with the prompts left to the real run."""
     import mf_config
-    from mf_cli.checks import check, load_config
+    from mf_cli.checks import check, completed, load_config
 
     if not os.path.isfile(args.source):
         raise UsageError(f"{args.source}: --dry-run checks a predict YAML; give the config file")
@@ -363,6 +410,18 @@ def _dry_run(args) -> int:
             raise UsageError(str(exc)) from None
         prompts_later = True  # checked as `mf serve` checks it; the real run takes --prompt / --input
         cfg = load_config(args.source, [*overrides, 'inference.prompts=["-"]'])
+    # The config the real run checks: a fine-tune's model from its base, the weights it would use.
+    import mf_trainer
+    from mf_cli.commands.eval import explicit_weights
+    from mf_trainer.sources import weights_for_inference
+
+    notes: list[str] = []
+    try:
+        cfg = completed(cfg, notes)
+        cfg, note = weights_for_inference(cfg, explicit_weights(args))
+    except (*bad_input_errors(), mf_trainer.TrainerConfigError) as exc:
+        raise UsageError(str(exc).strip().splitlines()[0]) from None
+    notes += [note] if note else []
     check(cfg, "generate", 1, cfg.context.device_target, source=args.source)
     tok = cfg.tokenizer
     if tok.path and os.path.exists(tok.path) and ("hf" if os.path.isdir(tok.path) else "sentencepiece") != tok.type:
@@ -371,6 +430,8 @@ def _dry_run(args) -> int:
     if cfg.inference.input_file and not os.path.isfile(cfg.inference.input_file):
         raise UsageError(f"inference.input_file: {cfg.inference.input_file}: no such file")
     _check_output(cfg.inference.output_file, args.force, (args.input, cfg.inference.input_file, args.source))
+    for line in notes:           # after every check: a refusal stays one line on stderr, nothing on stdout
+        print(f"mf generate: dry run: note: {line}")
     for warning in mf_config.path_warnings(cfg):
         print(f"mf generate: dry run: warning: {warning}")
     inf = cfg.inference
@@ -378,10 +439,12 @@ def _dry_run(args) -> int:
                else f"{len(inf.prompts)} in the config" if inf.prompts else f"from {inf.input_file}")
     sampling = (f"sampling (temperature {inf.temperature}, top_k {inf.top_k}, top_p {inf.top_p})" if inf.do_sample
                 else "greedy")
+    most = (f"at most {inf.max_new_tokens} new tokens" if _explicit_max_new_tokens(args) else
+            "the checkpoint's max_new_tokens (else 128) new tokens at most, fitted to the positions left")
     for line in (f"model: {cfg.model.model_type} ({cfg.model.architectures})",
                  f"weights: {cfg.checkpoint.load_path}", f"tokenizer: {tok.path} ({tok.type})",
-                 f"prompts: {prompts}", f"decoding: {sampling}, at most {inf.max_new_tokens} new tokens, "
-                 f"{inf.batch_size} at once", f"output: {inf.output_file or 'stdout'}"):
+                 f"prompts: {prompts}", f"decoding: {sampling}, {most}, {inf.batch_size} at once",
+                 f"output: {inf.output_file or 'stdout'}"):
         print(f"mf generate: dry run: {line}")
     print(f"mf generate: dry run: {args.source} passes the preflight of mf generate; nothing was loaded or written")
     return 0
@@ -420,10 +483,24 @@ def run(args) -> int:
             raise UsageError(f"{args.source}: no tokenizer found for text prompts; give --tokenizer or token ids")
         else:
             prompt_ids.append(source.tokenizer.encode(item["prompt"]))
+    _check_prompt_ids(items, prompt_ids, source, args.input)
     # After every check of the command line: bad input stays one line on stderr.
     for note in source.notes:
         print(f"mf generate: note: {note}", file=sys.stderr)
     return _generate(args, source, items, prompt_ids, settings)
+
+
+def _check_prompt_ids(items: list[dict], prompt_ids: list[list[int]], source: Source, input_file: str | None) -> None:
+    """Every given token id names a token of the model, and of the tokenizer that turns the prompt
+    back into text (before anything decodes it: sentencepiece raises on an id it does not have)."""
+    limit = int(source.model.args.vocab_size)
+    if source.tokenizer is not None:
+        limit = min(limit, int(source.tokenizer.vocab_size))
+    for item, ids in zip(items, prompt_ids):
+        bad = next((t for t in ids if not 0 <= t < limit), None)
+        if bad is not None and "prompt_ids" in item:
+            where = f"{input_file}: prompt_ids" if input_file else "--prompt-ids"
+            raise UsageError(f"{where}: token id {bad} is outside the vocabulary [0, {limit})")
 
 
 def _generate(args, source: Source, items: list[dict], prompt_ids: list[list[int]], settings: dict) -> int:
@@ -431,7 +508,9 @@ def _generate(args, source: Source, items: list[dict], prompt_ids: list[list[int
 
     limit = source.model.args.max_position_embeddings
     longest = max(len(p) for p in prompt_ids)
-    new = settings["max_new_tokens"] if settings["max_new_tokens"] is not None else max(1, min(128, limit - longest))
+    new = settings["max_new_tokens"]
+    if new is None:   # not asked for: the checkpoint's default (or 128), at most what the positions leave
+        new = max(1, min(settings.get("default_max_new_tokens") or 128, limit - longest))
     seed = settings["seed"]
     try:
         params = [SamplingParams(max_new_tokens=new, do_sample=settings["do_sample"],

@@ -9,11 +9,18 @@ Each rank runs `mf train CONFIG [--set ...] [--overwrite]` (mf_cli/_rank/mf_trai
 output goes to `<output_dir>/logs/worker_<rank>.log`; this node's first rank (rank 0 on node 0) is
 streamed to the console, without MindSpore's own INFO/DEBUG log lines (`[INFO] DISTRIBUTED(...)`:
 they stay in the rank's log). The run directory rules are `mf train`'s, checked before msrun
-starts (another run's checkpoints or metrics in output_dir: refused, unless `--overwrite`). If any rank fails (an error, a non-zero exit, a rank killed by a signal) the
-launcher stops every rank at once, prints the failing rank's error and log tail, and `mf launch`
-exits non-zero (the rank's exit code when it reported one: 2 for bad input, 1 for a training
-failure). Multi-node: run the same command on every node with its `--node-rank` and a common
-`--master-addr` / `--master-port`.
+starts (another run's checkpoints or metrics in output_dir: refused, unless `--overwrite`). If any
+rank fails (an error, a non-zero exit, a rank killed by a signal) or hangs (its heartbeat silent
+for training.hang_timeout_s) the launcher stops every rank at once, prints one line naming the
+rank and its error, and `mf launch` exits non-zero (the rank's exit code when it reported one: 2
+for bad input, 1 for a training failure); unless the input was bad the line ends with the last
+committed checkpoint, which a rerun of the same command resumes from.
+
+Multi-node: run the same command on every node with its `--node-rank` and a common
+`--master-addr` (node 0's address) / `--master-port` (node 0 also listens on the port after it:
+the launchers' link). output_dir and checkpoint.save_path must be storage every node sees; each
+node writes its logs under `<output_dir>/logs/node_<i>/`. A node that dies, or whose rank fails or
+hangs, ends the job on every node with the same line.
 """
 
 from __future__ import annotations
@@ -42,6 +49,25 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
                    help="start over: rank 0 first removes what a run writes in output_dir and checkpoint.save_path "
                         "(as mf train --overwrite)")
     p.set_defaults(run=run)
+
+
+def resume_note(checkpoint, nodes: int = 1) -> str:
+    """Where a rerun of the same command resumes: the checkpoint committed in the `checkpoint`
+    section's save_path (a save cut short by the failure is never taken for one: the commit
+    marker still names the previous)."""
+    import mf_ckpt
+
+    save_path = checkpoint.save_path
+    if not checkpoint.enable_save:
+        return "no checkpoints saved (checkpoint.enable_save: false): a rerun starts over"
+    try:
+        committed = mf_ckpt.committed_checkpoint(save_path)
+    except (mf_ckpt.CheckpointError, OSError) as exc:
+        return f"last committed checkpoint: unreadable ({exc})"
+    if committed is None:
+        return f"no checkpoint committed in {save_path} yet (a rerun starts over)"
+    where = " on every node" if nodes > 1 else ""
+    return f"last committed checkpoint: {committed} (rerun the same command{where} to resume from it)"
 
 
 # MindSpore's own C++/Python log lines (glog format): `[INFO] DISTRIBUTED(pid,thread,python):time [file] ...`.
@@ -87,7 +113,7 @@ def run(args) -> int:
 
     check(completed(config), "launch", args.nproc * args.nodes, config.context.device_target, source=args.config,
           overwrite=args.overwrite)
-    log_dir = Path(config.output_dir) / "logs"
+    log_dir = mf_parallel.node_log_dir(Path(config.output_dir) / "logs", args.nodes, args.node_rank)
     argv = [str(RANK_SCRIPT), args.config]
     for override in args.overrides:
         argv += ["--set", override]
@@ -96,8 +122,10 @@ def run(args) -> int:
     try:
         print(f"mf launch: {args.nproc * args.nodes} ranks ({args.nproc} on this node); "
               f"logs in {log_dir}/worker_<rank>.log; streaming rank {args.node_rank * args.nproc}", flush=True)
-        return mf_parallel.launch(args.nproc, argv, log_dir, nodes=args.nodes, node_rank=args.node_rank,
-                                  master_addr=args.master_addr, master_port=args.master_port,
-                                  python=sys.executable, console=ConsoleFilter(sys.stdout))
+        return mf_parallel.launch(args.nproc, argv, Path(config.output_dir) / "logs", nodes=args.nodes,
+                                  node_rank=args.node_rank, master_addr=args.master_addr,
+                                  master_port=args.master_port, python=sys.executable,
+                                  console=ConsoleFilter(sys.stdout),
+                                  failure_note=lambda: resume_note(config.checkpoint, args.nodes))
     except mf_parallel.ParallelConfigError as exc:
         raise UsageError(str(exc).removeprefix("launch: ")) from None

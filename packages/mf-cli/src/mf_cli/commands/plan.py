@@ -80,6 +80,24 @@ def _microbatches(training, dp: int) -> tuple[int, str]:
                f"local_batch_size {training.local_batch_size})")
 
 
+# The preflight problems about what a plan shows (the layout, the model it cuts, the batch
+# arithmetic, recompute); the data and output sections a plan does not need may be incomplete.
+PLAN_KEYS = ("parallelism", "model", "training", "recompute")
+
+
+def _refused_layout(config, world: int, source: str) -> None:
+    """What `mf launch -n WORLD` would refuse about the layout, refused here too (a plan of a layout
+    that cannot run is no plan): the same preflight, without this machine's files."""
+    import mf_trainer
+    from mf_cli.checks import completed
+
+    report = mf_trainer.preflight(completed(config), "launch", world, config.context.device_target, source=source,
+                                  files=False, plan_only=True)
+    lines = [f"{key}: {reason}" for key, reason in report.problems if key.split(".")[0].split("[")[0] in PLAN_KEYS]
+    if lines:
+        raise UsageError("\n".join(lines))
+
+
 def build_plan(args) -> Plan:
     import mf_config
     import mf_parallel as mp
@@ -92,6 +110,7 @@ def build_plan(args) -> Plan:
     world = args.world if args.world is not None else _default_world(par)
     if world < 1:
         raise UsageError(f"--world: must be a positive integer, got {world}")
+    _refused_layout(config, world, args.config)
     try:
         dims = mp.ParallelDims.from_config(par, world)
         spec = mp.pipeline_from_config(par)
@@ -145,12 +164,17 @@ def schedule_section(plan: Plan) -> list[str]:
     if plan.simulation is None:
         return []
     import mf_parallel as mp
-    from mf_parallel.pipeline import textbook_bubble
+    from mf_parallel.pipeline import Combined, overlap_b_f_idle_reason, textbook_bubble
 
     sim, c = plan.simulation, plan.costs
     backward = "B (input gradient) + W (weight gradient)" if plan.schedule.split_backward else f"B+W = {c.B + c.W}"
     lines = [f"timeline ({plan.args.p2p} p2p; costs F={c.F} B={c.B} W={c.W}, backward {backward}):"]
-    lines += ["  " + row for row in mp.text_timeline(sim, width=plan.args.width).splitlines()]
+    try:
+        lines += ["  " + row for row in mp.text_timeline(sim, width=plan.args.width).splitlines()]
+    except mp.ParallelConfigError as exc:
+        if plan.args.width is not None:           # asked for: the user's number cannot be honoured
+            raise UsageError(f"--width {plan.args.width}: {exc}") from None
+        lines.append(f"  not drawn as text: {exc}")
     lines.append("per rank: busy, idle (waiting inside its span), span, peak activations in flight (micro-batch x chunk)")
     for line in sim.ranks:
         lines.append(f"  rank {line.rank}: busy {_num(line.busy)}  idle {_num(line.idle)}  span {_num(line.span)}  "
@@ -160,9 +184,12 @@ def schedule_section(plan: Plan) -> list[str]:
     if known is not None:
         text += f"; textbook {known[0]} = {_num(known[1])}"
     lines.append(text)
-    combined = sum(type(a).__name__ == "Combined" for rank in plan.schedule.ranks for a in rank)
-    if combined:
-        lines.append(f"overlap_b_f: {combined} forward+backward pairs run combined")
+    pairs = [a for rank in plan.schedule.ranks for a in rank if isinstance(a, Combined)]
+    if pairs:
+        kind = "a backward and the next forward" if pairs[0].backward_first else "a forward and another chunk's backward"
+        lines.append(f"overlap_b_f: {len(pairs)} pairs ({kind}) run combined")
+    elif plan.schedule.overlap_b_f:
+        lines.append(f"overlap_b_f: changes nothing here, {overlap_b_f_idle_reason(plan.schedule)}")
     return lines
 
 
@@ -199,7 +226,22 @@ SECTIONS: list[tuple[str, Callable[[Plan], list[str]]]] = [
 ]
 
 
+def _check_args(args) -> None:
+    """What the flags themselves get wrong, before any planning."""
+    import os
+
+    if args.width is not None and args.width < 1:
+        raise UsageError(f"--width: must be a positive integer, got {args.width}")
+    if args.png is not None:
+        if os.path.isdir(args.png):
+            raise UsageError(f"--png: {args.png} is a directory; give the file to draw into, e.g. "
+                             f"{os.path.join(args.png, 'timeline.png')}")
+        if not args.png.lower().endswith(".png"):
+            raise UsageError(f"--png: {args.png} is not a .png file name (the timeline is drawn as a PNG)")
+
+
 def run(args) -> int:
+    _check_args(args)
     plan = build_plan(args)
     out: list[str] = []
     for _, section in SECTIONS:

@@ -2,14 +2,23 @@
 
 Reads each run directory (an mf train `output_dir`: its metrics.jsonl and the checkpoints under
 it; mf_cli.report.history says exactly how), prints a summary per run, optionally compares every
-run with the first one step by step, and draws one PNG of them all (default `report.png` in the
-working directory). Works on a run still going and on runs resumed several times. Imports
-neither MindSpore nor any mf package beyond mf_cli.
+run with the first one step by step, and draws one PNG of them all: by default `report.png` in
+the run directory (several runs: in the directory holding them, e.g. `output/report.png` for
+`mf report output/*`, or the first run's when that one cannot be written). Works on a run still
+going and on runs resumed several times. Imports neither MindSpore nor any mf package beyond mf_cli.
+
+Several RUN_DIRs: one that cannot be read (missing, no metrics yet, a damaged line) is skipped
+with one `mf report: skipped RUN_DIR: why` line on stderr and the others are reported; with
+--compare the first (the reference) must be readable. A .png among them (an earlier report, as
+`output/*` finds `output/report.png`) is left out with a note.
+
+--out must name a .png file, and an existing file there must be a PNG: a run's metrics.jsonl,
+config.yaml or checkpoint files are never replaced by a picture.
 
 Exit status: 0 done (and, with --compare, every run within --rtol of the first on every common
-step, and the same steps recorded unless --common-only); 1 a comparison failed; 2 bad input (a
-RUN_DIR missing or without readable metrics, bad arguments, an --out that cannot be written),
-one line on stderr, nothing written.
+step, and the same steps recorded unless --common-only); 1 a comparison failed; 2 bad input (no
+RUN_DIR readable, the --compare reference unreadable, bad arguments, an --out that cannot be
+written), one line on stderr, nothing written.
 """
 
 from __future__ import annotations
@@ -32,7 +41,9 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
     parser.add_argument("--name", dest="names", action="append", default=[], metavar="NAME",
                         help="the name of each RUN_DIR in the legend and the text, in order (once per RUN_DIR; "
                              "default: the directory's name)")
-    parser.add_argument("--out", metavar="PATH", help=f"where to write the PNG (default: ./{DEFAULT_OUT})")
+    parser.add_argument("--out", metavar="PATH",
+                        help=f"where to write the PNG, a .png file (default: {DEFAULT_OUT} in the run directory; several "
+                             "runs: in the directory holding them)")
     parser.add_argument("--no-plot", action="store_true", help="print the summaries (and comparison) only")
     parser.add_argument("--compare", action="store_true",
                         help="compare loss and grad norm of every run with the first one, step by step; "
@@ -64,14 +75,45 @@ def _check_args(args) -> None:
             raise UsageError(f"{args.run_dirs[i]}: given twice")
     if args.no_plot and args.out:
         raise UsageError("--out and --no-plot: choose one")
-    if not args.no_plot:
-        out = Path(args.out or DEFAULT_OUT)
-        if out.is_dir():
-            raise UsageError(f"--out {out}: is a directory; give a file name")
-        if not out.resolve().parent.is_dir():
-            raise UsageError(f"--out {out}: the directory {out.resolve().parent} does not exist")
-        if not os.access(out.resolve().parent, os.W_OK):
-            raise UsageError(f"--out {out}: the directory {out.resolve().parent} is not writable")
+    if args.out is not None:
+        _check_out(Path(args.out))
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _check_out(out: Path) -> None:
+    """--out (or the default) can take the PNG: a .png name, not a directory, a writable parent,
+    and nothing but a PNG replaced (a run's metrics.jsonl or checkpoint files stay theirs)."""
+    if out.is_dir():
+        raise UsageError(f"--out {out}: is a directory; give a file name")
+    if out.suffix.lower() != ".png":
+        raise UsageError(f"--out {out}: not a .png file name (the report is drawn as a PNG)")
+    if out.exists() or out.is_symlink():
+        try:
+            with open(out, "rb") as f:
+                head = f.read(len(PNG_MAGIC))
+        except OSError as exc:
+            raise UsageError(f"--out {out}: exists and cannot be read ({exc.strerror or exc})") from None
+        if head != PNG_MAGIC:
+            raise UsageError(f"--out {out}: exists and is not a PNG; refusing to replace it (choose another name)")
+    if not out.resolve().parent.is_dir():
+        raise UsageError(f"--out {out}: the directory {out.resolve().parent} does not exist")
+    if not os.access(out.resolve().parent, os.W_OK):
+        raise UsageError(f"--out {out}: the directory {out.resolve().parent} is not writable")
+
+
+def _default_out(runs) -> Path:
+    """report.png in the run directory; for several runs in the directory holding them all (the
+    first run's when that is the filesystem root or cannot be written)."""
+    directories = [Path(os.path.realpath(r.path)) for r in runs]
+    place = directories[0]
+    if len(directories) > 1:
+        common = Path(os.path.commonpath([str(d) for d in directories]))
+        if common != Path(common.anchor) and os.access(common, os.W_OK):
+            place = common
+    shown = os.path.relpath(place / DEFAULT_OUT)       # as the user named the runs, when below here
+    return Path(shown) if not shown.startswith("..") else place / DEFAULT_OUT
 
 
 def _default_names(paths: list[str]) -> list[str]:
@@ -86,14 +128,33 @@ def _default_names(paths: list[str]) -> list[str]:
 
 
 def run(args) -> int:
+    # `mf report output/*` a second time meets the first one's output/report.png: a picture is not a run
+    pictures = [p for p in args.run_dirs if p.lower().endswith(".png") and os.path.isfile(p)]
+    if pictures and len(pictures) < len(args.run_dirs):
+        args.run_dirs = [p for p in args.run_dirs if p not in pictures]
+        print(f"mf report: note: left out {', '.join(pictures)} (a PNG, not a run directory)", file=sys.stderr)
     _check_args(args)
     from mf_cli.report import RunReadError, compare_runs, comparison_lines, read_run, summarize, summary_lines
 
     names = args.names or _default_names(args.run_dirs)
-    try:
-        runs = [read_run(path, name=name) for path, name in zip(args.run_dirs, names)]
-    except RunReadError as exc:
-        raise UsageError(str(exc)) from None
+    runs, skipped = [], []
+    for i, (path, name) in enumerate(zip(args.run_dirs, names)):
+        try:
+            runs.append(read_run(path, name=name))
+        except RunReadError as exc:
+            if len(args.run_dirs) == 1 or (args.compare and i == 0):   # nothing to report, or no reference
+                raise UsageError(str(exc) + (" (the --compare reference)" if args.compare else "")) from None
+            skipped.append(f"mf report: skipped {path}: {exc}")
+    for line in skipped:
+        print(line, file=sys.stderr)
+    if not runs:
+        raise UsageError(f"none of the {len(args.run_dirs)} RUN_DIRs could be read (each is listed above)")
+    if args.compare and len(runs) < 2:
+        raise UsageError("--compare: only the reference could be read; nothing to compare it with")
+    out = None
+    if not args.no_plot:
+        out = Path(args.out) if args.out else _default_out(runs)
+        _check_out(out)
     for run_ in runs:
         print("\n".join(summary_lines(summarize(run_))))
     comparisons = []
@@ -102,10 +163,9 @@ def run(args) -> int:
         comparisons = [compare_runs(runs[0], other, rtol) for other in runs[1:]]
         for comparison in comparisons:
             print("\n".join(comparison_lines(comparison, args.common_only)))
-    if not args.no_plot:
+    if out is not None:
         from mf_cli.report import build_figure, save_figure
 
-        out = Path(args.out or DEFAULT_OUT)
         try:
             width, height = save_figure(build_figure(runs, comparisons), out)
         except OSError as exc:

@@ -1,4 +1,4 @@
-"""`mf train CONFIG [--set key=value ...] [--overwrite] [--dry-run [--world N] [--build-model]]`: train as the YAML says.
+"""`mf train CONFIG [--set key=value ...] [--overwrite] [--dry-run [--world N] [--device D] [--build-model]]`: train as the YAML says.
 
 The run directory: rerunning the same config resumes it from its last committed checkpoint (the
 console says so); output_dir / checkpoint.save_path holding anything else (another config's
@@ -8,7 +8,7 @@ there first (mf_trainer.rundir lists them; never the data, checkpoint.load_path 
 
 `--dry-run` runs the preflight, resolves the layout (for `--world N` ranks, as `mf launch -n N`
 would, or this process's), the accumulation and tokens per step, and where outputs would go
-(output_dir, metrics, TensorBoard, checkpoints); `--build-model` also builds the model and counts
+(output_dir, metrics, TensorBoard, checkpoints), on `--device` (default the config's); `--build-model` also builds the model and counts
 its parameters (total / trainable / per rank). It writes nothing at all.
 
 `run_mode: finetune` fine-tunes (fully, or LoRA with a `lora` section) from `checkpoint.load_path`;
@@ -41,6 +41,9 @@ def add_parser(subparsers, name: str, help_text: str) -> None:
                         help="check and plan only: print the layout, batch, tokens per step and outputs; write nothing")
     parser.add_argument("--world", type=int, metavar="N",
                         help="with --dry-run: plan for N ranks (what `mf launch -n N` would run) from this process")
+    parser.add_argument("--device", choices=("CPU", "Ascend"),
+                        help="with --dry-run: plan for this device (default: context.device_target, else this "
+                             "machine's), e.g. an Ascend cluster's run checked on a laptop")
     parser.add_argument("--build-model", action="store_true",
                         help="with --dry-run: also build the model (MindSpore) and count its parameters")
     parser.add_argument("--overwrite", action="store_true",
@@ -107,8 +110,8 @@ def _dry_run(args, config) -> int:
     if args.build_model:
         _logging()
     try:
-        plan = mf_trainer.dry_run(config, world=args.world, build_model=args.build_model, source=args.config,
-                                  overwrite=args.overwrite)
+        plan = mf_trainer.dry_run(config, world=args.world, device=args.device, build_model=args.build_model,
+                                  source=args.config, overwrite=args.overwrite)
     except _bad_input_errors() as exc:
         raise UsageError(bad_input_message(exc)) from None
     for line in plan.lines():
@@ -123,8 +126,9 @@ def run(args) -> int:
     from mf_cli.checks import check, completed, load_config
 
     config = load_config(args.config, args.overrides)
-    if not args.dry_run and (args.world is not None or args.build_model):
-        raise UsageError("--world and --build-model go with --dry-run (a real run takes its world from the launcher)")
+    if not args.dry_run and (args.world is not None or args.build_model or args.device is not None):
+        raise UsageError("--world, --device and --build-model go with --dry-run (a real run takes its world from the "
+                         "launcher and its device from context.device_target)")
     if args.dry_run:
         return _dry_run(args, config)
     from mf_trainer.environment import world_size_from_env
@@ -139,6 +143,7 @@ def run(args) -> int:
     bad_input = _bad_input_errors()
     try:
         trainer = mf_trainer.Trainer(config, overwrite=args.overwrite)
+        trainer.prepare_outputs()     # output_dir and save_path written to before step 1, by every rank
     except bad_input as exc:
         raise UsageError(bad_input_message(exc)) from None
     try:

@@ -18,10 +18,9 @@ matplotlib's object API on an Agg canvas: no pyplot, no GUI backend, no global s
 
 from __future__ import annotations
 
+import io
 import math
 import os
-import tempfile
-from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -154,15 +153,10 @@ def _comparison_panel(ax, runs, comparisons: list[Comparison], colors) -> None:
 
 def save_figure(fig: Figure, path: str | os.PathLike) -> tuple[int, int]:
     """Write the PNG atomically (a temporary file beside it, then a rename); returns (width, height) in pixels."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            FigureCanvasAgg(fig).print_png(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from mf_cli.files import write_atomically
+
+    png = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(png)
+    write_atomically(path, png.getvalue())     # mode 0666 less the umask, like any file the user makes
     width, height = fig.canvas.get_width_height()
     return width, height

@@ -27,7 +27,7 @@ from mf_config.legacy.run_rules import migrate_run
 from mf_config.legacy.session import Migration
 from mf_config.legacy.source import LegacySource
 from mf_config.schema import declared_fields
-from mf_config.yaml_io import read_yaml
+from mf_config.yaml_io import check_aliases, read_yaml
 
 # Top-level keys only the older format has; and sections only the new one has.
 LEGACY_MARKERS = ("runner_config", "runner_wrapper", "parallel_config", "recompute_config", "moe_config",
@@ -79,6 +79,7 @@ def migrate_legacy(path_or_mapping: str | os.PathLike | Mapping[str, Any]) -> Mi
     elif isinstance(path_or_mapping, (str, os.PathLike)):
         source = os.fspath(path_or_mapping)
         raw = read_yaml(source)
+        check_aliases(raw, source)      # the rules walk the whole file: no self-reference, no alias bomb
     else:
         raise TypeError(f"migrate_legacy takes a file path or a mapping, not {type(path_or_mapping).__name__}")
     _check_format(raw, source)

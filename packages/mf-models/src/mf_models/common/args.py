@@ -19,6 +19,7 @@ mf extras: `seq_length` (training sequence length; default of `num_flops_per_tok
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -85,6 +86,8 @@ class BaseArgs:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ModelConfigError(f"model.{name}: must be positive, got {value!r}")
+            if value is not None and not math.isfinite(value):   # NaN compares False to 0: asked apart
+                raise ModelConfigError(f"model.{name}: must be a finite number, got {value!r}")
 
     def validate(self) -> None:
         self._positive("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",

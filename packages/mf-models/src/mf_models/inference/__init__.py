@@ -9,12 +9,15 @@
 from .cache import DecodeView, PrefillView, SlotKVCache
 from .engine import EngineFailure, EngineStats, InferenceEngine
 from .loading import Pretrained, find_tokenizer, load_pretrained, load_weights, model_name, read_checkpoint_info
+from .logprobs import MAX_LOGPROBS, TokenLogprob
 from .sampling import SamplingParams, TokenChooser
 from .scheduler import Request, RequestError
+from .scoring import Scored, Scorer
 from .text import TextStream
 
 __all__ = [
-    "DecodeView", "EngineFailure", "EngineStats", "InferenceEngine", "PrefillView", "Pretrained", "Request", "RequestError",
-    "SamplingParams", "SlotKVCache", "TextStream", "TokenChooser", "find_tokenizer", "load_pretrained", "load_weights",
+    "DecodeView", "EngineFailure", "EngineStats", "InferenceEngine", "MAX_LOGPROBS", "PrefillView", "Pretrained",
+    "Request", "RequestError", "SamplingParams", "Scored", "Scorer", "SlotKVCache", "TextStream", "TokenChooser",
+    "TokenLogprob", "find_tokenizer", "load_pretrained", "load_weights",
     "model_name", "read_checkpoint_info",
 ]

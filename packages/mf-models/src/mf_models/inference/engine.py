@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor
+from mindspore import Tensor, nn
 
 from ..common.transformer import CausalLM
 from ..generation import _synchronous_pynative
+from . import logprobs as lp
 from .cache import DecodeView, PrefillView, SlotKVCache
 from .sampling import SamplingParams, SlotSettings, TokenChooser
 from .scheduler import Request, RequestError, Scheduler, length_buckets, pick_bucket
@@ -110,8 +111,10 @@ class InferenceEngine:
         self.tokens = np.zeros(max_slots, np.int32)      # each slot's last token (next decode input)
         self.positions = np.zeros(max_slots, np.int32)   # ... and its position (= keys cached so far)
         self._choosers = {s: TokenChooser(self.vocab_size, s) for s in (False, True)}
-        self._prefill: dict[tuple[int, bool], PrefillStep] = {}
-        self._decode: dict[tuple[int, int, bool], DecodeStep] = {}
+        # steps that also return logprobs (logprobs.py), built only when a request asks for them
+        self._logprob_choosers = {s: lp.LogprobChooser(self._choosers[s]) for s in (False, True)}
+        self._prefill: dict[tuple, nn.Cell] = {}
+        self._decode: dict[tuple, DecodeStep] = {}   # (rows, length bucket, sample, logprobs)
         self.stats = EngineStats()
         self.max_consecutive_failures = max_consecutive_failures
         self._failures_in_row = {"prefill": 0, "decode": 0}  # per kind of step: one may break alone
@@ -222,19 +225,25 @@ class InferenceEngine:
         self.stats.reset()
 
     # ---- compiled steps ------------------------------------------------------------------------
-    def _prefill_step(self, bucket: int, sample: bool) -> PrefillStep:
-        step = self._prefill.get((bucket, sample))
+    def _prefill_step(self, bucket: int, sample: bool, logprobs: str = "") -> nn.Cell:
+        """logprobs "": plain; "token": the first token's logprobs too; "prompt": the prompt scored."""
+        step = self._prefill.get((bucket, sample, logprobs))
         if step is None:
-            step = PrefillStep(self.model, PrefillView(self.cache, bucket), self._choosers[sample])
-            self._prefill[(bucket, sample)] = step
+            view = PrefillView(self.cache, bucket)
+            if logprobs == "prompt":
+                step = lp.ScoringPrefillStep(self.model, view, self._logprob_choosers[sample])
+            else:
+                step = PrefillStep(self.model, view, (self._logprob_choosers if logprobs else self._choosers)[sample])
+            self._prefill[(bucket, sample, logprobs)] = step
             self.stats.graphs_built += 1
         return step
 
-    def _decode_step(self, rows: int, bucket: int, sample: bool) -> DecodeStep:
-        step = self._decode.get((rows, bucket, sample))
+    def _decode_step(self, rows: int, bucket: int, sample: bool, logprobs: bool = False) -> DecodeStep:
+        step = self._decode.get((rows, bucket, sample, logprobs))
         if step is None:
-            step = DecodeStep(self.model, DecodeView(self.cache, bucket, rows), self._choosers[sample])
-            self._decode[(rows, bucket, sample)] = step
+            chooser = (self._logprob_choosers if logprobs else self._choosers)[sample]
+            step = DecodeStep(self.model, DecodeView(self.cache, bucket, rows), chooser)
+            self._decode[(rows, bucket, sample, logprobs)] = step
             self.stats.graphs_built += 1
         return step
 
@@ -249,14 +258,25 @@ class InferenceEngine:
         if sample:
             self.settings.uniform[slot] = request.rng.random()
         built = self.stats.graphs_built
-        step = self._prefill_step(bucket, sample)
-        token = step(Tensor(ids), Tensor([slot], ms.int32), Tensor([length - 1], ms.int32),
-                     *self.settings.tensors([slot])).asnumpy()[0]
+        params, entry = request.params, None
+        mode = "prompt" if params.prompt_logprobs is not None else "token" if params.logprobs is not None else ""
+        inputs = [Tensor(ids), Tensor([slot], ms.int32), Tensor([length - 1], ms.int32), *self.settings.tensors([slot])]
+        if mode == "prompt":  # the targets: each position's next prompt token
+            inputs.insert(1, Tensor(np.append(ids[0, 1:], 0).astype(np.int32)))
+        out = self._prefill_step(bucket, sample, mode)(*inputs)
+        if mode:
+            out = [o.asnumpy() for o in out]
+            token = out[0][0]
+            entry = lp.entry(token, out[1][0], out[2][0], out[3][0], params.logprobs or 0)
+            if mode == "prompt":
+                request.prompt_logprobs = lp.prompt_entries(request.prompt_ids, *out[4:], params.prompt_logprobs)
+        else:
+            token = out.asnumpy()[0]
         self.stats.prefill_calls += 1
         self.stats.prompt_tokens += length
         self._time("prefill_seconds", started, built)
         self.positions[slot] = length
-        self._accept(request, int(token))
+        self._accept(request, int(token), entry if params.logprobs is not None else None)
 
     def _decode_all(self, active: list[Request]) -> None:
         started = time.perf_counter()
@@ -268,13 +288,18 @@ class InferenceEngine:
                 sample = True
                 self.settings.uniform[request.slot] = request.rng.random()
         built = self.stats.graphs_built
-        step = self._decode_step(rows, view, sample)
-        out = step(Tensor(self.tokens[:rows]), Tensor(self.positions[:rows]), *self.settings.tensors(slice(rows))).asnumpy()
+        logprobs = any(r.params.logprobs is not None for r in active)
+        out = self._decode_step(rows, view, sample, logprobs)(Tensor(self.tokens[:rows]), Tensor(self.positions[:rows]),
+                                                               *self.settings.tensors(slice(rows)))
+        out = [o.asnumpy() for o in out] if logprobs else [out.asnumpy()]
         self.stats.decode_steps += 1
         self._time("decode_seconds", started, built)
         for request in active:
             self.positions[request.slot] += 1
-            self._accept(request, int(out[request.slot]))
+            row = request.slot
+            entry = None if request.params.logprobs is None else \
+                lp.entry(out[0][row], out[1][row], out[2][row], out[3][row], request.params.logprobs)
+            self._accept(request, int(out[0][row]), entry)
 
     def _time(self, field: str, started: float, graphs_before: int) -> None:
         elapsed = time.perf_counter() - started
@@ -283,7 +308,7 @@ class InferenceEngine:
         else:
             setattr(self.stats, field, getattr(self.stats, field) + elapsed)
 
-    def _accept(self, request: Request, token: int) -> None:
+    def _accept(self, request: Request, token: int, logprob: lp.TokenLogprob | None = None) -> None:
         self.stats.generated_tokens += 1
         if request.first_token_at is None:
             request.first_token_at = time.perf_counter()
@@ -292,6 +317,8 @@ class InferenceEngine:
             self._finish(request, "stop", [])
             return
         request.output_ids.append(token)
+        if logprob is not None:
+            request.output_logprobs.append(logprob)
         self.tokens[request.slot] = token
         if len(request.output_ids) >= request.params.max_new_tokens:
             self._finish(request, "length", [token])

@@ -30,6 +30,10 @@ class SamplingParams:
     - `seed`: the request's numpy generator seed (None: fresh entropy).
     - `stop_token_ids`: generation stops when one of these is produced (in addition to the
       engine's default EOS ids unless `ignore_eos`).
+    - `logprobs`: None, or N in 0..20: every generated token comes with its log-probability and
+      the N most likely tokens' (`Request.output_logprobs`; see logprobs.py).
+    - `prompt_logprobs`: None, or N in 0..20: the same for the prompt's tokens
+      (`Request.prompt_logprobs`, None for the first).
     """
 
     max_new_tokens: int = 16
@@ -40,6 +44,8 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
@@ -63,6 +69,10 @@ class SamplingParams:
             raise bad("seed", "must be a non-negative integer or null")
         if any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative token ids")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20):
+                raise bad(name, "must be null or an integer in 0..20")
 
 
 class SlotSettings:

@@ -54,6 +54,8 @@ class Request:
     on_update: Callable[[Request, list[int]], None] | None = None
     id: int = field(default_factory=lambda: next(_ids))
     output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list = field(default_factory=list)   # TokenLogprob per output id (params.logprobs set)
+    prompt_logprobs: list | None = None     # TokenLogprob | None per prompt id (params.prompt_logprobs set)
     finish_reason: str | None = None        # "stop" | "length" | "cancelled" (or the caller's reason)
     stop_token: int | None = None           # the stop id that ended it, if one did
     slot: int | None = None

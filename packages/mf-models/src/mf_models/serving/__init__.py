@@ -13,6 +13,7 @@ from .metrics import ServerMetrics
 from .protocol import APIError, SamplingDefaults, ServerLimits
 from .runner import EngineRunner, TokenStream
 from .server import bind, serve
+from .tokenization import TextEncoder
 
 __all__ = ["APIError", "EngineRunner", "SamplingDefaults", "ServerLimits", "ServerMetrics", "ServingTokenizer",
-           "TokenStream", "bind", "create_app", "serve"]
+           "TextEncoder", "TokenStream", "bind", "create_app", "serve"]

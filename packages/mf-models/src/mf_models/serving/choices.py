@@ -1,7 +1,9 @@
 """One choice of a response: a request's token stream turned into text, with stop strings applied.
 
-`run_choice` consumes the engine's tokens for one choice, keeps its ids, text and finish reason,
-and (when streaming) forwards each piece of releasable text to the response's event queue. A stop
+`run_choice` consumes the engine's tokens for one choice, keeps its ids, text, finish reason and
+(when asked for) their logprobs, and (when streaming) forwards each piece of releasable text to the
+response's event queue. A choice that only scores its prompt (`max_tokens: 0`) keeps none of the
+one token the engine chose after it. A stop
 string found in the text ends the choice at once (finish_reason "stop", the text cut before it)
 and cancels the engine request, which leaves its slot at the next step.
 """
@@ -34,6 +36,8 @@ class Choice:
     first_token_at: float | None = None  # ... when its first / latest token came out of the engine
     last_token_at: float | None = None
     counted: bool = False                # already in the server's metrics
+    score_only: bool = False             # max_tokens 0: the prompt is scored, nothing is generated
+    logprobs: list = field(default_factory=list)   # TokenLogprob per token id (logprobs asked for)
 
     @property
     def completion_tokens(self) -> int:
@@ -42,9 +46,17 @@ class Choice:
 
 async def run_choice(choice: Choice, decode: Callable[[list[int]], str] | None, stops: list[str],
                      queue: asyncio.Queue | None = None) -> None:
-    """Fill `choice` from its stream; with `queue`, put (choice, text delta, new ids, finish) per event."""
+    """Fill `choice` from its stream; with `queue`, put (choice, text delta, new ids, their logprobs,
+    finish) per event."""
     text = TextStream(decode, stops, choice.prompt_ids) if decode is not None else None
+    request = choice.stream.request
     async for new_ids, reason in choice.stream:
+        if choice.score_only:
+            new_ids, reason = [], ("length" if reason in ("length", "stop") else reason)
+        # the engine appends an id's logprob before it reports the id (same thread, in order)
+        entries = request.output_logprobs[len(choice.token_ids):len(choice.token_ids) + len(new_ids)] \
+            if request.params.logprobs is not None else []
+        choice.logprobs.extend(entries)
         if new_ids:
             choice.last_token_at = time.perf_counter()
             if choice.first_token_at is None:
@@ -63,6 +75,6 @@ async def run_choice(choice: Choice, decode: Callable[[list[int]], str] | None, 
         if text is not None:
             choice.text = text.text
         if queue is not None:
-            queue.put_nowait((choice, delta, list(new_ids), reason))
+            queue.put_nowait((choice, delta, list(new_ids), list(entries), reason))
         if reason is not None:
             return

@@ -1,10 +1,15 @@
 """OpenAI request bodies -> validated generation jobs, and OpenAI's error shape.
 
 Every field OpenAI defines for `/v1/completions` and `/v1/chat/completions` is either honoured or
-rejected with a 400 that names it (e.g. `logprobs`, non-zero penalties, tools): a request is never
+rejected with a 400 that names it (e.g. non-zero penalties, tools): a request is never
 answered as if a setting had been applied when it was not. Unknown fields are rejected as OpenAI
 does ("Unrecognized request argument supplied"). Extensions, as vLLM spells them: `top_k`,
 `stop_token_ids`, `ignore_eos`, and `token_ids` in every returned choice.
+
+Log-probabilities: completions take `logprobs` 0..20 (with `echo`, the prompt's tokens are scored
+too, and `max_tokens: 0` scores the prompt without generating); chat takes `logprobs: true` and
+`top_logprobs` 0..20. See serving/logprobs.py for the shapes and inference/logprobs.py for what
+the numbers are.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..inference.logprobs import MAX_LOGPROBS
 from ..inference.sampling import SamplingParams
 
 
@@ -117,6 +123,7 @@ class Job:
     echo: bool = False
     max_tokens: int | None = None     # as the request gives it; None: the default (SamplingDefaults)
     user: str | None = None
+    logprobs: int | None = None       # alternatives per token when logprobs are asked for, else None
 
 
 def _bad(param: str, message: str) -> APIError:
@@ -184,7 +191,7 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
 
 
 # (field, value accepted as "off") for OpenAI settings this server does not implement
-_OFF_ONLY = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "presence_penalty": (None, 0, 0.0),
+_OFF_ONLY = {"presence_penalty": (None, 0, 0.0),
              "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}), "suffix": (None, ""),
              "tools": (None, []), "tool_choice": (None, "none"), "parallel_tool_calls": (None,),
              "functions": (None, []), "function_call": (None, "none")}
@@ -219,7 +226,8 @@ def _stop_strings(body: dict, limits: ServerLimits) -> list[str]:
 
 
 def _sampling(body: dict, limits: ServerLimits, max_tokens: int, vocab_size: int | None,
-              defaults: SamplingDefaults) -> SamplingParams:
+              defaults: SamplingDefaults, logprobs: int | None = None, prompt_logprobs: int | None = None
+              ) -> SamplingParams:
     temperature = _number(body, "temperature", defaults.temperature, 0.0, 2.0)
     top_p = _number(body, "top_p", defaults.top_p, 0.0, 1.0, low_open=True)
     # -1 and 0 mean off (vLLM / HF); anything above the vocabulary would keep every token anyway
@@ -235,7 +243,8 @@ def _sampling(body: dict, limits: ServerLimits, max_tokens: int, vocab_size: int
     try:
         return SamplingParams(max_new_tokens=max_tokens, do_sample=temperature > 0, temperature=temperature or 1.0,
                               top_k=max(top_k, 0), top_p=top_p, seed=seed, stop_token_ids=tuple(stop_ids),
-                              ignore_eos=_bool(body, "ignore_eos"))
+                              ignore_eos=_bool(body, "ignore_eos"), logprobs=logprobs,
+                              prompt_logprobs=prompt_logprobs)
     except ValueError as exc:  # SamplingParams' own rules (all checked above; a safety net, not a 500)
         field_name = str(exc).split(":")[0]
         raise APIError(400, str(exc), field_name) from None
@@ -280,11 +289,16 @@ def parse_completion(body: dict, limits: ServerLimits, max_tokens_cap: int, voca
     best_of = _int(body, "best_of", None, 1)
     if best_of is not None and best_of != n:
         raise _bad("best_of", f"must equal n (ranking by log-probability is not supported), got {_shown(best_of)}")
-    max_tokens = _int(body, "max_tokens", None, 1, max_tokens_cap)
+    echo = _bool(body, "echo")
+    max_tokens = _int(body, "max_tokens", None, 0, max_tokens_cap)
+    if max_tokens == 0 and not echo:
+        raise _bad("max_tokens", "0 generates nothing: it is for scoring the prompt, with echo: true (and logprobs)")
+    logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
     stream, include_usage = _stream(body)
     # the real max_new_tokens is set once the prompt length is known (see app.py)
-    return Job(False, prompts, _sampling(body, limits, max_tokens or 1, vocab_size, defaults), n, stream,
-               include_usage, _stop_strings(body, limits), _bool(body, "echo"), max_tokens, _user(body))
+    params = _sampling(body, limits, max_tokens or 1, vocab_size, defaults, logprobs, logprobs if echo else None)
+    return Job(False, prompts, params, n, stream, include_usage, _stop_strings(body, limits), echo, max_tokens,
+               _user(body), logprobs)
 
 
 def _user(body: dict) -> str | None:
@@ -333,8 +347,12 @@ def parse_chat(body: dict, limits: ServerLimits, max_tokens_cap: int, vocab_size
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _int(body, key, None, 1, max_tokens_cap)
     n = _int(body, "n", 1, 1, limits.max_n)
+    top_logprobs = _int(body, "top_logprobs", None, 0, MAX_LOGPROBS)
+    logprobs = (top_logprobs or 0) if _bool(body, "logprobs") else None
+    if top_logprobs is not None and logprobs is None:
+        raise _bad("top_logprobs", "needs logprobs: true")
     stream, include_usage = _stream(body)
     # the real max_new_tokens is set once the prompt length is known (see app.py)
-    params = _sampling(body, limits, max_tokens or 1, vocab_size, defaults)
+    params = _sampling(body, limits, max_tokens or 1, vocab_size, defaults, logprobs)
     return Job(True, [parsed], params, n, stream, include_usage, _stop_strings(body, limits), False, max_tokens,
-               _user(body))
+               _user(body), logprobs)

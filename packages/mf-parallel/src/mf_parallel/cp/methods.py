@@ -16,12 +16,14 @@
 context_parallel_mask_type accepts "causal" only (the seed's one value): causal attention, and
 packed documents as block-diagonal causal masks carried by segment ids (`layout.py`).
 context_parallel_async orders each ring step's exchange before its computation (see `ring.py`);
-Ulysses has no ring, so the field is refused with it. On CPU the log says once what it changes.
+Ulysses has no ring, so there it has nothing to act on (the all-to-alls are on the critical path),
+nor on a synchronous backend such as CPU's MCCL, where the order changes but nothing overlaps
+(mf-trainer's preflight says either in one notice line). `ulysses_degree_in_cp` acts with 'hybrid'
+only ('ulysses' spans every cp rank, 'colossal' none).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,11 +31,8 @@ from typing import Any
 
 from mf_parallel.errors import ParallelConfigError
 
-log = logging.getLogger("mf_parallel")
-
 METHODS: tuple[str, ...] = ("colossal", "ulysses", "hybrid")
 MASK_TYPES: tuple[str, ...] = ("causal",)
-_LOGGED: set[str] = set()
 
 
 def _divisors(n: int) -> list[int]:
@@ -66,15 +65,6 @@ class ContextParallelSettings:
         if self.method == "hybrid" and degree is None:
             raise ParallelConfigError("parallelism.ulysses_degree_in_cp: is required with context_parallel_method "
                                       "'hybrid' (the Ulysses degree inside each ring step)")
-        if self.method == "colossal" and degree not in (None, 1):
-            raise ParallelConfigError(f"parallelism.ulysses_degree_in_cp: {degree} has no meaning with "
-                                      "context_parallel_method 'colossal' (pure ring); use 'hybrid' or leave it null")
-        if self.method == "ulysses" and self.async_comm:
-            raise ParallelConfigError(
-                "parallelism.context_parallel_async: true has nothing to overlap with context_parallel_method 'ulysses' "
-                "(its all-to-alls are on the attention's critical path; the asynchronous hook overlaps the ring's "
-                "K/V exchange): use 'colossal' or 'hybrid', or set it to false")
-
     @classmethod
     def from_config(cls, parallelism: Mapping[str, Any] | Any | None) -> ContextParallelSettings:
         """From the YAML `parallelism` block (a mapping or an object with those attributes)."""
@@ -136,14 +126,6 @@ def check_context_parallel(dims, settings: ContextParallelSettings, heads: int, 
         raise ParallelConfigError(problems[0])
 
 
-def _note_async(backend: str) -> None:
-    if backend == "mccl" and "async" not in _LOGGED:
-        _LOGGED.add("async")
-        log.info("context_parallel_async: collectives are synchronous on device_target CPU, so nothing overlaps; "
-                 "the ring only issues each step's K/V exchange before that step's block computation (where Ascend "
-                 "overlaps the two) and so keeps one more K/V block alive per step")
-
-
 def context_parallel_attention(mesh, settings: ContextParallelSettings, *, scale: float, inner=None):
     """The Cell replacing an attention core on this rank: (q, k, v, segment_ids | None) -> out.
 
@@ -153,8 +135,6 @@ def context_parallel_attention(mesh, settings: ContextParallelSettings, *, scale
     from mf_parallel.cp.ulysses import HybridAttention, UlyssesAttention
 
     cp_group = mesh["cp"]
-    if settings.async_comm:
-        _note_async(cp_group.backend)
     if settings.method == "colossal":
         return RingAttention(cp_group, scale, settings.async_comm)
     if settings.method == "ulysses":

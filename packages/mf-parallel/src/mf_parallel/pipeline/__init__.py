@@ -15,7 +15,7 @@ read the same schedules the executor runs:
 from mf_parallel.pipeline.actions import Combined, Comm, Compute, Message, Schedule
 from mf_parallel.pipeline.dataflow import Costs
 from mf_parallel.pipeline.render import save_png, text_timeline
-from mf_parallel.pipeline.schedules import build_schedule, compute_orders
+from mf_parallel.pipeline.schedules import build_schedule, compute_orders, overlap_b_f_idle_reason
 from mf_parallel.pipeline.simulate import Simulation, expected_bubble, textbook_bubble
 from mf_parallel.pipeline.simulate import simulate as simulate_schedule
 from mf_parallel.pipeline.stages import (
@@ -33,8 +33,8 @@ from mf_parallel.pipeline.validate import validate as validate_schedule
 __all__ = [
     "SCHEDULES", "ChunkInfo", "Combined", "Comm", "Compute", "Costs", "Message", "PipelineSpec", "Placement",
     "Schedule", "ScheduleError", "Simulation", "StageLayout", "build_schedule", "compute_orders", "expected_bubble",
-    "pipeline_from_config", "resolve_pipeline", "save_png", "simulate_schedule", "text_timeline", "textbook_bubble",
-    "validate_schedule",
+    "overlap_b_f_idle_reason", "pipeline_from_config", "resolve_pipeline", "save_png", "simulate_schedule",
+    "text_timeline", "textbook_bubble", "validate_schedule",
     # MindSpore (lazy)
     "PipelineExecutor", "StepResult", "defer_weight_grads", "register_weight_grad_split", "WeightGradStash",
 ]

@@ -5,8 +5,11 @@ A schedule is, per pipeline rank, a list of actions executed in order:
 - `Compute(op, mb, chunk, stage)`: `F` forward of micro-batch `mb` through local chunk `chunk`
   (virtual stage `stage`); `B` its backward — the whole backward, or only the input gradient (dx)
   when the schedule splits the backward; `W` the deferred weight gradient (dw) of an earlier `B`.
-- `Combined(forward, backward)`: a forward and a backward of different micro-batches run as one
-  action (`pipeline_parallel_overlap_b_f`), so their communication can overlap.
+- `Combined(forward, backward, backward_first)`: a forward and a backward of different micro-batches
+  run as one action (`pipeline_parallel_overlap_b_f`), so the communication of one can overlap the
+  computation of the other. `backward_first` says which part is issued first: the backward (the
+  1F1B steady-state pair B_i + F_j, HyperParallel's OVERLAP_B_F) or the forward (Megatron's pair
+  of two chunks in interleaved 1F1B).
 - `Comm(peer, sends, recvs)`: one rendezvous with another pipeline rank that moves one or more
   `Message`s each way (activations downstream, gradients upstream). Both ranks hold the mirror
   image of the same Comm at the same position among their Comms with each other.
@@ -49,9 +52,15 @@ class Compute:
 class Combined:
     forward: Compute
     backward: Compute
+    backward_first: bool = False
+
+    @property
+    def parts(self) -> tuple[Compute, Compute]:
+        """The two computations in the order they are issued."""
+        return (self.backward, self.forward) if self.backward_first else (self.forward, self.backward)
 
     def label(self) -> str:
-        return f"{self.forward.label()}+{self.backward.label()}"
+        return "+".join(c.label() for c in self.parts)
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,7 @@ def computes(action: Action) -> tuple[Compute, ...]:
     if isinstance(action, Compute):
         return (action,)
     if isinstance(action, Combined):
-        return (action.forward, action.backward)
+        return action.parts
     return ()
 
 
@@ -93,6 +102,7 @@ class Schedule:
     split_backward: bool            # B is dx only and a W follows
     combined: bool                  # overlap_b_f: Combined actions in the steady state
     ranks: tuple[tuple[Action, ...], ...]
+    overlap_b_f: bool = False       # requested; `combined` says whether it found pairs to run together
 
     def actions(self, rank: int) -> tuple[Action, ...]:
         return self.ranks[rank]

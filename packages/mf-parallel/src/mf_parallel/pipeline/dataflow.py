@@ -9,6 +9,8 @@ reference the simulator's results are checked against.
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -30,8 +32,9 @@ class Costs:
     def __post_init__(self) -> None:
         for name in ("F", "B", "W"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)) or not value > 0:
-                raise ParallelConfigError(f"pipeline costs: {name} must be a positive number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)) or not value > 0 \
+                    or not math.isfinite(value):
+                raise ParallelConfigError(f"pipeline costs: {name} must be a positive finite number, got {value!r}")
 
     @classmethod
     def parse(cls, text: str) -> Costs:
@@ -53,8 +56,10 @@ class Costs:
         return self.W
 
     def exact(self) -> Costs:
-        """The same costs as Fractions: plans compare times for equality, which floats would blur."""
-        return Costs(*(Fraction(getattr(self, n)).limit_denominator(10 ** 6) for n in ("F", "B", "W")))
+        """The same costs as Fractions: plans compare times for equality, which floats would blur
+        (whole numbers stay ints: as exact, and several times faster to add and compare)."""
+        exact = [Fraction(getattr(self, n)).limit_denominator(10 ** 6) for n in ("F", "B", "W")]
+        return Costs(*(int(v) if v.denominator == 1 else v for v in exact))
 
 
 def key(c: Compute) -> Key:
@@ -98,31 +103,37 @@ class InfeasibleOrder(ParallelConfigError):
 
 
 def timings(placement: Placement, orders: list[list], costs: Costs, split: bool) -> list[list[tuple]]:
-    """(start, end) of every action of every rank's compute order (Compute or Combined)."""
+    """(start, end) of every action of every rank's compute order (Compute or Combined).
+
+    A rank runs its order until an action's input does not exist yet, and waits on that input: the
+    action producing it wakes the rank again (each action is looked at a bounded number of times,
+    so the work grows with the number of actions, not with ranks x actions)."""
     v = placement.virtual_stages
     end: dict[Key, object] = {}
     free = [0] * placement.pp
     pos = [0] * placement.pp
     out: list[list[tuple]] = [[] for _ in range(placement.pp)]
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for r, order in enumerate(orders):
-            while pos[r] < len(order):
-                action = order[pos[r]]
-                deps = action_deps(action, v)
-                if any(d not in end for d in deps):
-                    break
-                start = max([free[r], *(end[d] for d in deps)])
-                finish = start + action_cost(action, costs, split)
-                for k in action_keys(action):
-                    end[k] = finish
-                out[r].append((start, finish))
-                free[r] = finish
-                pos[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            stuck = {r: orders[r][pos[r]] for r in range(placement.pp) if pos[r] < len(orders[r])}
-            raise InfeasibleOrder(f"pipeline schedule: the compute orders wait on each other: {stuck}")
+    waiting: dict[Key, list[int]] = {}
+    ready = deque(range(placement.pp))
+    while ready:
+        r = ready.popleft()
+        order = orders[r]
+        while pos[r] < len(order):
+            action = order[pos[r]]
+            deps = action_deps(action, v)
+            missing = next((d for d in deps if d not in end), None)
+            if missing is not None:
+                waiting.setdefault(missing, []).append(r)
+                break
+            start = max([free[r], *(end[d] for d in deps)])
+            finish = start + action_cost(action, costs, split)
+            for k in action_keys(action):
+                end[k] = finish
+                ready.extend(waiting.pop(k, ()))
+            out[r].append((start, finish))
+            free[r] = finish
+            pos[r] += 1
+    stuck = {r: orders[r][pos[r]] for r in range(placement.pp) if pos[r] < len(orders[r])}
+    if stuck:
+        raise InfeasibleOrder(f"pipeline schedule: the compute orders wait on each other: {stuck}")
     return out

@@ -43,7 +43,8 @@ where the schedule places them (ahead of their use) and only their consumer wait
 the executor synchronises after every Comm. On CPU (MCCL) the emulated exchange blocks both ranks
 and every op issued after it until both arrive (measured), so nothing can be issued ahead; the
 executor says so once in the log. `pipeline_parallel_overlap_b_f`: the schedule's `Combined`
-actions run their forward and backward as one step whose messages travel together.
+actions run their two parts (in the schedule's order) as one step whose messages travel together;
+where the schedule found no pair, one log line says why.
 """
 
 from __future__ import annotations
@@ -60,9 +61,10 @@ from mindspore import ops
 from mf_parallel.collectives import AllReduce
 from mf_parallel.errors import ParallelConfigError
 from mf_parallel.mesh import Group, make_group
-from mf_parallel.pipeline.actions import Combined, Comm, Compute, Message, Schedule
+from mf_parallel.pipeline.actions import Combined, Comm, Compute, Message, Schedule, computes
 from mf_parallel.pipeline.dataflow import Costs
 from mf_parallel.pipeline.p2p import PairChannel
+from mf_parallel.pipeline.schedules import overlap_b_f_idle_reason
 from mf_parallel.pipeline.stages import Placement
 from mf_parallel.pipeline.weight_grad import WeightGradStash, defer_weight_grads
 
@@ -82,8 +84,7 @@ def _tapes_kept(actions) -> set[tuple]:
     backward is this rank's next computation (weight-gradient GEMMs do not count: they record
     nothing). MindSpore keeps recorded forwards as a stack, so only the newest can be
     differentiated; every other backward recomputes its forward."""
-    order = [c for a in actions for c in ((a.forward, a.backward) if isinstance(a, Combined) else
-                                          (a,) if isinstance(a, Compute) else ()) if c.op != "W"]
+    order = [c for a in actions for c in computes(a) if c.op != "W"]
     kept = set()
     for c, nxt in zip(order, order[1:]):
         if c.op == "F" and nxt.op == "B" and (nxt.mb, nxt.stage) == (c.mb, c.stage):
@@ -186,7 +187,6 @@ class PipelineExecutor:
     def _explain_flags(self, schedule: Schedule) -> None:
         native = all(c.native for c in self.channels.values()) if self.channels else True
         backend = self.group.backend
-        combined = sum(isinstance(a, Combined) for a in self.actions)
         _once("schedule", "pipeline: %s; rank %d runs %d actions (%d p2p exchanges)", schedule.describe(), self.rank,
               len(self.actions), sum(isinstance(a, Comm) for a in self.actions))
         if self.overlap_p2p:
@@ -201,14 +201,21 @@ class PipelineExecutor:
                       "use: every exchange runs, blocking, where the schedule places it (on HCCL/NCCL the receives "
                       "are issued ahead and waited for only where consumed)", backend)
         if schedule.combined:
-            what = (f"{combined} forward+backward pairs of this rank run as one combined action each (the forward of "
-                    "one chunk and the backward of another), their messages sent together after the pair")
+            every = [a for rank in schedule.ranks for a in rank if isinstance(a, Combined)]
+            mine = sum(isinstance(a, Combined) for a in self.actions)
+            kind = ("a backward and the forward of a later micro-batch after it" if every[0].backward_first
+                    else "the forward of one chunk and the backward of another")
+            what = (f"{len(every)} pair{'s' if len(every) != 1 else ''} ({kind}; {mine} on this rank) run as one "
+                    "combined action each, their messages sent together after the pair")
             if native:
                 _once("overlap_b_f", "pipeline_parallel_overlap_b_f: %s", what)
             else:
                 _once("overlap_b_f", "pipeline_parallel_overlap_b_f on %s: %s; what it cannot change here: the two "
                       "parts run one after the other and no communication overlaps them, because computation and the "
                       "emulated p2p run one at a time on CPU", backend, what)
+        elif schedule.overlap_b_f:
+            _once("overlap_b_f", "pipeline_parallel_overlap_b_f: changes nothing in this layout, %s; the schedule runs "
+                  "as without it", overlap_b_f_idle_reason(schedule))
 
     # ------------------------------------------------------------------------------------- one step
     def step(self, microbatches: Sequence[Any], loss_fn: Callable[[Any, Any], Any]) -> StepResult:
@@ -234,7 +241,7 @@ class PipelineExecutor:
             if isinstance(action, Comm):
                 self._comm(action)
             else:
-                for part in (action.forward, action.backward) if isinstance(action, Combined) else (action,):
+                for part in computes(action):
                     self._compute(part)
                 self._sync()
             t1 = time.perf_counter()

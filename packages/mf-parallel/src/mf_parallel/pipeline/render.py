@@ -21,14 +21,25 @@ def _label(action) -> str:
     return action.label()
 
 
-def text_timeline(sim: Simulation, width: int | None = None, max_columns: int = 400) -> str:
-    """One row per rank; `width` characters per unit of time (default: fits the longest label)."""
+# Beyond this the text would be megabytes no terminal shows (10^4 stages: 300 MB): refused.
+MAX_TEXT_CHARS = 2_000_000
+
+
+def text_timeline(sim: Simulation, width: int | None = None, max_columns: int = 400,
+                  max_chars: int = MAX_TEXT_CHARS) -> str:
+    """One row per rank; `width` characters per unit of time (default: fits the longest label).
+    ParallelConfigError when `width` is not positive or the text would exceed `max_chars`."""
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+        raise ParallelConfigError(f"--width: must be a positive integer, got {width!r}")
     unit = min(sim.costs.F, sim.costs.B, sim.costs.W)
-    labels = [_label(a) for line in sim.ranks for _, _, a in line.intervals]
     if width is None:
-        width = max(2, max((len(label) + 1 for label in labels), default=2))
+        longest = max((len(_label(a)) + 1 for line in sim.ranks for _, _, a in line.intervals), default=2)
+        width = max(2, longest)
         width = max(1, min(width, max_columns // max(1, math.ceil(sim.makespan / unit))))
     columns = max(1, round(sim.makespan / unit * width))
+    if columns * len(sim.ranks) > max_chars:
+        raise ParallelConfigError(f"the text timeline would be {len(sim.ranks)} rows x {columns:,} columns, more than "
+                                  f"{max_chars:,} characters ({width} per time unit)")
     rows = []
     for line in sim.ranks:
         cells = ["."] * columns

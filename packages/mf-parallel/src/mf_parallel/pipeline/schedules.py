@@ -22,10 +22,25 @@ The ZB-H1 W placement is a greedy choice made on a plan with costs F = B = W = 1
 handcrafted schedules of the zero-bubble paper assume); the resulting order is then fixed,
 whatever the real costs.
 
-`pipeline_parallel_overlap_b_f` (interleaved 1F1B) fuses a steady-state forward with the backward
-of another chunk that follows it on the same rank into one `Combined` action (Megatron's combined
-1F1B), where that does not lengthen the planned step. Communication is then placed by
-`comm_plan.place_communication`, which makes the lists safe for blocking p2p.
+`pipeline_parallel_overlap_b_f` runs a steady-state forward and a backward of another micro-batch
+as one `Combined` action, so that on an asynchronous backend the communication of one (a MoE
+layer's token exchange, the stage's p2p) overlaps the computation of the other:
+
+- interleaved 1F1B: a forward and the backward of another chunk that follows it on the rank
+  (Megatron's combined 1F1B);
+- every other schedule: a backward and the forward that follows it (HyperParallel's OVERLAP_B_F,
+  what MindFormers runs: F_1, [B_1, F_2], ..., B_n in the steady state). Plain 1F1B then warms up
+  with 2(pp - 1 - r) forwards on rank r (HyperParallel's and Megatron's interleaved warm-up with
+  one chunk) instead of pp - 1 - r: with the shorter warm-up each pair would hold back the
+  activation the next stage waits for (measured on the plan: 21 units against 15 for pp 2, m 4),
+  with it the planned step is exactly 1F1B's. The price is activations: rank r holds up to
+  min(2(pp - r) - 1, m) micro-batches instead of pp - r.
+
+A pair is kept only where it does not lengthen the planned step (a fused pair starts when both
+inputs exist and its outputs leave together); where no pair qualifies (gpipe runs every forward
+first, ZB-V follows each B by its W, too few micro-batches for a steady state) the schedule is
+the one without the flag. Communication is then placed by `comm_plan.place_communication`, which
+makes the lists safe for blocking p2p.
 """
 
 from __future__ import annotations
@@ -52,9 +67,10 @@ def gpipe_order(placement: Placement, m: int, rank: int) -> list[Compute]:
     return [_compute(placement, "F", i, s) for i in range(m)] + [_compute(placement, "B", i, s) for i in range(m)]
 
 
-def one_f_one_b_order(placement: Placement, m: int, rank: int) -> list[Compute]:
+def one_f_one_b_order(placement: Placement, m: int, rank: int, warmup: int | None = None) -> list[Compute]:
+    """1F1B; `warmup` forwards before the steady state (default pp - 1 - rank, Megatron's)."""
     s = placement.stage(rank, 0)
-    warmup = min(placement.pp - 1 - rank, m)
+    warmup = min(placement.pp - 1 - rank if warmup is None else warmup, m)
     order = [_compute(placement, "F", i, s) for i in range(warmup)]
     for i in range(m - warmup):
         order += [_compute(placement, "F", warmup + i, s), _compute(placement, "B", i, s)]
@@ -256,23 +272,52 @@ def _plan_bubble(placement: Placement, orders: list[list], split: bool):
     return max((t[-1][1] - t[0][0]) - sum(e - s for s, e in t) for t in times if t)
 
 
-def combine_forward_backward(placement: Placement, orders: list[list[Compute]], split: bool) -> list[list]:
-    """Fuse forwards with the backward right after them on the same rank into one action.
+def _pairs_forward_backward(a, b) -> Combined | None:
+    """Interleaved 1F1B: a forward, then the backward of another chunk. Within one chunk the pair
+    is the forward of a later micro-batch waiting for the backward the next stage needs first:
+    the critical path would run through every pair."""
+    if a.op == "F" and b.op == "B" and a.chunk != b.chunk:
+        return Combined(a, b)
+    return None
 
-    Only a forward and a backward of different chunks qualify (within one chunk the pair is the
-    forward of a later micro-batch waiting for the backward that the next stage needs first: the
-    critical path would run through every pair), and a pair is kept only if the planned step is
-    not longer with it (a fused pair starts when both inputs exist and its outputs leave together).
-    """
-    budget = _plan_bubble(placement, orders, split)
+
+def _pairs_backward_forward(a, b) -> Combined | None:
+    """A backward, then the forward of another micro-batch (independent of each other)."""
+    if a.op == "B" and b.op == "F" and a.mb != b.mb:
+        return Combined(b, a, backward_first=True)
+    return None
+
+
+def combine_forward_backward(placement: Placement, orders: list[list[Compute]], split: bool, budget=None,
+                             pair=_pairs_forward_backward) -> list[list]:
+    """Fuse neighbouring computations that `pair` accepts into one `Combined` action, each pair
+    kept only if the planned step's bubble stays within `budget` (default: that of `orders`).
+
+    Every pair at once first (one plan: 1F1B's pairs after the long warm-up always fit); only if
+    that lengthens the step, pair by pair (one plan each: quadratic in the micro-batch count)."""
+    budget = _plan_bubble(placement, orders, split) if budget is None else budget
+    every = []
+    for order in orders:
+        out, i = [], 0
+        while i < len(order):
+            combined = pair(order[i], order[i + 1]) if i + 1 < len(order) else None
+            out.append(combined or order[i])
+            i += 2 if combined else 1
+        every.append(out)
+    try:
+        if _plan_bubble(placement, every, split) <= budget:
+            return every
+    except InfeasibleOrder:
+        pass
     fused = [list(order) for order in orders]
     for r in range(len(fused)):
         i = 0
         while i + 1 < len(fused[r]):
             a, b = fused[r][i], fused[r][i + 1]
-            if isinstance(a, Compute) and isinstance(b, Compute) and a.op == "F" and b.op == "B" and a.chunk != b.chunk:
+            combined = pair(a, b) if isinstance(a, Compute) and isinstance(b, Compute) else None
+            if combined is not None:
                 trial = [list(o) for o in fused]
-                trial[r][i:i + 2] = [Combined(a, b)]
+                trial[r][i:i + 2] = [combined]
                 try:
                     if _plan_bubble(placement, trial, split) <= budget:
                         fused = trial
@@ -282,29 +327,54 @@ def combine_forward_backward(placement: Placement, orders: list[list[Compute]], 
     return fused
 
 
+def _has_combined(orders: list[list]) -> bool:
+    return any(isinstance(a, Combined) for order in orders for a in order)
+
+
 # ----------------------------------------------------------------------------- entry point
-def compute_orders(spec: PipelineSpec, microbatches: int) -> list[list]:
-    """Every rank's compute order (Compute and, with overlap_b_f, Combined actions)."""
-    spec.check_microbatches(microbatches)
-    placement = Placement.of(spec)
-    m = microbatches
+def _orders(spec: PipelineSpec, placement: Placement, m: int, warmup=None) -> list[list[Compute]]:
+    """Every rank's F / B (/ W) order; `warmup(rank)` overrides 1F1B's warm-up length."""
     if spec.schedule == "zbv":
-        orders = [zbv_order(placement, m, r) for r in range(spec.pp)]
+        return [zbv_order(placement, m, r) for r in range(spec.pp)]
+    if spec.schedule == "1f1b" and warmup is not None:
+        orders = [one_f_one_b_order(placement, m, r, warmup(r)) for r in range(spec.pp)]
     else:
         make = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order, "interleaved_1f1b": interleaved_order}.get(spec.schedule)
         if make is None:
             raise ParallelConfigError(f"pipeline: no generator for schedule {spec.schedule!r}")
         orders = [make(placement, m, r) for r in range(spec.pp)]
-        if spec.split_backward:
-            orders = zb_split_orders(placement, m, orders)
-    if spec.overlap_b_f:
-        orders = combine_forward_backward(placement, orders, spec.split_backward)
-        if not any(isinstance(a, Combined) for order in orders for a in order):
-            raise ParallelConfigError(
-                f"parallelism.pipeline_parallel_overlap_b_f: with {m} micro-batches {spec.schedule} has no steady state "
-                f"where a forward and a backward could run combined; raise the micro-batch count above "
-                f"{spec.pp} or set it to false")
-    return orders
+    return zb_split_orders(placement, m, orders) if spec.split_backward else orders
+
+
+def compute_orders(spec: PipelineSpec, microbatches: int) -> list[list]:
+    """Every rank's compute order (Compute and, with overlap_b_f, Combined actions where a pair
+    does not lengthen the planned step; see the module doc)."""
+    spec.check_microbatches(microbatches)
+    placement = Placement.of(spec)
+    m = microbatches
+    orders = _orders(spec, placement, m)
+    if not spec.overlap_b_f:
+        return orders
+    budget = _plan_bubble(placement, orders, spec.split_backward)
+    if spec.schedule == "interleaved_1f1b":
+        fused = combine_forward_backward(placement, orders, spec.split_backward, budget)
+    else:
+        deeper = orders
+        if spec.schedule == "1f1b":
+            deeper = _orders(spec, placement, m, warmup=lambda r: 2 * (spec.pp - 1 - r))
+        fused = combine_forward_backward(placement, deeper, spec.split_backward, budget, _pairs_backward_forward)
+    return fused if _has_combined(fused) else orders
+
+
+def overlap_b_f_idle_reason(schedule: Schedule) -> str:
+    """Why `schedule` (built with overlap_b_f) has no forward and backward to run together."""
+    if schedule.name == "gpipe":
+        return "gpipe runs every forward before every backward"
+    if schedule.name == "zbv":
+        return "ZB-V follows each backward by its weight gradient, never by a forward"
+    m = schedule.microbatches
+    return (f"{schedule.name} with {m} micro-batch{'es' if m != 1 else ''} per step has no steady state in which a "
+            "forward and a backward of other micro-batches could run together without lengthening the step")
 
 
 def build_schedule(spec: PipelineSpec, microbatches: int) -> Schedule:
@@ -313,5 +383,5 @@ def build_schedule(spec: PipelineSpec, microbatches: int) -> Schedule:
     placement = Placement.of(spec)
     ranks = place_communication(placement, orders, PLAN_COSTS, spec.split_backward)
     return Schedule(name=spec.schedule, pp=spec.pp, microbatches=microbatches, chunks=spec.chunks, style=spec.style,
-                    split_backward=spec.split_backward, combined=spec.overlap_b_f,
-                    ranks=tuple(tuple(r) for r in ranks))
+                    split_backward=spec.split_backward, combined=_has_combined(orders),
+                    ranks=tuple(tuple(r) for r in ranks), overlap_b_f=spec.overlap_b_f)

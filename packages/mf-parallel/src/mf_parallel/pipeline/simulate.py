@@ -20,6 +20,7 @@ Activations in flight: (micro-batch, chunk) forwards whose backward (W when spli
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from mf_parallel.errors import ParallelConfigError
@@ -99,14 +100,32 @@ def simulate(schedule: Schedule, costs: Costs | None = None, p2p: str = "async",
     held = [0] * pp
     freeing = "W" if split else "B"
 
-    def step(r: int) -> bool:
+    # A rank runs its list until it must wait: for a message (its key) or, under rendezvous, for
+    # its peer to reach the matching Comm (("rank", peer)). Whatever it waits for wakes it again,
+    # so the work grows with the number of actions, not with ranks x actions.
+    waiting: dict[tuple, list[int]] = {}
+    ready = deque(range(pp))
+
+    def post(key: tuple, when) -> None:
+        if key not in sent_at:
+            sent_at[key] = when
+            ready.extend(waiting.pop(key, ()))
+
+    def advance(r: int) -> None:
+        pos[r] += 1
+        ready.extend(waiting.pop(("rank", r), ()))
+
+    def step(r: int) -> tuple | None:
+        """None when rank r ran its next action, else what it waits for."""
         action = lists[r][pos[r]]
         if isinstance(action, Comm):
             return _comm(r, action)
         parts = computes(action)
         needs = [k for c in parts for k in _input_messages(placement, c, r)]
-        if p2p == "async" and any(k not in sent_at for k in needs):
-            return False
+        if p2p == "async":
+            missing = next((k for k in needs if k not in sent_at), None)
+            if missing is not None:
+                return missing
         start = max([clock[r], *(sent_at[k] for k in needs)]) if p2p == "async" else clock[r]
         cost = sum(stage_costs.get(c.stage, costs).of(c.op, split) for c in parts)
         line = out[r]
@@ -118,38 +137,42 @@ def simulate(schedule: Schedule, costs: Costs | None = None, p2p: str = "async",
         for c in parts:
             held[r] += 1 if c.op == "F" else -1 if c.op == freeing else 0
             line.peak_in_flight = max(line.peak_in_flight, held[r])
-        pos[r] += 1
-        return True
+        advance(r)
+        return None
 
-    def _comm(r: int, action: Comm) -> bool:
+    def _comm(r: int, action: Comm) -> tuple | None:
         keys_in = [(m.kind, m.mb, m.boundary) for m in action.recvs]
         if p2p == "rendezvous":
             peer = action.peer
             if pos[peer] >= len(lists[peer]) or lists[peer][pos[peer]] != action.mirror(r):
-                return False
+                return ("rank", peer)
             clock[r] = clock[peer] = max(clock[r], clock[peer])
             for m in (*action.sends, *action.recvs):
                 sent_at[(m.kind, m.mb, m.boundary)] = clock[r]
-            pos[r] += 1
-            pos[peer] += 1
-            return True
+            advance(r)
+            advance(peer)
+            return None
         for m in action.sends:
-            sent_at.setdefault((m.kind, m.mb, m.boundary), clock[r])
+            post((m.kind, m.mb, m.boundary), clock[r])
         if p2p == "blocking":
-            if any(k not in sent_at for k in keys_in):
-                return False
+            missing = next((k for k in keys_in if k not in sent_at), None)
+            if missing is not None:
+                return missing
             clock[r] = max([clock[r], *(sent_at[k] for k in keys_in)])
-        pos[r] += 1
-        return True
+        advance(r)
+        return None
 
-    while any(pos[r] < len(lists[r]) for r in range(pp)):
-        moved = False
-        for r in range(pp):
-            while pos[r] < len(lists[r]) and step(r):
-                moved = True
-        if not moved:
-            stuck = {r: lists[r][pos[r]].label() for r in range(pp) if pos[r] < len(lists[r])}
-            raise ParallelConfigError(f"simulate: the action lists deadlock under {p2p} p2p: {stuck}")
+    while ready:
+        r = ready.popleft()
+        while pos[r] < len(lists[r]):
+            wait = step(r)
+            if wait is not None:
+                if r not in waiting.setdefault(wait, []):
+                    waiting[wait].append(r)
+                break
+    stuck = {r: lists[r][pos[r]].label() for r in range(pp) if pos[r] < len(lists[r])}
+    if stuck:
+        raise ParallelConfigError(f"simulate: the action lists deadlock under {p2p} p2p: {stuck}")
     return Simulation(schedule, costs, p2p, out)
 
 

@@ -27,6 +27,9 @@ from mf_parallel.errors import ParallelConfigError
 
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zbv")
 _KEY = "parallelism.pipeline_parallel"
+# The schedule is Python objects per computation (planned, validated and simulated before the
+# first step): beyond this it takes minutes and gigabytes, for a step no pipeline runs.
+MAX_COMPUTATIONS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,13 @@ class PipelineSpec:
         """Raise unless this schedule can run `microbatches` micro-batches per optimizer step."""
         if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
             raise ParallelConfigError(f"pipeline: the micro-batch count must be a positive integer, got {microbatches!r}")
+        computations = microbatches * self.pp * self.chunks * (3 if self.split_backward else 2)
+        if computations > MAX_COMPUTATIONS:
+            raise ParallelConfigError(
+                f"training.global_batch_size: {microbatches:,} micro-batches per step through {self.pp * self.chunks} "
+                f"virtual pipeline stages is {computations:,} computations per step, more than the "
+                f"{MAX_COMPUTATIONS:,} a pipeline schedule is built for (the micro-batch count is global_batch_size / "
+                f"(data-parallel size x local_batch_size)): lower global_batch_size or raise local_batch_size")
         if self.schedule == "interleaved_1f1b" and microbatches % self.pp:
             options = [self.pp * k for k in range(1, 5)]
             raise ParallelConfigError(
@@ -116,16 +126,9 @@ def resolve_pipeline(pp: int, schedule: str = "1f1b", interleave_num: int = 1, *
             raise ParallelConfigError(f"{_KEY}_enable_dxdw_split: gpipe runs every backward after every forward, so "
                                       f"there is no steady state to defer weight gradients into; use "
                                       f"pipeline_parallel_schedule '1f1b' (ZB-H1) or 'zbv'")
-        if overlap_b_f:
-            raise ParallelConfigError(f"{_KEY}_overlap_b_f: gpipe never runs a forward beside a backward (all "
-                                      f"forwards, then all backwards); use pipeline_parallel_schedule '1f1b'")
-    if overlap_b_f and schedule in ("1f1b", "zbv") and not (schedule == "1f1b" and interleave_num > 1):
-        reason = ("pairs the forward of one model chunk with the backward of another (Megatron's combined 1F1B), so "
-                  "it needs pipeline_parallel_interleave_num >= 2" if schedule == "1f1b" else
-                  "has no pair in the ZB-V order that could run combined (each forward is followed by a backward of "
-                  "its own chunk)")
-        raise ParallelConfigError(f"{_KEY}_overlap_b_f: {reason}; use pipeline_parallel_schedule 1f1b with "
-                                  f"pipeline_parallel_interleave_num >= 2, or set it to false")
+    # overlap_b_f is accepted with every schedule: where the schedule has no forward and backward
+    # to run together (gpipe, ZB-V, too few micro-batches) it only affects speed and changes
+    # nothing, which the executor says in one line (schedules.overlap_b_f_idle_reason).
     if schedule == "zbv":
         if interleave_num not in (1, 2):
             raise ParallelConfigError(f"{_KEY}_interleave_num: zbv places exactly two chunks per rank in a V; set "

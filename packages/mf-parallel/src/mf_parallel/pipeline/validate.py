@@ -16,7 +16,7 @@ It returns each rank's peak of (micro-batch, chunk) activations held at once.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 
 from mf_parallel.errors import ParallelConfigError
 from mf_parallel.pipeline.actions import Comm, Schedule, computes
@@ -121,30 +121,35 @@ def _check_matching_and_progress(schedule: Schedule) -> None:
         if comms != theirs:
             first = next((i for i, (x, y) in enumerate(zip(comms, theirs)) if x != y), min(len(comms), len(theirs)))
             _fail(schedule, f"the Comms of ranks {a} and {b} do not pair up (first difference at their Comm #{first})")
-    # Rendezvous simulation: a Comm completes only when both ranks stand at it.
+    # Rendezvous simulation: a Comm completes only when both ranks stand at it. A rank stopped at a
+    # Comm waits for its peer to move (which wakes it): work in the number of actions, not ranks x actions.
     pos = [0] * schedule.pp
     lists = schedule.ranks
-    while True:
-        moved = False
-        for r in range(schedule.pp):
-            while pos[r] < len(lists[r]):
-                action = lists[r][pos[r]]
-                if not isinstance(action, Comm):
-                    pos[r] += 1
-                    moved = True
-                    continue
-                p = action.peer
-                if pos[p] < len(lists[p]) and lists[p][pos[p]] == action.mirror(r):
-                    pos[r] += 1
-                    pos[p] += 1
-                    moved = True
-                    continue
-                break
-        if all(pos[r] == len(lists[r]) for r in range(schedule.pp)):
-            return
-        if not moved:
-            stuck = {r: lists[r][pos[r]].label() for r in range(schedule.pp) if pos[r] < len(lists[r])}
-            _fail(schedule, f"blocking p2p deadlocks: {stuck}")
+    waiting: dict[int, list[int]] = defaultdict(list)      # peer -> ranks stopped until it moves
+    ready = deque(range(schedule.pp))
+
+    def moved(r: int) -> None:
+        pos[r] += 1
+        ready.extend(waiting.pop(r, ()))
+
+    while ready:
+        r = ready.popleft()
+        while pos[r] < len(lists[r]):
+            action = lists[r][pos[r]]
+            if not isinstance(action, Comm):
+                moved(r)
+                continue
+            p = action.peer
+            if pos[p] < len(lists[p]) and lists[p][pos[p]] == action.mirror(r):
+                moved(r)
+                moved(p)
+                continue
+            if r not in waiting[p]:
+                waiting[p].append(r)
+            break
+    stuck = {r: lists[r][pos[r]].label() for r in range(schedule.pp) if pos[r] < len(lists[r])}
+    if stuck:
+        _fail(schedule, f"blocking p2p deadlocks: {stuck}")
 
 
 def validate(schedule: Schedule) -> list[int]:

@@ -2,6 +2,7 @@
 
     report = mf_trainer.preflight(cfg, command="train", world=2, device="CPU")
     report.problems          # [(key path, reason), ...]: every independent problem, not the first
+    report.notices           # [Notice(key, reason), ...]: accepted knobs with nothing to act on here
     report.skipped           # checks not run because world / device were not given (None)
     report.raise_for_problems()   # PreflightError (a TrainerConfigError): one line per problem
 
@@ -40,6 +41,7 @@ from mf_trainer.preflight.registry import (
     ONE_PROCESS,
     TRAINING,
     Check,
+    Notice,
     PreflightError,
     PreflightReport,
     Problem,
@@ -61,5 +63,5 @@ def preflight(cfg, command: str = "train", world: int | None = None, device: str
                              plan_only=plan_only))
 
 
-__all__ = ["CHECKS", "COMMANDS", "ONE_PROCESS", "TRAINING", "Check", "PreflightError", "PreflightReport", "Problem",
+__all__ = ["CHECKS", "COMMANDS", "ONE_PROCESS", "TRAINING", "Check", "Notice", "PreflightError", "PreflightReport", "Problem",
            "Target", "check", "preflight"]

@@ -17,7 +17,7 @@ rank evaluates its chunks of every sequence and the sums are added over cp (mf_t
 
 from __future__ import annotations
 
-from mf_trainer.preflight.registry import TRAINING, check, split_line
+from mf_trainer.preflight.registry import TRAINING, Notice, check, split_line
 
 # Argument fields that give a model routed experts (mixtral, qwen3_moe, deepseek_v3).
 _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -55,6 +55,32 @@ def context_parallel_settings(t):
         mp.ContextParallelSettings.from_config(t.cfg.parallelism)
     except mp.ParallelConfigError as exc:
         yield split_line(str(exc), "parallelism.context_parallel_method")
+
+
+@check()
+def context_parallel_knobs(t):
+    """context_parallel_async and ulysses_degree_in_cp act with the methods that have a ring / nest Ulysses."""
+    par = t.cfg.parallelism
+    if _cp(t) <= 1:
+        return      # parallel.py's feature_knobs says it of every cp knob
+    if par.context_parallel_async and par.context_parallel_method == "ulysses":
+        yield Notice("parallelism.context_parallel_async", "true has nothing to overlap with context_parallel_method "
+                                                           "'ulysses' (its all-to-alls are on the attention's critical "
+                                                           "path; the hook overlaps the ring's K/V exchange)")
+    if par.context_parallel_method == "colossal" and par.ulysses_degree_in_cp not in (None, 1):
+        yield Notice("parallelism.ulysses_degree_in_cp", f"{par.ulysses_degree_in_cp}: context_parallel_method "
+                                                         "'colossal' is a pure ring, with no Ulysses degree to act on")
+
+
+@check(needs=("device",))
+def context_parallel_async_device(t):
+    """context_parallel_async overlaps where collectives are asynchronous (not on CPU)."""
+    par = t.cfg.parallelism
+    if (_cp(t) > 1 and par.context_parallel_async and par.context_parallel_method != "ulysses"
+            and t.device == "CPU"):
+        yield Notice("parallelism.context_parallel_async", "collectives are synchronous on device_target CPU, so "
+                                                           "nothing overlaps (the ring still issues each step's K/V "
+                                                           "exchange first and keeps one more K/V block alive)")
 
 
 @check()

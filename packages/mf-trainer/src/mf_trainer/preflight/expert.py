@@ -8,24 +8,26 @@ DeredundancyTokenDispatcher: device groups of npu_nums_per_device ep ranks, whic
 group), non-expert weights FSDP-sharded (or under the TP plan) as without EP. Proven (loss parity
 in the dist session) for ep = the data-parallel size (no two ranks hold the same experts; EP2, and
 EP4 with deredundancy over groups of 2), for ep smaller than it (expert data parallelism: each
-expert block FSDP-sharded over the dp_shard / ep ranks holding it, its gradient reduce-scattered
-there; EP2 x FSDP2 on 4 ranks), beside tensor parallelism (EP2 x TP2: experts replicated over tp,
-their gradients all-reduced there), beside context parallelism (CP2 x EP2: the ep ranks are the
-cp ranks, each routing its own sequence chunks), with evaluation during training (every rank
-evaluates every batch through the exchange; EP2), and in pipeline stages (PP2 x EP2 on 4 ranks:
-each stage's experts over its data-parallel ranks, alltoall; which pipeline layouts of a MoE model
-run is preflight/pipeline.py's). Refused, one keyed line each: a model without routed experts, an
-expert count ep does not divide, an npu_nums_per_device that does not divide ep under
-`alltoall_deredundancy` (or is set without it), deredundancy beside tp or cp, HSDP or `no_shard`.
-That ep divides dp_shard x cp is ParallelDims' own check (the `layout` check reports
-it).
+expert block FSDP-sharded over the dp_shard / ep ranks holding it, its gradient reduced there;
+EP2 x FSDP2 on 4 ranks), beside tensor parallelism (EP2 x TP2: experts replicated over tp, their
+gradients all-reduced there; with either dispatcher: each tp rank exchanges its own sequence
+shard's tokens within its own ep group, which is what the two-level dispatcher splits into device
+groups), beside context parallelism (CP2 x EP2: the ep ranks are the cp ranks, each routing its own
+sequence chunks), with evaluation during training (every rank evaluates every batch through the
+exchange; EP2), and in pipeline stages (PP2 x EP2 on 4 ranks, alltoall; and the seed's layout kinds
+TP2 x PP2 x EP2 over FSDP2 on 8 ranks with alltoall_deredundancy: `moe_seed_layout`; which
+pipeline layouts of a MoE model run is preflight/pipeline.py's). Refused, one keyed line each: a
+model without routed experts, an expert count ep does not divide, an npu_nums_per_device that does
+not divide ep under `alltoall_deredundancy` (or is set without it), deredundancy beside cp or with
+ep below the data-parallel ranks (not run against one process yet), HSDP or `no_shard`. That ep
+divides dp_shard x cp is ParallelDims' own check (the `layout` check reports it).
 """
 
 from __future__ import annotations
 
 import mf_parallel as mp
 from mf_trainer.preflight.context import has_routed_experts
-from mf_trainer.preflight.registry import TRAINING, check
+from mf_trainer.preflight.registry import TRAINING, Notice, check
 
 _EXPERT_COUNT_FIELDS = ("n_routed_experts", "num_local_experts", "num_experts")
 KEY = "parallelism.expert_parallel"
@@ -65,15 +67,10 @@ def expert_parallel_dispatcher(t):
         problem = mp.deredundancy_problem(ep, par.npu_nums_per_device)
         if problem:
             yield "parallelism.npu_nums_per_device", problem
-        if par.tensor_parallel > 1:
-            yield ("parallelism.moe_token_dispatcher_type", f"'alltoall_deredundancy' with tensor_parallel "
-                                                            f"{par.tensor_parallel} is not proven yet (the two-level "
-                                                            "dispatcher is proven with ep over every data-parallel "
-                                                            "rank and no tp); use 'alltoall' beside tensor parallelism")
     elif par.npu_nums_per_device != type(par)().npu_nums_per_device:
-        yield ("parallelism.npu_nums_per_device", f"{par.npu_nums_per_device} only acts with moe_token_dispatcher_type "
-                                                  "'alltoall_deredundancy' (leave it at its default, or use that "
-                                                  "dispatcher)")
+        yield Notice("parallelism.npu_nums_per_device", f"{par.npu_nums_per_device} only acts with "
+                                                        "moe_token_dispatcher_type 'alltoall_deredundancy': nothing to "
+                                                        "act on with 'alltoall'")
 
 
 @check(commands=TRAINING)

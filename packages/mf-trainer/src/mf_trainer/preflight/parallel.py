@@ -5,20 +5,24 @@ Training commands honour FSDP/HSDP/DDP (`data_parallel_shard_strategy` optim_gra
 no_shard), tensor + sequence parallelism, context parallelism (preflight/context.py) and pipeline
 parallelism (its own checks: preflight/pipeline.py) and expert parallelism (preflight/expert.py);
 ZeRO-1/2 are refused with their reason. One-process commands (`mf eval`, `mf generate`, `mf serve`) take no layout at all.
+
+The knobs of a strategy this layout does not use (a pipeline schedule at pipeline_parallel 1, FSDP's
+resharding policy without data-parallel ranks, cpu_offload where host memory is all there is, a
+training YAML's layout read by a one-process command) change no result: each is accepted with one
+notice line (registry.Notice), so one YAML runs on a laptop CPU and on an Ascend cluster.
 """
 
 from __future__ import annotations
 
 import mf_parallel as mp
 from mf_trainer.errors import TrainerConfigError
-from mf_trainer.preflight.registry import LAUNCH, ONE_PROCESS, TRAIN, check
+from mf_trainer.preflight.registry import LAUNCH, ONE_PROCESS, TRAIN, Notice, check
 
 # data_parallel_shard_strategy values the Trainer honours.
 STRATEGIES = {
     "optim_grads_params": "parameters, gradients and optimizer states sharded (ZeRO-3)",
     "no_shard": "every data-parallel rank holds everything (DDP)",
 }
-UNIMPLEMENTED: dict[str, str] = {}  # pipeline: preflight/pipeline.py, context: context.py, expert: expert.py
 DEGREES = ("tensor_parallel", "context_parallel", "pipeline_parallel", "expert_parallel")
 FSDP_KNOBS = ("data_parallel_shard_strategy", "reshard_after_forward_policy", "disable_gradient_division")
 # Fields that only act with a feature: field -> (its degree, what turns it on).
@@ -57,25 +61,22 @@ def effective_dims(par, world: int) -> mp.ParallelDims:
 
 
 @check()
-def unimplemented_degrees(t):
-    """Pipeline, context and expert parallelism are not implemented."""
+def feature_knobs(t):
+    """Knobs of a strategy this layout does not use change nothing (a notice each)."""
     par = t.cfg.parallelism
-    for key, what in UNIMPLEMENTED.items():
-        if getattr(par, key) > 1:
-            yield (f"parallelism.{key}", f"{getattr(par, key)} > 1 is not implemented ({what} parallelism has no "
-                                         "strategy in mf-parallel yet); set it to 1")
+    for name, (degree, needs) in FEATURE_KNOBS.items():
+        if changed(par, name) and getattr(par, degree) == 1:
+            yield Notice(f"parallelism.{name}", f"{getattr(par, name)!r} only acts with {needs}: nothing to act on "
+                                                "in this layout")
 
 
 @check()
-def feature_knobs(t):
-    """Knobs of features that are off (or not implemented) stay at their defaults."""
+def sequence_parallel(t):
+    """sequence_parallel follows tensor_parallel (on whenever tp > 1, as the reference has it)."""
     par = t.cfg.parallelism
-    for name, (degree, needs) in FEATURE_KNOBS.items():
-        # With the feature's degree set, the degree's own refusal says it all.
-        if changed(par, name) and getattr(par, degree) == 1:
-            missing = ", which is not implemented" if degree in UNIMPLEMENTED else ""
-            yield (f"parallelism.{name}", f"{getattr(par, name)!r} only acts with {needs}{missing} "
-                                          "(leave it at its default)")
+    if par.sequence_parallel and par.tensor_parallel == 1:
+        yield Notice("parallelism.sequence_parallel", "true: sequence parallelism follows tensor_parallel, which is 1 "
+                                                      "here, so there is nothing to split")
 
 
 @check()
@@ -89,20 +90,17 @@ def shard_strategy(t):
                "replicated parameters) is not implemented; use 'optim_grads_params' (ZeRO-3) or 'no_shard' (DDP)")
 
 
-def _cpu_offload_reason(device: str | None) -> str:
-    if device == "CPU":
-        return ("means nothing on device_target CPU (parameters and optimizer states already live in host memory); "
-                "set it to false")
-    where = f"on {device}" if device else "on any device"
-    return (f"not supported by mf-parallel {where} yet (no host-offloaded parameter or optimizer path is "
-            "implemented); set it to false")
-
-
 @check()
 def cpu_offload(t):
-    """parallelism.cpu_offload is not implemented."""
-    if t.cfg.parallelism.cpu_offload:
-        yield "parallelism.cpu_offload", _cpu_offload_reason(t.device)
+    """parallelism.cpu_offload: nothing to offload to on CPU; not implemented on accelerators."""
+    if not t.cfg.parallelism.cpu_offload:
+        return
+    if t.device == "CPU":
+        yield Notice("parallelism.cpu_offload", "parameters and optimizer states already live in host memory on "
+                                                "device_target CPU: nothing to offload")
+    elif t.device is not None:
+        yield ("parallelism.cpu_offload", f"not supported by mf-parallel on {t.device} yet (no host-offloaded "
+                                          "parameter or optimizer path is implemented); set it to false")
 
 
 @check()
@@ -118,8 +116,6 @@ def lora_layers(t):
 def layout(t):
     """The parallel degrees fit the world size."""
     par = t.cfg.parallelism
-    if any(getattr(par, key) > 1 for key in UNIMPLEMENTED):
-        return      # refused already (unimplemented_degrees); the arithmetic would only repeat it
     if t.command == TRAIN and t.world == 1:
         found = False
         for key in ("tensor_parallel", "context_parallel", "pipeline_parallel", "data_parallel_shard"):
@@ -142,7 +138,7 @@ def layout(t):
 
 @check(needs=("world",))
 def fsdp_knobs(t):
-    """FSDP knobs act only with data parallelism."""
+    """FSDP knobs act only with data parallelism (a notice each otherwise)."""
     dims = t.dims
     if dims is None or dims.fsdp_enabled or dims.dp_replicate > 1:
         return
@@ -150,8 +146,8 @@ def fsdp_knobs(t):
     for key in FSDP_KNOBS:
         if changed(par, key) and not (key == "data_parallel_shard_strategy" and par.data_parallel_shard_strategy
                                       not in STRATEGIES):
-            yield (f"parallelism.{key}", f"{getattr(par, key)!r} only acts with data parallelism over several ranks; "
-                                         f"this layout has none ({dims.describe()}): leave it at its default")
+            yield Notice(f"parallelism.{key}", f"{getattr(par, key)!r} only acts with data parallelism over several "
+                                               f"ranks; this layout has none ({dims.describe()})")
 
 
 @check(needs=("world",))
@@ -171,19 +167,19 @@ def one_process_world(t):
 
 @check(commands=ONE_PROCESS)
 def one_process_layout(t):
-    """Evaluation and generation take no parallel layout (a training YAML's describes its training)."""
+    """Evaluation and generation run in one process: a layout in their own YAML changes no result."""
     if t.cfg.run_mode in ("train", "finetune"):
-        return
+        return      # a training YAML's layout describes its training
     par = t.cfg.parallelism
     for name in DEGREES:
         if getattr(par, name) > 1:
-            yield f"parallelism.{name}", f"{getattr(par, name)} > 1 needs {getattr(par, name)} ranks; {_ONE_PROCESS}"
+            yield Notice(f"parallelism.{name}", f"{getattr(par, name)}: {_ONE_PROCESS}, so the layout has nothing to "
+                                                "act on")
     if par.data_parallel_shard not in (-1, 1):
-        yield "parallelism.data_parallel_shard", f"{par.data_parallel_shard} ranks requested; {_ONE_PROCESS}"
+        yield Notice("parallelism.data_parallel_shard", f"{par.data_parallel_shard}: {_ONE_PROCESS}, so the layout "
+                                                        "has nothing to act on")
     if par.cpu_offload:
-        yield ("parallelism.cpu_offload", "offloads FSDP shards to host memory; a single-process run has no shards"
-               + (" and on CPU everything is in host memory already" if t.device == "CPU" else ""))
+        yield Notice("parallelism.cpu_offload", f"true: {_ONE_PROCESS}, with no FSDP shards to offload")
     for name in (*FSDP_KNOBS, *FEATURE_KNOBS):
         if changed(par, name):
-            yield (f"parallelism.{name}", f"{getattr(par, name)!r} only acts with several ranks; {_ONE_PROCESS} "
-                                          "(leave it at its default)")
+            yield Notice(f"parallelism.{name}", f"{getattr(par, name)!r}: {_ONE_PROCESS}, so it has nothing to act on")

@@ -11,10 +11,12 @@ group) under 1f1b: proven against one process in the dist tests. DDP stages unde
 schedules or with evaluation, and HSDP stages, stay refused, one keyed line each.
 
 MoE models (each stage's balance loss in its own backward, every stage's loads in the bias
-update): proven with one rank per stage (PP2, `moe_pp2`) and with each stage's experts over all of
-its data-parallel ranks (PP2 x EP2, `moe_pp2_ep2`, alltoall). Refused: transformers' switch loss
-(it does not split into stages), MoE stages beside tensor parallelism, and other data-parallel
-layouts of MoE stages (FSDP / DDP stages without EP, expert data parallelism, deredundancy)."""
+update): proven with one rank per stage (PP2, `moe_pp2`), under tensor parallelism (PP2 x TP2,
+`moe_pp2_tp2`) and with each stage's experts over all of its data-parallel ranks with either
+dispatcher (PP2 x EP2, `moe_pp2_ep2`, alltoall; TP2 x PP2 x EP2 over FSDP2 with
+alltoall_deredundancy and both overlap flags, `moe_seed_layout`: the seed's parallelism example
+scaled to 8 ranks). Refused: transformers' switch loss (it does not split into stages), and other
+data-parallel layouts of MoE stages (FSDP / DDP stages without EP, expert data parallelism)."""
 
 from __future__ import annotations
 
@@ -116,15 +118,11 @@ def _moe_stages(t):
 @check(needs=("world",))
 def pipeline_moe_data_parallel(t):
     """MoE stages run with one rank per stage, or with their experts split over every data-parallel
-    rank of the stage (expert_parallel = the FSDP shard ranks, alltoall): the layouts proven."""
+    rank of the stage (expert_parallel = the FSDP shard ranks, either dispatcher): the layouts proven."""
     dims = t.dims
     if _pp(t) <= 1 or dims is None or dims.dp == 1 or not has_routed_experts(t.model_args):
         return
     if dims.ep == dims.dp_shard and dims.dp_replicate == 1:
-        if t.cfg.parallelism.moe_token_dispatcher_type != "alltoall":
-            yield ("parallelism.moe_token_dispatcher_type",
-                   f"{t.cfg.parallelism.moe_token_dispatcher_type!r} in MoE pipeline stages is not proven against "
-                   "one process yet (MoE stages are proven with the 'alltoall' dispatcher); use 'alltoall'")
         if t.cfg.eval_dataset is not None:
             # Proven: evaluation in MoE stages of one rank each (moe_pp2) and under EP without stages
             # (moe_ep2); both at once would cost the 4-rank launch its eval batches through the exchange.

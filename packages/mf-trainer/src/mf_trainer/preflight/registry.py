@@ -2,7 +2,11 @@
 
 A check is a function `fn(target) -> iterable of (key, message)` registered with `@check(...)`:
 it says which commands it applies to and whether it needs the world size, the device and/or the
-files. When the caller does not know one of those (`mf config validate` without `--world` /
+files. A check may also yield a `Notice(key, message)`: the one policy for a field that cannot act
+is to refuse what cannot be done anywhere or would change the results (a problem), and to accept a
+speed, memory or telemetry knob that has nothing to act on in this device or layout with exactly
+one line naming it and why (a notice: `report.notices`, logged once by the run, printed by the
+dry run and `mf config validate`). When the caller does not know one of those (`mf config validate` without `--world` /
 `--device`, or with `--no-files`), the checks needing it are not run and are listed in
 `PreflightReport.skipped` instead. Each check returns every independent problem it finds; checks
 never raise for bad input.
@@ -19,11 +23,21 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from mf_trainer.errors import TrainerConfigError
 
 Problem = tuple[str, str]  # (key path, reason)
+
+
+class Notice(NamedTuple):
+    """Accepted, said once: a speed, memory or telemetry knob with nothing to act on here."""
+
+    key: str
+    reason: str
+
+    def line(self) -> str:
+        return f"notice: {self.key}: {self.reason}"
 
 # The commands a config can be checked for. `launch` is `mf launch` before msrun starts (the world
 # is the one it is about to start); `train` is one process of a training run (alone, or a rank).
@@ -147,6 +161,7 @@ class PreflightReport:
     world: int | None
     device: str | None
     problems: list[Problem] = field(default_factory=list)
+    notices: list[Notice] = field(default_factory=list)   # accepted knobs with nothing to act on here
     skipped: list[str] = field(default_factory=list)   # checks not run: "what (needs the world size)"
 
     @property
@@ -159,6 +174,9 @@ class PreflightReport:
 
     def lines(self) -> list[str]:
         return [f"{key}: {reason}" for key, reason in self.problems]
+
+    def notice_lines(self) -> list[str]:
+        return [notice.line() for notice in self.notices]
 
     def raise_for_problems(self) -> None:
         if self.problems:
@@ -193,9 +211,12 @@ def run_checks(target: Target) -> PreflightReport:
             continue
         found = list(item.fn(target) or ())
         for problem in found:
-            if problem not in seen:     # two checks may see one cause; say it once
+            if isinstance(problem, Notice):
+                if problem not in report.notices:
+                    report.notices.append(problem)
+            elif problem not in seen:     # two checks may see one cause; say it once
                 seen.add(problem)
                 report.problems.append(problem)
-        if found and item.gate:
+        if item.gate and any(not isinstance(p, Notice) for p in found):
             break
     return report

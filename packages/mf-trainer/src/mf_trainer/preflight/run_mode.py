@@ -7,13 +7,14 @@ predict YAML."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from mf_trainer.preflight.parallel import changed
-from mf_trainer.preflight.registry import EVAL, GENERATE, ONE_PROCESS, SERVE, check
+from mf_trainer.preflight.registry import EVAL, GENERATE, ONE_PROCESS, SERVE, Notice, check
 
 _RUNS = {"eval": "mf eval", "predict": "mf generate"}
+# inference fields that only shape the end-of-training sample (the others are carried in checkpoints)
+_SAMPLE_ONLY = ("batch_size", "output_file")
 
 
 @check(commands=(*ONE_PROCESS, "train", "launch"), gate=True)
@@ -78,12 +79,15 @@ def generation_weights(t):
 
 @check()
 def end_of_training_sample(t):
-    """The inference section acts with prompts; prompts need a sentencepiece tokenizer."""
+    """The inference section: the sampling settings travel in every checkpoint (its
+    generation_config: the defaults of `mf generate` / `mf serve`); the sample's own batch size and
+    output file act with prompts; prompts need a sentencepiece tokenizer."""
     cfg, inf = t.cfg, t.cfg.inference
     if not (inf.prompts or inf.input_file):
-        for f in dataclasses.fields(inf):
-            if changed(inf, f.name):
-                yield f"inference.{f.name}", "set without inference.prompts or input_file: nothing would be generated"
+        for name in _SAMPLE_ONLY:
+            if changed(inf, name):
+                yield Notice(f"inference.{name}", "set without inference.prompts or input_file: no sample is generated "
+                                                  "here, so it has nothing to act on")
     elif not cfg.tokenizer.path:
         yield "tokenizer.path", "required to turn inference.prompts into tokens for the end-of-training sample"
     if cfg.tokenizer.path and cfg.tokenizer.type != "sentencepiece":
