@@ -17,7 +17,8 @@ The model sees a *view* through the cache protocol `CausalLM.construct` already 
 (`begin(seq)`, `causal_mask(query_positions, attention_mask)`, `update(layer_id, k, v)`; see
 `mf_models.KVCache`), so model.py knows nothing of slots:
 
-- `PrefillView`: one new sequence, padded to a bucket length Pb, for the slot in `slot` [1].
+- `PrefillView`: `rows` new sequences (default one), padded to a bucket length Pb, for the slots in
+  `slot` [rows] (a slot may repeat, with the same sequence: the same rows are written twice).
   Attention runs over the prompt's own keys (causal); the keys are then written to the slot's
   rows 0..Pb-1 (anything past the prompt is stale and never visible: a query at position p only
   sees keys at positions <= p, written by then).
@@ -78,15 +79,16 @@ def _row_starts(slots: int, heads: int, max_len: int) -> np.ndarray:
 
 
 class PrefillView(nn.Cell):
-    """Cache protocol for prefilling one sequence of `seq_len` (a bucket) into slot `slot`."""
+    """Cache protocol for prefilling `rows` sequences of `seq_len` (a bucket) into the slots `slot`."""
 
-    def __init__(self, storage: SlotKVCache, seq_len: int):
+    def __init__(self, storage: SlotKVCache, seq_len: int, rows: int = 1):
         super().__init__(auto_prefix=False)
         if seq_len > storage.max_len:
             raise ValueError(f"prefill bucket {seq_len} exceeds the cache length {storage.max_len}")
         self.keys, self.values = storage.keys, storage.values
         self.seq_len = seq_len
-        self.slot = Parameter(Tensor(np.zeros((1,), np.int32)), name=f"prefill{seq_len}.slot", requires_grad=False)
+        self.slot = Parameter(Tensor(np.zeros((rows,), np.int32)), name=f"prefill{rows}x{seq_len}.slot",
+                              requires_grad=False)
         self.positions = Tensor(np.arange(seq_len, dtype=np.int32).reshape(1, seq_len))
         # rows of slot 0, heads x positions; a slot's are these plus slot * heads * max_len
         self.k_rows = Tensor((_row_starts(1, storage.k_shape[0], storage.max_len)[0, :, None]
@@ -109,8 +111,10 @@ class PrefillView(nn.Cell):
 
     def update(self, layer_id: int, k, v):
         keys, values = self.keys[layer_id], self.values[layer_id]
-        _write_rows(keys, self.k_rows + self.slot * self.k_slot_rows, k.reshape(-1, k.shape[-1]).astype(keys.dtype))
-        _write_rows(values, self.v_rows + self.slot * self.v_slot_rows, v.reshape(-1, v.shape[-1]).astype(values.dtype))
+        slot = self.slot.reshape(-1, 1)                                      # row r: slot[r]'s rows
+        _write_rows(keys, (self.k_rows + slot * self.k_slot_rows).reshape(-1), k.reshape(-1, k.shape[-1]).astype(keys.dtype))
+        _write_rows(values, (self.v_rows + slot * self.v_slot_rows).reshape(-1),
+                    v.reshape(-1, v.shape[-1]).astype(values.dtype))
         return k, v  # a fresh slot: the prompt attends to its own keys only
 
 

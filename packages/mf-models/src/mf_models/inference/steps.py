@@ -22,8 +22,8 @@ from .sampling import TokenChooser
 
 
 class PrefillStep(nn.Cell):
-    """ids [1, Pb] (right-padded) -> the first generated token [1], chosen from the logits at
-    `last` [1] (the prompt's last real position); the prompt's keys fill slot `slot` [1]."""
+    """ids [R, Pb] (right-padded) -> the first generated tokens [R], each chosen from the logits at
+    `last` [R] (the prompt's last real position); row r's keys fill slot `slot[r]`."""
 
     def __init__(self, model: CausalLM, view: PrefillView, chooser: TokenChooser):
         super().__init__(auto_prefix=False)  # the model's parameter names stay unprefixed
@@ -32,8 +32,9 @@ class PrefillStep(nn.Cell):
 
     def construct(self, ids, slot, last, temperature, top_k, top_p, uniform, greedy):
         self.view.set_inputs(slot)
-        h = self.model.hidden_states(ids, self.view.positions, None, self.view)     # [1, Pb, H]
-        logits = self.model.head(ops.gather(h, last, 1)[:, 0])                        # [1, V]
+        h = self.model.hidden_states(ids, self.view.positions, None, self.view)     # [R, Pb, H]
+        at = ops.broadcast_to(last.reshape(-1, 1, 1), (h.shape[0], 1, h.shape[2]))
+        logits = self.model.head(ops.gather_d(h, 1, at)[:, 0])                        # [R, V]
         return self.chooser(logits, temperature, top_k, top_p, uniform, greedy)
 
 
