@@ -136,6 +136,11 @@ class ParallelContext:
         """The vocab-parallel loss when logits are split along the vocabulary (tp > 1), else None."""
         return mp.VocabParallelCrossEntropy(self.mesh["tp"]) if self.dims.tp_enabled else None
 
+    def linear_cross_entropy(self) -> nn.Cell:
+        """The loss fused with the output projection (`mf_parallel.LinearCrossEntropy`), vocab-
+        parallel over the tp group when tensor parallelism splits the projection."""
+        return mp.LinearCrossEntropy(self.mesh["tp"] if self.dims.tp_enabled else None)
+
     def argmax(self) -> nn.Cell | None:
         """The vocab-parallel argmax (evaluation's token accuracy) when tp splits the logits, else None."""
         return mp.VocabParallelArgmax(self.mesh["tp"]) if self.dims.tp_enabled else None

@@ -41,9 +41,20 @@ def _global_norm(grads):
 
 
 def _clip_or_zero(grads, norm, max_norm, finite):
-    """Clipped gradients, or zeros when the step is skipped (NaN * 0 would still be NaN)."""
+    """Clipped gradients, or zeros when the step is skipped (NaN * 0 would still be NaN).
+
+    The step's one flag picks the branch (a graph `if`: only the taken branch runs). A select per
+    element (`ops.where(finite, g * coef, 0)`) gave the same values at twice the cost of the
+    multiply: MindSpore's CPU Select is ~5x a Mul (27 ms of the 20M llama's step)."""
     coef = ops.minimum(max_norm / (norm + CLIP_EPS), 1.0)
-    return tuple(ops.where(finite, g * coef, 0.0) for g in grads)
+    out = ()
+    if finite:
+        for g in grads:
+            out = out + (g * coef,)
+    else:
+        for g in grads:
+            out = out + (ops.zeros_like(g),)
+    return out
 
 
 class GradNorm(nn.Cell):
