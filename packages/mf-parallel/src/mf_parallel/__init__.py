@@ -18,13 +18,18 @@ from mf_parallel.cp.methods import ContextParallelSettings, check_context_parall
 from mf_parallel.dims import AXES, EP_DISPATCHERS, GROUP_NAMES, ParallelDims
 from mf_parallel.errors import ParallelConfigError
 
+# LinearCrossEntropy's default: logits of one chunk at most this large (float32 bytes; a few such
+# buffers exist at once); here, without MindSpore, for memory estimates. 32 MiB = 256 tokens of a
+# 32000-word vocabulary.
+LINEAR_CE_CHUNK_BYTES = 32 * 2**20
+
 _PIPELINE = ("PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "pipeline_from_config", "build_schedule",
              "validate_schedule", "simulate_schedule", "Costs", "Schedule", "ScheduleError", "text_timeline",
              "PipelineExecutor", "StepResult", "register_weight_grad_split", "defer_weight_grads",
              "WeightGradStash")
 
 __all__ = [
-    "__version__", "AXES", "EP_DISPATCHERS", "GROUP_NAMES", "ParallelDims", "ParallelConfigError",
+    "__version__", "LINEAR_CE_CHUNK_BYTES", "AXES", "EP_DISPATCHERS", "GROUP_NAMES", "ParallelDims", "ParallelConfigError",
     # context parallelism: the sequence layout and batch slicing (numpy), the settings and checks
     "zigzag_indices", "slice_for_context_parallel", "masked_from_segments", "segment_ids_from_attention_mask",
     "segment_ids_from_actual_seq_len", "ContextParallelSettings", "check_context_parallel",

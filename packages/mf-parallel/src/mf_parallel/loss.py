@@ -23,6 +23,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn, ops
 
+from mf_parallel import LINEAR_CE_CHUNK_BYTES
 from mf_parallel.autograd import ReduceFromGroup
 from mf_parallel.collectives import AllGather, AllReduce
 from mf_parallel.errors import ParallelConfigError
@@ -89,9 +90,7 @@ class VocabParallelArgmax(nn.Cell):
 
 
 # ------------------------------------------------------------------------ fused projection + loss
-# Logits of one chunk at most this large (float32 bytes; a few such buffers exist at once):
-# 32 MiB = 256 tokens of a 32000-word vocabulary.
-CHUNK_BYTES = 32 * 2**20
+CHUNK_BYTES = LINEAR_CE_CHUNK_BYTES
 
 _MATMUL_NT = ops.MatMul(transpose_b=True)
 _MATMUL = ops.MatMul()
