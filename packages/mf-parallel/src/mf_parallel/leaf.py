@@ -158,6 +158,7 @@ class LeafPlan:
     output_transform: nn.Cell | None = None
     deferred: tuple[str, ...] = ()                  # added to the output after output_transform (row-parallel bias)
     grad_sync: dict[str, nn.Cell] = field(default_factory=dict)    # name -> Cell factory result (CopyToGroup)
+    deferred_sync: dict[str, Any] = field(default_factory=dict)    # name -> group whose all-reduce the step does
     tp_shards: dict[str, TPShard] = field(default_factory=dict)
     ep_shards: dict[str, TPShard] = field(default_factory=dict)   # dim 0 split over the ep group (experts)
     fsdp: Any = None                                # fsdp.FSDPParams

@@ -76,6 +76,7 @@ class ParallelContext:
         self._cp_sum = None                                       # evaluation's sums over cp (sequence_sum)
         self.comm = mp.Communicator() if self.world > 1 else None   # mf-ckpt's collective interface
         self.prefetcher = None     # FSDP gather prefetch, where it pays off (parallelize)
+        self.deferred_syncs = None   # gradient all-reduces left to the step (parallelize, gradient_sync)
         if self.world > 1:
             log.info("parallel layout: %s; rank %d reads data-parallel slice %d of %d", dims.describe(), self.rank,
                      self.dp_rank, self.dp)
@@ -124,10 +125,26 @@ class ParallelContext:
             mf_models.parallelize_model(model, self.mesh, self.options(recompute, len(model.layers)))
         except (mp.ParallelConfigError, mf_models.ModelConfigError) as exc:
             raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
+        # The per-parameter gradient all-reduces (tp-replicated weights, HSDP/DDP replicas) are left
+        # to the step, which makes one per group (`gradient_sync`). Before the prefetcher: it
+        # rebuilds the leaves it touches.
+        if self.enabled:
+            self.deferred_syncs = mp.defer_gradient_syncs(model)
+            if self.deferred_syncs.count:
+                log.info("gradient all-reduces of %d parameters left to the step: one per group (%s)",
+                         self.deferred_syncs.count, ", ".join(self.deferred_syncs.groups))
         # In PyNative, FSDP gathers one unit run ahead, each run as one collective: asynchronous
         # devices overlap the gathers with compute, and every device makes fewer collective calls.
         if self.enabled and mp.gather_prefetch_pays_off(ms.get_context("mode")):
             self.prefetcher = mp.enable_gather_prefetch(model)
+
+    def gradient_sync(self, params) -> nn.Cell | None:
+        """The step's bucketed all-reduce of the gradients `parallelize` deferred (aligned with
+        `params`), or None when nothing was deferred (one rank, no replicated gradients)."""
+        deferred = self.deferred_syncs
+        if deferred is None or not deferred.count:
+            return None
+        return deferred.cell(params)
 
     def clip(self, model, params, max_norm: float) -> nn.Cell:
         return mp.GlobalNormClip(model, params, self.mesh, max_norm)

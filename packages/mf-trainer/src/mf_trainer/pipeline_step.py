@@ -144,7 +144,8 @@ class PipelineStepRunner:
         self.order = [index[id(p)] for p in optimizer.params]   # executor grads -> optimizer order
         self.buffers = make_buffers(optimizer)
         clip = plan.clip(optimizer.params, max_norm)
-        self.apply = ApplyStep(optimizer, self.buffers, max_norm, GradNorm(clip), local_norm, positions)
+        self.apply = ApplyStep(optimizer, self.buffers, max_norm, GradNorm(clip), local_norm, positions,
+                               plan.parallel.gradient_sync(optimizer.params))
         self.last = None                                         # the executor's StepResult (timings)
 
     def cells(self) -> list:

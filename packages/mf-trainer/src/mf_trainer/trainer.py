@@ -248,7 +248,8 @@ class Trainer:
                      else MaskedLMLoss(self.model, par.cross_entropy(), head_loss))
         return StepRunner(loss_cell, self.optimizer, cfg.training.max_norm,
                           self.accumulation, norm=GradNorm(clip), local_norm=cfg.monitor.train_state.device_norm,
-                          global_tokens=par.global_tokens, loss_scale=par.loss_scale, positions=positions)
+                          global_tokens=par.global_tokens, loss_scale=par.loss_scale, positions=positions,
+                          sync=par.gradient_sync(self.optimizer.params))
 
     def _restore(self, path: str | None, resume: bool) -> None:
         """From checkpoint.load_path, or (`resume`: a fine-tune continuing itself) from this run's
