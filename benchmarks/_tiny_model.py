@@ -225,22 +225,24 @@ class _NoSync(nn.Cell):
 
 
 class TrainStep(nn.Cell):
-    """One compiled (GRAPH_MODE) or eager step: loss, gradients, `sync` (the bucketed all-reduce of
-    the gradients a plan left to the step: `mp.defer_gradient_syncs`, as the Trainer does), global-
-    norm clip, SGD update."""
+    """One compiled (GRAPH_MODE) or eager step: loss, gradients, the bucketed reduce-scatters and
+    all-reduces a plan left to the step (`mp.enable_gradient_buckets`, `mp.defer_gradient_syncs`,
+    as the Trainer does), global-norm clip, SGD update."""
 
-    def __init__(self, loss_net, clip, lr: float = 0.5, deferred=None) -> None:
+    def __init__(self, loss_net, clip, lr: float = 0.5, deferred=None, buckets=None) -> None:
         super().__init__()
         self.loss_net = loss_net
         self.weights = ms.ParameterTuple(loss_net.trainable_params())
         self.opt = nn.SGD(self.weights, learning_rate=lr, momentum=0.5)
         self.value_and_grad = ms.value_and_grad(self.loss_net, None, self.weights)
         self.sync = deferred.cell(list(self.weights)) if deferred is not None and deferred.count else _NoSync()
+        # PyNative: the FSDP shard gradients reduce-scattered per unit bucket (mp.enable_gradient_buckets).
+        self.add_buckets = buckets.cell(list(self.weights)) if buckets is not None else _NoSync()
         self.clip = clip
 
     def construct(self, ids, labels, mask, denom):
         loss, grads = self.value_and_grad(ids, labels, mask, denom)
-        grads, norm = self.clip(self.sync(grads))
+        grads, norm = self.clip(self.sync(self.add_buckets(grads)))
         self.opt(grads)
         return loss, norm
 

@@ -102,7 +102,8 @@ def analytic_fsdp(table: dict, a: TinyArgs, dims: mp.ParallelDims, policy: str, 
     as all_reduce + slice), and under HSDP all-reduce the scattered shard over the replicas.
     `bucketed` (PyNative, the Trainer's gather prefetch): the same bytes, one gather call per unit
     run: the root's embedding, each block, the root's head (norm + output), and in backward each
-    resharded block (and the root's two runs when it reshards). The output weight is gathered once:
+    resharded block (and the root's two runs when it reshards); and one reduce-scatter per unit (its
+    bucket of every gradient, `enable_gradient_buckets`). The output weight is gathered once:
     the loss fused with the projection keeps nothing for its backward, so nothing is re-gathered.
     The replica all-reduces (HSDP) are left to the step: one call over every shard."""
     n = dims.dp_shard
@@ -111,6 +112,7 @@ def analytic_fsdp(table: dict, a: TinyArgs, dims: mp.ParallelDims, policy: str, 
         blocks = sum(mp.reshard_after_forward_for(policy, last=i == a.n_layers - 1) for i in range(a.n_layers))
         root = mp.reshard_after_forward_for(policy, last=True)
         _add(table, key, 2 + a.n_layers + blocks + 2 * root, 0, 0)
+        _add(table, "reduce_scatter/emulated", a.n_layers + 1, 0, 0)      # the blocks and the root
     for name, shape in _param_shapes(a, dims.tp).items():
         rest = math.prod(shape[1:])
         chunk = math.ceil(shape[0] / n)
@@ -123,7 +125,7 @@ def analytic_fsdp(table: dict, a: TinyArgs, dims: mp.ParallelDims, policy: str, 
         deferred = dims.tp > 1 and name.endswith("wo.bias")
         gathers = 1 + (reshard and not deferred and name != "output.weight")
         _add(table, key, 0 if bucketed else gathers, gathers * shard, gathers * shard * factor)
-        _add(table, "reduce_scatter/emulated", 1, padded, padded)
+        _add(table, "reduce_scatter/emulated", 0 if bucketed else 1, padded, padded)
         if dims.dp_replicate > 1:
             _add(table, "all_reduce/native", 0, shard, shard)
     if dims.dp_replicate > 1:
@@ -253,10 +255,12 @@ def worker() -> None:
         # then, in PyNative, FSDP gathers one unit run ahead, each run bucketed.
         deferred = mp.defer_gradient_syncs(model)
         bucketed = mp.gather_prefetch_pays_off(mode) and dims.dp_shard > 1
+        buckets = None
         if bucketed:
             mp.enable_gather_prefetch(model)
-        step = TrainStep(ParallelLoss(model, mesh["tp"]),
-                         mp.GlobalNormClip(model, model.trainable_params(), mesh, 1.0), deferred=deferred)
+            buckets = mp.enable_gradient_buckets(model)
+        step = TrainStep(ParallelLoss(model, mesh["tp"]), mp.GlobalNormClip(model, model.trainable_params(), mesh, 1.0),
+                         deferred=deferred, buckets=buckets)
         rows = GLOBAL_BATCH // dims.dp
         r = dims.dp_rank(mesh.rank)
         data = _data(slice(r * rows, (r + 1) * rows))

@@ -77,6 +77,7 @@ class ParallelContext:
         self.comm = mp.Communicator() if self.world > 1 else None   # mf-ckpt's collective interface
         self.prefetcher = None     # FSDP gather prefetch, where it pays off (parallelize)
         self.deferred_syncs = None   # gradient all-reduces left to the step (parallelize, gradient_sync)
+        self.grad_buckets = None     # PyNative: FSDP reduce-scatters bucketed per unit (gradient_sync adds them)
         if self.world > 1:
             log.info("parallel layout: %s; rank %d reads data-parallel slice %d of %d", dims.describe(), self.rank,
                      self.dp_rank, self.dp)
@@ -137,14 +138,21 @@ class ParallelContext:
         # devices overlap the gathers with compute, and every device makes fewer collective calls.
         if self.enabled and mp.gather_prefetch_pays_off(ms.get_context("mode")):
             self.prefetcher = mp.enable_gather_prefetch(model)
+            # ... and the reduce-scatters travel one per unit too (not under the pipeline executor,
+            # which runs deferred weight gradients through the pipelines on its own schedule).
+            if self.dims.pp == 1:
+                self.grad_buckets = mp.enable_gradient_buckets(model)
 
     def gradient_sync(self, params) -> nn.Cell | None:
-        """The step's bucketed all-reduce of the gradients `parallelize` deferred (aligned with
-        `params`), or None when nothing was deferred (one rank, no replicated gradients)."""
+        """What the step applies to the gradients (aligned with `params`) before using them: in
+        PyNative the FSDP shard gradients reduce-scattered per unit bucket, then the bucketed
+        all-reduces `parallelize` deferred; None when there is nothing (one rank)."""
         deferred = self.deferred_syncs
-        if deferred is None or not deferred.count:
-            return None
-        return deferred.cell(params)
+        sync = deferred.cell(params) if deferred is not None and deferred.count else None
+        buckets = self.grad_buckets.cell(params) if self.grad_buckets is not None else None
+        if buckets is None:
+            return sync
+        return _Then(buckets, sync) if sync is not None else buckets
 
     def clip(self, model, params, max_norm: float) -> nn.Cell:
         return mp.GlobalNormClip(model, params, self.mesh, max_norm)
@@ -217,6 +225,16 @@ class ParallelContext:
         shown = [k for k in keys if k in metrics]
         if not self.is_rank0 and shown:
             log.info("rank %d step %d: %s", self.rank, step, ", ".join(f"{k} {metrics[k]:.6g}" for k in shown))
+
+
+class _Then(nn.Cell):
+    def __init__(self, first: nn.Cell, second: nn.Cell) -> None:
+        super().__init__()
+        self.first = first
+        self.second = second
+
+    def construct(self, grads):
+        return self.second(self.first(grads))
 
 
 def comm_metrics() -> dict:
