@@ -259,11 +259,15 @@ class Trainer:
             return self.pipeline.runner(self.optimizer, cfg.training.max_norm,
                                         local_norm=cfg.monitor.train_state.device_norm, positions=positions)
         clip = par.clip(self.model, self.optimizer.params, cfg.training.max_norm)
-        loss_cell = (self.moe.loss_cell(par.cross_entropy(), self.accumulation) if self.moe.active
-                     else MaskedLMLoss(self.model, par.cross_entropy()))
+        # The output projection fused with the loss (chunked; vocab-parallel under tp) where the
+        # model allows it; the logits path otherwise (MaskedLMLoss says why in the log).
+        head_loss = par.linear_cross_entropy()
+        loss_cell = (self.moe.loss_cell(par.cross_entropy(), self.accumulation, head_loss) if self.moe.active
+                     else MaskedLMLoss(self.model, par.cross_entropy(), head_loss))
         return StepRunner(loss_cell, self.optimizer, cfg.training.max_norm,
                           self.accumulation, norm=GradNorm(clip), local_norm=cfg.monitor.train_state.device_norm,
-                          global_tokens=par.global_tokens, loss_scale=par.loss_scale, positions=positions)
+                          global_tokens=par.global_tokens, loss_scale=par.loss_scale, positions=positions,
+                          sync=par.gradient_sync(self.optimizer.params))
 
     def _restore(self, path: str | None, resume: bool) -> None:
         """From checkpoint.load_path, or (`resume`: a fine-tune continuing itself) from this run's
