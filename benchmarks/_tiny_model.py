@@ -108,10 +108,14 @@ class Tiny(nn.Cell):
         self.output = mint.nn.Linear(a.dim, a.vocab, bias=False)
 
     def construct(self, ids):
+        return self.output(self.hidden(ids))
+
+    def hidden(self, ids):
+        """The final-norm hidden states (what the loss fused with the output projection takes)."""
         h = self.tok_embeddings(ids)
         for layer in self.layers:
             h = layer(h)
-        return self.output(self.norm(h))
+        return self.norm(h)
 
 
 def build(a: TinyArgs, seed: int) -> Tiny:
@@ -166,16 +170,20 @@ def parallelize(model: Tiny, a: TinyArgs, mesh, policy: str = "default", divide:
 
 # ----------------------------------------------------------------------------- training
 class ParallelLoss(nn.Cell):
-    """sum(loss * mask) * scale / tokens: `scale` is dp when gradients are averaged over dp."""
+    """sum(loss * mask) / tokens, the output projection fused with the loss as the Trainer runs it
+    (mf-parallel's LinearCrossEntropy, vocab-parallel under tp): a planned output leaf hands its
+    input and weight (`linear_terms`), an unplanned one (one process) its own weight."""
 
     def __init__(self, model: Tiny, tp_group) -> None:
         super().__init__()
         self.model = model
-        self.ce = mp.VocabParallelCrossEntropy(tp_group)
+        self.ce = mp.LinearCrossEntropy(tp_group if tp_group.size > 1 else None)
+        self.planned = hasattr(type(model.output), "_mf_base")
 
     def construct(self, ids, labels, mask, denom):
-        token_loss = self.ce(self.model(ids), labels)
-        return (token_loss * mask).sum() / denom
+        h = self.model.hidden(ids)
+        terms = self.model.output.linear_terms(h) if self.planned else ((h, self.model.output.weight),)
+        return self.ce(terms, labels, mask) / denom
 
 
 class ReferenceLoss(nn.Cell):
@@ -211,20 +219,30 @@ class ReferenceClip(nn.Cell):
         return clipped, norm
 
 
-class TrainStep(nn.Cell):
-    """One compiled (GRAPH_MODE) or eager step: loss, gradients, global-norm clip, SGD update."""
+class _NoSync(nn.Cell):
+    def construct(self, grads):
+        return grads
 
-    def __init__(self, loss_net, clip, lr: float = 0.5) -> None:
+
+class TrainStep(nn.Cell):
+    """One compiled (GRAPH_MODE) or eager step: loss, gradients, the bucketed reduce-scatters and
+    all-reduces a plan left to the step (`mp.enable_gradient_buckets`, `mp.defer_gradient_syncs`,
+    as the Trainer does), global-norm clip, SGD update."""
+
+    def __init__(self, loss_net, clip, lr: float = 0.5, deferred=None, buckets=None) -> None:
         super().__init__()
         self.loss_net = loss_net
         self.weights = ms.ParameterTuple(loss_net.trainable_params())
         self.opt = nn.SGD(self.weights, learning_rate=lr, momentum=0.5)
         self.value_and_grad = ms.value_and_grad(self.loss_net, None, self.weights)
+        self.sync = deferred.cell(list(self.weights)) if deferred is not None and deferred.count else _NoSync()
+        # PyNative: the FSDP shard gradients reduce-scattered per unit bucket (mp.enable_gradient_buckets).
+        self.add_buckets = buckets.cell(list(self.weights)) if buckets is not None else _NoSync()
         self.clip = clip
 
     def construct(self, ids, labels, mask, denom):
         loss, grads = self.value_and_grad(ids, labels, mask, denom)
-        grads, norm = self.clip(grads)
+        grads, norm = self.clip(self.sync(self.add_buckets(grads)))
         self.opt(grads)
         return loss, norm
 

@@ -19,7 +19,7 @@
    write .bin/.idx) vs 2 x the tokens/s of one process running sentencepiece encode alone
    (ideal scaling), and vs two such encode processes actually running side by side (the same
    reference, but measured under the machine's current load, as ours is).
-   ratio = ours / reference. Target >= 0.8.
+   ratio = ours / reference. Target >= 0.85 (issue 28).
 
 Each figure is the median over interleaved rounds (ours, reference, ours, ...), which keeps the
 comparison fair on a machine shared with other jobs; absolute times on such a machine are noisy.
@@ -337,7 +337,7 @@ def bench_preprocess(workdir: str, copies: int, vocab: int, n_rounds: int) -> No
     name = f"preprocess_2_workers ({mb:.1f} MB jsonl, vocab {vocab})"
     line(name, f"{statistics.median(ours_r):,.0f} tokens/s",
          f"{2 * statistics.median(single_r):,.0f} tokens/s (2 x one sentencepiece encode process)",
-         statistics.median([o / (2 * s) for o, s in zip(ours_r, single_r)]), "(ours / reference, target >= 0.8)")
+         statistics.median([o / (2 * s) for o, s in zip(ours_r, single_r)]), "(ours / reference, target >= 0.85)")
     line(f"{name}, load-matched", f"{statistics.median(ours_r):,.0f} tokens/s",
          f"{statistics.median(pair_r):,.0f} tokens/s (2 encode processes running side by side)",
          statistics.median([o / p for o, p in zip(ours_r, pair_r)]), "(ours / reference)")
@@ -395,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
             bench_reads(workdir, 5_000_000 if small else 20_000_000, 4096, 400 if small else 2000, n_rounds)
         if "preprocess" in parts:
             bench_preprocess(workdir, 2 if small else 24, 2000 if small else 4000, n_rounds)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"# load average {load:.1f} at the end", flush=True)
     return 0
 
 

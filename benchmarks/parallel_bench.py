@@ -32,8 +32,6 @@ import mindspore as ms
 import numpy as np
 from _tiny_model import (
     ParallelLoss,
-    ReferenceClip,
-    ReferenceLoss,
     TinyArgs,
     TrainStep,
     batches,
@@ -104,13 +102,17 @@ def analytic_fsdp(table: dict, a: TinyArgs, dims: mp.ParallelDims, policy: str, 
     as all_reduce + slice), and under HSDP all-reduce the scattered shard over the replicas.
     `bucketed` (PyNative, the Trainer's gather prefetch): the same bytes, one gather call per unit
     run: the root's embedding, each block, the root's head (norm + output), and in backward each
-    resharded block (and the root's two runs when it reshards)."""
+    resharded block (and the root's two runs when it reshards); and one reduce-scatter per unit (its
+    bucket of every gradient, `enable_gradient_buckets`). The output weight is gathered once:
+    the loss fused with the projection keeps nothing for its backward, so nothing is re-gathered.
+    The replica all-reduces (HSDP) are left to the step: one call over every shard."""
     n = dims.dp_shard
     key, factor = _gather_key(n, dims.world_size)
     if bucketed:
         blocks = sum(mp.reshard_after_forward_for(policy, last=i == a.n_layers - 1) for i in range(a.n_layers))
         root = mp.reshard_after_forward_for(policy, last=True)
         _add(table, key, 2 + a.n_layers + blocks + 2 * root, 0, 0)
+        _add(table, "reduce_scatter/emulated", a.n_layers + 1, 0, 0)      # the blocks and the root
     for name, shape in _param_shapes(a, dims.tp).items():
         rest = math.prod(shape[1:])
         chunk = math.ceil(shape[0] / n)
@@ -121,19 +123,22 @@ def analytic_fsdp(table: dict, a: TinyArgs, dims: mp.ParallelDims, policy: str, 
         # A row-parallel bias under TP is added after the output's reduce-scatter (deferred): gathered
         # once, outside the recomputing backward, so never again in backward.
         deferred = dims.tp > 1 and name.endswith("wo.bias")
-        gathers = 1 + (reshard and not deferred)
+        gathers = 1 + (reshard and not deferred and name != "output.weight")
         _add(table, key, 0 if bucketed else gathers, gathers * shard, gathers * shard * factor)
-        _add(table, "reduce_scatter/emulated", 1, padded, padded)
+        _add(table, "reduce_scatter/emulated", 0 if bucketed else 1, padded, padded)
         if dims.dp_replicate > 1:
-            _add(table, "all_reduce/native", 1, shard, shard)
+            _add(table, "all_reduce/native", 0, shard, shard)
+    if dims.dp_replicate > 1:
+        _add(table, "all_reduce/native", 1, 0, 0)
 
 
 def analytic_tp(table: dict, a: TinyArgs, dims: mp.ParallelDims, batch: int) -> None:
     """Megatron TP with sequence parallelism over the tp ranks. Per block: all-gather the sequence
     before attention and before the MLP, reduce-scatter after wo and w2 (each reversed in
-    backward); embedding reduce-scatter and output all-gather likewise; gradients of replicated
-    norm weights and of wo's bias all-reduced; vocab-parallel loss: max (emulated on MCCL: slots of
-    tp payloads), sum of exponentials and picked logit all-reduced."""
+    backward); embedding reduce-scatter and output all-gather likewise; the gradients of replicated
+    norm weights and of wo's bias all-reduced by the step in ONE call (their FSDP shards under
+    FSDP x TP); the loss fused with the vocab-parallel projection: per chunk of at most
+    LINEAR_CE_CHUNK_BYTES of logits, one all-gather of two floats per token."""
     tp = dims.tp
     key, factor = _gather_key(tp, dims.world_size)
     full = batch * a.seq * a.dim * F32
@@ -144,9 +149,13 @@ def analytic_tp(table: dict, a: TinyArgs, dims: mp.ParallelDims, batch: int) -> 
     _add(table, key, moved, moved * shard, moved * shard * factor)
     _add(table, "reduce_scatter/emulated", moved, moved * full, moved * full)
     synced = 3 * a.n_layers + 1             # attention_norm, ffn_norm, wo.bias per block; final norm
-    tokens = batch * a.seq * F32
-    _add(table, "all_reduce/native", synced + 2, synced * a.dim * F32 + 2 * tokens, synced * a.dim * F32 + 2 * tokens)
-    _add(table, "all_reduce/emulated", 1, tokens, tp * tokens)
+    held = math.ceil(a.dim / dims.dp_shard)       # each one's FSDP shard (the whole vector without FSDP)
+    _add(table, "all_reduce/native", 1, synced * held * F32, synced * held * F32)
+    tokens = batch * a.seq
+    chunk_rows = max(1, mp.LINEAR_CE_CHUNK_BYTES // (F32 * a.vocab // tp))
+    for start in range(0, tokens, chunk_rows):
+        stats = 2 * min(chunk_rows, tokens - start) * F32
+        _add(table, key, 1, stats, stats * factor)
 
 
 def analytic(a: TinyArgs, dims: mp.ParallelDims, policy: str, batch: int, bucketed: bool) -> dict:
@@ -180,12 +189,19 @@ def _data(rows: slice):
     return out
 
 
+def one_process_step() -> TrainStep:
+    """The same step code on one process (a one-rank mesh: no plan, no collective): the fused loss,
+    the global-norm clip, SGD; what the multi-rank steps are compared with."""
+    mesh = mp.init_mesh(mp.ParallelDims(1))
+    model = build(ARGS, 0)
+    return TrainStep(ParallelLoss(model, mesh["tp"]), mp.GlobalNormClip(model, model.trainable_params(), mesh, 1.0))
+
+
 def reference_step_time(mode: int) -> float:
     ms.set_context(mode=mode)
     if mode == ms.PYNATIVE_MODE:
         ms.set_context(pynative_synchronize=True)      # as the Trainer runs PyNative
-    model = build(ARGS, 0)
-    return _time_steps(TrainStep(ReferenceLoss(model), ReferenceClip(1.0)), _data(slice(None)))
+    return _time_steps(one_process_step(), _data(slice(None)))
 
 
 def _mode_of(world: int, kwargs: dict) -> int:
@@ -200,8 +216,7 @@ def rank_compute_alone() -> None:
 
     op_tuning.threads_num(int(os.environ["MF_BENCH_ALONE"]))
     ms.set_context(mode=ms.GRAPH_MODE)
-    model = build(ARGS, 0)
-    seconds = _time_steps(TrainStep(ReferenceLoss(model), ReferenceClip(1.0)), _data(slice(0, GLOBAL_BATCH // 2)))
+    seconds = _time_steps(one_process_step(), _data(slice(0, GLOBAL_BATCH // 2)))
     print("BENCH " + json.dumps({"alone": seconds}), flush=True)
 
 
@@ -236,12 +251,16 @@ def worker() -> None:
         dims = mp.ParallelDims(world, **kwargs)
         mesh = mp.init_mesh(dims)
         model = parallelize(build(ARGS, 0), ARGS, mesh, policy)
-        # What the Trainer does in PyNative: FSDP gathers one unit run ahead, each run bucketed.
+        # As the Trainer: the per-parameter gradient all-reduces left to the step (one per group),
+        # then, in PyNative, FSDP gathers one unit run ahead, each run bucketed.
+        deferred = mp.defer_gradient_syncs(model)
         bucketed = mp.gather_prefetch_pays_off(mode) and dims.dp_shard > 1
+        buckets = None
         if bucketed:
             mp.enable_gather_prefetch(model)
-        step = TrainStep(ParallelLoss(model, mesh["tp"]),
-                         mp.GlobalNormClip(model, model.trainable_params(), mesh, 1.0))
+            buckets = mp.enable_gradient_buckets(model)
+        step = TrainStep(ParallelLoss(model, mesh["tp"]), mp.GlobalNormClip(model, model.trainable_params(), mesh, 1.0),
+                         deferred=deferred, buckets=buckets)
         rows = GLOBAL_BATCH // dims.dp
         r = dims.dp_rank(mesh.rank)
         data = _data(slice(r * rows, (r + 1) * rows))
@@ -267,6 +286,7 @@ MODE_NAMES = {ms.GRAPH_MODE: "GRAPH_MODE", ms.PYNATIVE_MODE: "PyNative"}
 
 
 def main() -> int:
+    load_before = os.getloadavg()[0]
     modes = sorted({_mode_of(world, kwargs) for world, kwargs, _ in STRATEGIES.values()})
     references = {mode: reference_step_time(mode) for mode in modes}
     results = []
@@ -289,9 +309,11 @@ def main() -> int:
                 mismatches += ours != ref
                 print(f"{name} {key} {field}/step: ours {ours}, reference {ref} (analytic), ratio {ratio:.3f}")
         ref_seconds = references[mode]
-        print(f"{name} step time ({world} ranks x {res['threads']} kernel thread(s), {MODE_NAMES[mode]}): ours "
-              f"{res['seconds'] * 1e3:.1f} ms, reference {ref_seconds * 1e3:.1f} ms (1 process, same global batch, "
-              f"{MODE_NAMES[mode]}), ratio {res['seconds'] / ref_seconds:.2f} (target <= {TARGETS[world]})")
+        calls = sum(v["calls"] for v in got.values())
+        print(f"{name} step time ({world} ranks x {res['threads']} kernel thread(s), {MODE_NAMES[mode]}, {calls} "
+              f"collective calls per step): ours {res['seconds'] * 1e3:.1f} ms, reference {ref_seconds * 1e3:.1f} ms "
+              f"(1 process, same global batch and step code, {MODE_NAMES[mode]}), ratio "
+              f"{res['seconds'] / ref_seconds:.2f} (target <= {TARGETS[world]})")
     two = [r for r in results if r["world"] == 2]
     if two:
         threads = two[0]["threads"]
@@ -300,8 +322,8 @@ def main() -> int:
         print(f"rank compute alone (1 process, half the global batch, {threads} kernel thread(s), no communication): "
               f"{alone * 1e3:.1f} ms, reference {ref_seconds * 1e3:.1f} ms, ratio {alone / ref_seconds:.2f} "
               f"(for information: the floor of the 2-rank ratios above; the rest is collectives and waits)")
-    print(f"(step times measured on a 2-core machine, possibly shared: noisy; {len(results)} strategies, "
-          f"{mismatches} byte-count mismatches)")
+    print(f"(step times measured on a 2-core machine, possibly shared: noisy; load average {load_before:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after; {len(results)} strategies, {mismatches} byte-count mismatches)")
     return 1 if mismatches or len(results) != len(STRATEGIES) else 0
 
 

@@ -19,13 +19,20 @@ fp32 GEMM rate is measured in the same run by numpy in a subprocess whose enviro
 OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (with them set OpenBLAS picks a slower kernel); MFU uses
 mf-models' FLOPs per token (PaLM: 6N + attention) for every side.
 
-Targets (issue 15): mf >= 1.1x ms-hand and >= 1.3x torch in tokens/s, MFU >= 40%.
+Targets (issues 15, 28): mf >= 1.2x ms-hand and >= 1.35x torch in tokens/s, MFU >= 40%.
+
+Then the size sweep (issue 28: how the cost grows): llamas of ~20M, 60M, 150M and 350M
+parameters (vocabulary 32000, untied; hidden 256 / 512 / 768 / 1024, 4 / 8 / 14 / 24 layers) at
+the same 1024 tokens per step, mf against PyTorch eager, one process, fp32: step time, MFU of
+the GEMM peak measured in the run, and each worker's peak RSS (VmHWM: for mf it includes
+compiling the graph), printed as one table. Each size runs in fresh workers, its sides
+interleaved round by round as above.
 
 PyTorch runs in the reference venv (benchmarks/.work/torchvenv, made by the nox bench session
 with pip from requirements-reference.txt: see _references.py); without it the torch side is
 skipped.
 
-    python benchmarks/train_bench.py [--rounds 4] [--steps 5]
+    python benchmarks/train_bench.py [--rounds 4] [--steps 5] [--sweep 20M,60M,150M,350M | --sweep none]
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -45,19 +53,34 @@ MODEL = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 256, "interm
          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 256,
          "seq_length": 256, "tie_word_embeddings": False, "rms_norm_eps": 1e-6}
 BATCH, SEQ, LR, WD, BETAS, EPS, MAX_NORM = 4, 256, 1e-3, 0.01, (0.9, 0.95), 1e-8, 1.0
+# The sweep's llamas (head size 64 from 60M on), all at BATCH x SEQ tokens per step.
+SIZES = {
+    "20M": MODEL,
+    "60M": {**MODEL, "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 8,
+            "num_attention_heads": 8, "num_key_value_heads": 8},
+    "150M": {**MODEL, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 14,
+             "num_attention_heads": 12, "num_key_value_heads": 12},
+    "350M": {**MODEL, "hidden_size": 1024, "intermediate_size": 2560, "num_hidden_layers": 24,
+             "num_attention_heads": 16, "num_key_value_heads": 16},
+}
 
 
-def batch(step: int):
+def batch(step: int, vocab: int = MODEL["vocab_size"]):
     """The same random tokens for both sides: input ids [B, S] and next-token labels."""
     import numpy as np
 
-    ids = np.random.RandomState(1000 + step).randint(0, MODEL["vocab_size"], (BATCH, SEQ + 1))
+    ids = np.random.RandomState(1000 + step).randint(0, vocab, (BATCH, SEQ + 1))
     return ids[:, :-1].astype(np.int64), ids[:, 1:].astype(np.int64)
+
+
+def peak_rss() -> int:
+    """This process's peak resident set (VmHWM), bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 # ---------------------------------------------------------------------------------------- ours
 class MfWorker:
-    def __init__(self, weights_path: str):
+    def __init__(self, weights_path: str, model: dict = MODEL):
         os.environ.setdefault("GLOG_v", "3")
         import mindspore as ms
         import numpy as np
@@ -68,13 +91,14 @@ class MfWorker:
         from mf_trainer.step import StepRunner
 
         ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-        self.model = mf_models.build_model(dict(MODEL), seed=0)
+        self.model = mf_models.build_model(dict(model), seed=0)
         np.savez(weights_path, **mf_models.model_state(self.model))
         params = self.model.trainable_params()
         opt = AdamW(params, betas=BETAS, eps=EPS, weight_decay=WD, decay=decay_mask([p.name for p in params]))
         self.runner = StepRunner(MaskedLMLoss(self.model), opt, MAX_NORM, 1)
         self.flops_per_token = self.model.num_flops_per_token(SEQ)
         self.params = sum(p.size for p in params)
+        self.vocab = model["vocab_size"]
         self.step = 0
 
     def run(self, n: int):
@@ -82,19 +106,19 @@ class MfWorker:
 
         times, losses = [], []
         for _ in range(n):
-            ids, labels = batch(self.step)
+            ids, labels = batch(self.step, self.vocab)
             mb = {"input_ids": ids, "labels": labels, "loss_mask": np.ones(ids.shape, np.float32)}
             t0 = time.perf_counter()
             loss = self.runner([mb], LR).loss
             times.append(time.perf_counter() - t0)
             losses.append(loss)
             self.step += 1
-        return {"times": times, "losses": losses}
+        return {"times": times, "losses": losses, "rss": peak_rss()}
 
 
 # ------------------------------------------------------------------------ hand-written MindSpore
 class MsHandWorker:
-    def __init__(self, weights_path: str):
+    def __init__(self, weights_path: str, model: dict = MODEL):
         os.environ.setdefault("GLOG_v", "3")
         import mindspore as ms
         import numpy as np
@@ -103,7 +127,7 @@ class MsHandWorker:
         ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
         state = dict(np.load(weights_path))
         self.ms, self.np = ms, np
-        self.step_cell = build_step(MODEL, state, LR, BETAS, EPS, WD, MAX_NORM)
+        self.step_cell = build_step(model, state, LR, BETAS, EPS, WD, MAX_NORM)
         self.step = 0
         self.version = ms.__version__
 
@@ -118,18 +142,19 @@ class MsHandWorker:
             times.append(time.perf_counter() - t0)
             losses.append(value)
             self.step += 1
-        return {"times": times, "losses": losses}
+        return {"times": times, "losses": losses, "rss": peak_rss()}
 
 
 # ---------------------------------------------------------------------------------- PyTorch eager
 class TorchWorker:
-    def __init__(self, weights_path: str):
+    def __init__(self, weights_path: str, model: dict = MODEL):
         import numpy as np
         import torch
 
         torch.manual_seed(0)
         self.torch = torch
-        self.model = _torch_llama(torch)
+        self.vocab = model["vocab_size"]
+        self.model = _torch_llama(torch, model)
         state = np.load(weights_path)
         with torch.no_grad():
             for name, param in self.model.named_parameters():
@@ -145,7 +170,7 @@ class TorchWorker:
         torch = self.torch
         times, losses = [], []
         for _ in range(n):
-            ids, labels = (torch.from_numpy(a) for a in batch(self.step))
+            ids, labels = (torch.from_numpy(a) for a in batch(self.step, self.vocab))
             t0 = time.perf_counter()
             logits = self.model(ids)
             loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1))
@@ -157,13 +182,13 @@ class TorchWorker:
             times.append(time.perf_counter() - t0)
             losses.append(value)
             self.step += 1
-        return {"times": times, "losses": losses}
+        return {"times": times, "losses": losses, "rss": peak_rss()}
 
 
-def _torch_llama(torch):
+def _torch_llama(torch, model: dict = MODEL):
     nn, F = torch.nn, torch.nn.functional
-    H, L, NH = MODEL["hidden_size"], MODEL["num_hidden_layers"], MODEL["num_attention_heads"]
-    HD, V, FF, EPS_N = H // NH, MODEL["vocab_size"], MODEL["intermediate_size"], MODEL["rms_norm_eps"]
+    H, L, NH = model["hidden_size"], model["num_hidden_layers"], model["num_attention_heads"]
+    HD, V, FF, EPS_N = H // NH, model["vocab_size"], model["intermediate_size"], model["rms_norm_eps"]
 
     class RMSNorm(nn.Module):
         def __init__(self):
@@ -229,12 +254,12 @@ def _torch_llama(torch):
     return Llama()
 
 
-def worker_main(kind: str, weights_path: str) -> None:
+def worker_main(kind: str, weights_path: str, model: dict) -> None:
     """Serve `{"steps": n}` requests on stdin with one JSON line each on stdout."""
     out = sys.stdout
     sys.stdout = sys.stderr  # library chatter must not corrupt the protocol
     try:
-        w = {"mf": MfWorker, "ms-hand": MsHandWorker, "torch": TorchWorker}[kind](weights_path)
+        w = {"mf": MfWorker, "ms-hand": MsHandWorker, "torch": TorchWorker}[kind](weights_path, model)
         info = {"ready": True}
         if kind == "mf":
             info.update(flops_per_token=w.flops_per_token, params=int(w.params))
@@ -272,8 +297,9 @@ def peak_flops() -> float:
 
 
 class Worker:
-    def __init__(self, python: str, kind: str, weights: str):
-        self.proc = subprocess.Popen([python, __file__, "--worker", kind, weights], stdin=subprocess.PIPE,
+    def __init__(self, python: str, kind: str, weights: str, model: dict = MODEL):
+        self.proc = subprocess.Popen([python, __file__, "--worker", kind, weights, json.dumps(model)],
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env={**os.environ, "GLOG_v": "3"})
         self.info = json.loads(self.proc.stdout.readline() or '{"ready": false, "error": "worker died"}')
 
@@ -287,11 +313,86 @@ class Worker:
         self.proc.wait(timeout=60)
 
 
+def sweep(sizes: list[str], rounds: int, steps: int) -> None:
+    """The size sweep (see the module doc): one table, one row per size and side."""
+    tp = reference_python("import torch, numpy")
+    rows = []
+    for size in sizes:
+        model = SIZES[size]
+        with tempfile.TemporaryDirectory() as tmp:
+            weights = os.path.join(tmp, "init.npz")
+            mf = Worker(sys.executable, "mf", weights, model)
+            if not mf.info["ready"]:
+                print(f"train_bench sweep {size}: mf worker failed: {mf.info['error']}")
+                continue
+            sides = {"mf": mf}
+            if tp:
+                ref = Worker(tp, "torch", weights, model)
+                if ref.info["ready"]:
+                    sides["torch"] = ref
+                else:
+                    print(f"train_bench sweep {size}: torch worker failed: {ref.info['error']}")
+            load = os.getloadavg()[0]
+            for w in sides.values():
+                w.run(1)                                  # compile / warm
+            peak = peak_flops()
+            times: dict[str, list[float]] = {k: [] for k in sides}
+            rss = {}
+            for _ in range(rounds):
+                for k, w in sides.items():
+                    out = w.run(steps)
+                    times[k] += out["times"]
+                    rss[k] = out["rss"]
+            peak = max(peak, peak_flops())
+            for w in sides.values():
+                w.close()
+        fpt = mf.info["flops_per_token"]
+        step = {k: statistics.median(v) for k, v in times.items()}
+        for k in sides:
+            rows.append((size, mf.info["params"], k, step[k], 100 * fpt * BATCH * SEQ / step[k] / peak, rss[k],
+                         step["torch"] / step[k] if "torch" in step else float("nan"), peak, load))
+    print(f"train_bench sweep: llama sizes at {BATCH} x {SEQ} tokens per step, fp32, one process, {rounds} rounds x "
+          f"{steps} steps per side; MFU of the GEMM peak measured beside each size; RSS = the worker's peak "
+          f"(VmHWM; mf's includes compiling the graph)")
+    print(f"{'size':>6} {'params':>9} {'side':>6} {'step s':>8} {'MFU %':>6} {'peak RSS MiB':>13} "
+          f"{'torch/side':>11} {'peak GF/s':>10} {'load':>5}")
+    for size, params, side, sec, mfu, peak_rss_bytes, ratio, peak, load in rows:
+        print(f"{size:>6} {params / 1e6:8.1f}M {side:>6} {sec:8.3f} {mfu:6.1f} {peak_rss_bytes / 2**20:13.0f} "
+              f"{ratio:11.2f} {peak / 1e9:10.0f} {load:5.1f}")
+    for size in sizes:
+        got = {side: (sec, rss_b) for s, _, side, sec, _, rss_b, _, _, _ in rows if s == size}
+        if "mf" in got and "torch" in got:
+            print(f"train tokens/s {size} vs torch: ours {BATCH * SEQ / got['mf'][0]:.0f}, reference "
+                  f"{BATCH * SEQ / got['torch'][0]:.0f} (PyTorch eager fp32), ratio "
+                  f"{got['torch'][0] / got['mf'][0]:.2f}; peak RSS ours {got['mf'][1] / 2**20:.0f} MiB, reference "
+                  f"{got['torch'][1] / 2**20:.0f} MiB, ratio {got['mf'][1] / got['torch'][1]:.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4, help="alternating rounds per side")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
+    parser.add_argument("--sweep", default=",".join(SIZES),
+                        help=f"sizes of the sweep, comma-separated from {', '.join(SIZES)}; 'none' skips it")
+    parser.add_argument("--sweep-rounds", type=int, default=2, help="alternating rounds per side and size")
+    parser.add_argument("--sweep-steps", type=int, default=2, help="timed steps per round in the sweep")
+    parser.add_argument("--only-sweep", action="store_true", help="skip the 20M three-way comparison")
     args = parser.parse_args()
+    sizes = [] if args.sweep == "none" else [x.strip() for x in args.sweep.split(",") if x.strip()]
+    unknown = [x for x in sizes if x not in SIZES]
+    if unknown:
+        parser.error(f"--sweep: unknown size {unknown[0]!r}; choose from {', '.join(SIZES)} or 'none'")
+    if not args.only_sweep:
+        rc = compare(args)
+        if rc:
+            return rc
+    if sizes:
+        sweep(sizes, args.sweep_rounds, args.sweep_steps)
+    return 0
+
+
+def compare(args) -> int:
+    """The 20M three-way comparison (mf, hand-written MindSpore, PyTorch)."""
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         weights = os.path.join(tmp, "init.npz")
@@ -336,7 +437,7 @@ def main() -> int:
     print("train_bench: first losses: " + ", ".join(f"{k} {[round(x, 4) for x in warm[k]['losses']]}" for k in sides))
     names = {"ms-hand": f"hand-written MindSpore {sides['ms-hand'].info['version']} GRAPH_MODE step" if "ms-hand" in sides else "",
              "torch": f"PyTorch {sides['torch'].info['version']} eager fp32" if "torch" in sides else ""}
-    for ref, target in (("ms-hand", 1.1), ("torch", 1.3)):
+    for ref, target in (("ms-hand", 1.2), ("torch", 1.35)):
         if ref in tps:
             print(f"train tokens/s vs {ref}: ours {tps['mf']:.0f}, reference {tps[ref]:.0f} ({names[ref]}), "
                   f"ratio {tps['mf'] / tps[ref]:.2f} (target >= {target})")
@@ -353,7 +454,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-        worker_main(sys.argv[2], sys.argv[3])
+    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
+        worker_main(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))
     else:
         sys.exit(main())

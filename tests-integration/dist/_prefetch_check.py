@@ -8,7 +8,10 @@ Checks, one RESULT line each per rank:
 - prefetch[collectives]: the same bytes per step for every kind of collective, the same calls but
   for the all-gathers, which travel one per unit run (bucketed) instead of one per parameter;
 - prefetch[order]: in the last step, forward and backward, every unit run's gathers were issued
-  before the unit run before it computed (its first leaf received its parameter).
+  before the unit run before it computed (its first leaf received its parameter);
+- prefetch[scatter_buckets]: with the reduce-scatters bucketed per unit too
+  (`enable_gradient_buckets`, the step adding the bucketed shards), losses and every gradient bit
+  for bit those without, the same bytes, one reduce-scatter per unit instead of one per parameter.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def batches(rank: int):
         yield Tensor(text[:, :-1]), Tensor(text[:, 1:])
 
 
-def train(mesh, prefetch: bool):
+def train(mesh, prefetch: bool, buckets: bool = False):
     """(losses, gradients of every step, comm snapshot per step, the prefetcher or None)."""
     section = mf_models.tiny_model_section("llama", tie_word_embeddings=True)
     model = mf_models.build_model(section, seed=11)
@@ -50,7 +53,13 @@ def train(mesh, prefetch: bool):
     mf_models.parallelize_model(model, mesh, mf_models.ParallelOptions(layout))
     prefetcher = mp.enable_gather_prefetch(model, tracing=True) if prefetch else None
     params = model.trainable_params()
-    grad_fn = ms.value_and_grad(LossCell(model), None, params)
+    bucketed = mp.enable_gradient_buckets(model).cell(params) if buckets else None
+    value_and_grad = ms.value_and_grad(LossCell(model), None, params)
+
+    def grad_fn(ids, labels):
+        loss, grads = value_and_grad(ids, labels)
+        return loss, (bucketed(grads) if bucketed is not None else grads)
+
     losses, grads_per_step, comms = [], [], []
     for ids, labels in batches(mesh.rank):
         if prefetcher is not None:
@@ -125,12 +134,34 @@ def check_order(pre):
     return not problems, "; ".join(problems) or ", ".join(shapes) + ", each gathered before the one before computed"
 
 
+def check_scatter_buckets(pre, both):
+    (l0, g0, c0, _), (l1, g1, c1, _) = pre, both
+    if l0 != l1:
+        return False, f"losses differ: {l0} vs {l1}"
+    for step, (a, b) in enumerate(zip(g0, g1)):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if not np.array_equal(x, y):
+                return False, f"step {step} gradient {i}: max diff {np.abs(x - y).max()}"
+    before, after = c0[-1], c1[-1]
+    if sorted(before) != sorted(after):
+        return False, f"kinds without {sorted(before)} / with {sorted(after)}"
+    for kind in before:
+        if before[kind]["payload_bytes"] != after[kind]["payload_bytes"]:
+            return False, f"{kind} payload: without {before[kind]['payload_bytes']} / with {after[kind]['payload_bytes']}"
+    scatters = [k for k in before if k.startswith("reduce_scatter")]
+    calls = ", ".join(f"{k} {before[k]['calls']} -> {after[k]['calls']} calls" for k in scatters)
+    fewer = bool(scatters) and all(after[k]["calls"] < before[k]["calls"] for k in scatters)
+    return fewer, f"last step: {calls}; losses {l1}"
+
+
 def main():
     ms.set_context(mode=ms.PYNATIVE_MODE)
     mesh = mp.init_mesh(mp.ParallelDims(2, dp_shard=2))
     plain = train(mesh, prefetch=False)
     pre = train(mesh, prefetch=True)
+    both = train(mesh, prefetch=True, buckets=True)
     run_check("prefetch[same_training]", check_same, plain, pre)
     run_check("prefetch[collectives]", check_collectives, plain, pre)
     run_check("prefetch[order]", check_order, pre)
+    run_check("prefetch[scatter_buckets]", check_scatter_buckets, pre, both)
     emit("prefetch_done", True)

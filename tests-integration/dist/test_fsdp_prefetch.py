@@ -1,6 +1,7 @@
 """FSDP gather prefetch on 2 CPU ranks (the end of the 2-rank launch, _prefetch_check.py): the same
 training bit for bit, the same bytes in fewer all-gathers (one per unit run), and the order of
-issued gathers one unit ahead."""
+issued gathers one unit ahead; with the reduce-scatters bucketed per unit too, the same training
+bit for bit in fewer reduce-scatters."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def run(world2):
     return world2
 
 
-@pytest.mark.parametrize("check", ["same_training", "collectives", "order"])
+@pytest.mark.parametrize("check", ["same_training", "collectives", "order", "scatter_buckets"])
 def test_prefetch(run, check):
     found = run.by_name(f"prefetch[{check}]")
     assert {r["rank"] for r in found} == set(range(WORLD)), f"prefetch[{check}]: results from {found}"

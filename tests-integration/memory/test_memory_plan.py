@@ -6,16 +6,16 @@ peak (the same run with a minuscule model: interpreter, MindSpore runtime and ke
 
 Tolerance: the estimate is within 25% of the measured bytes. It counts tensors; the measured peak
 also holds what no tensor list names (allocator slack, PyNative's bookkeeping of the autograd
-tape, the optimizer's temporaries). Measured on this machine (MiB, estimate / measured):
-none 609 / 626 (0.97), full recompute 335 / 423 (0.79), select (attention everywhere, MLP in
-layers 0-1) 396 / 479 (0.83), with the loss backward's three logits-sized buffers counted (the
-closed-form loss gradient of mf_trainer.loss holds them: +55 MiB measured here against autodiff's). The bytes recompute saves are over-estimated (full 274 against 203
-measured, select 213 against 143: MindSpore's recompute keeps more than the layer input), so
+tape, the optimizer's temporaries). Measured on this machine (MiB, estimate / measured), with the
+training loss fused with the output projection (no logits kept; 95 MiB below the earlier loss on
+the whole logits in every case): none 582 / 532 (1.09), full recompute 307 / 328 (0.94), select
+(attention everywhere, MLP in layers 0-1) 368 / 373 (0.99). The bytes recompute saves are
+over-estimated (MindSpore's recompute keeps more than the layer input), so
 the order of the three is checked, not their differences; benchmarks/memory_bench.py prints them.
 Parameters and optimizer state are exact: compared with what the Trainer holds.
 
 `moe`: a small DeepSeek-V3 (MLA, 1 dense + 3 MoE layers of 8 routed experts, top 2, one shared;
-_memory_worker.DEEPSEEK), 8 x 256 tokens: estimate 756 MiB against 703 MiB measured (1.08); its
+_memory_worker.DEEPSEEK), 8 x 256 tokens: estimate 729 MiB against 644 MiB measured (1.13); its
 MoE layers' terms (the dispatched rows, the gathered weight block of each dispatch block) are
 sized for the micro-batch's 2048 tokens at once, as the dispatcher lays them out.
 """

@@ -24,9 +24,9 @@ LINES = [
 ]
 
 
-def _outcomes():
+def _outcomes(lines=LINES):
     out = []
-    for line in LINES:
+    for line in lines:
         try:
             out.append(("ok", jsonl.parse_line(line, ["text"])))
         except jsonl.LineError as err:
@@ -56,3 +56,26 @@ def test_gzip_is_detected_by_content(tmp_path):
     assert docs == [{"text": "a"}, {"text": "b"}] and stats == {"documents": 2, "bad_lines": 0}
     with pytest.raises(jsonl.InputError, match="missing.jsonl: input file not found"):
         list(jsonl.iter_documents([str(tmp_path / "missing.jsonl")], ["text"], strict=False))
+
+
+def test_bulk_parse_agrees_with_one_line_at_a_time():
+    lines = [line.rstrip(b"\n") for line in LINES]  # as read_line_chunks hands them out
+    docs, bad = jsonl.parse_lines(lines, ["text"])
+    single = _outcomes(lines)
+    assert bad == [(i, reason) for i, (kind, reason) in enumerate(single) if kind == "bad"]
+    assert [d["text"] for d in docs] == [doc["text"] for kind, doc in single if kind == "ok" and doc is not None]
+
+
+@pytest.mark.parametrize("packed", ["plain", "gzip"])
+@pytest.mark.parametrize("ending", [b"\n", b""])
+def test_line_chunks_are_the_lines_in_order_across_block_edges(tmp_path, packed, ending):
+    body = b'{"text": "first"}\n\n{"text": "a longer second line"}\n' + b'{"text": "x"}\n' * 9 + b'{"text": "last"}' + ending
+    path = tmp_path / "c.jsonl"
+    (gzip.open if packed == "gzip" else open)(path, "wb").write(body)
+    expected = [line.rstrip(b"\n") for _, line in jsonl.read_lines(str(path))]
+    for block in (1, 7, 64, 1 << 20):
+        for max_lines in (1, 4, 100):
+            chunks = list(jsonl.read_line_chunks(str(path), max_lines, block))
+            assert [line for _, lines in chunks for line in lines] == expected, (block, max_lines)
+            assert [first for first, _ in chunks] == list(range(1, len(expected) + 1, max_lines))
+            assert all(len(lines) == max_lines for _, lines in chunks[:-1])

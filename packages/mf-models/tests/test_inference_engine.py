@@ -52,7 +52,7 @@ def test_requests_join_and_leave_between_steps(tiny):
         assert request.output_ids == reference(tiny, prompt, new), prompt
         assert request.finish_reason == "length"
     stats = engine.stats
-    assert stats.prefill_calls == len(PROMPTS) and stats.generated_tokens == sum(NEW)
+    assert stats.prefilled == len(PROMPTS) and stats.generated_tokens == sum(NEW)
     # two slots shared: fewer decode steps than tokens, more than the longest request alone
     assert max(NEW) <= stats.decode_steps < sum(NEW) - len(PROMPTS)
     first_step = {}
@@ -62,6 +62,35 @@ def test_requests_join_and_leave_between_steps(tiny):
     assert all(step > 0 for _, step in later)  # the last three joined while others were decoding
     assert {slot for slot, _ in first_step.values()} == {0, 1}
     assert engine.scheduler.active() == [] and not engine.has_work()
+
+
+def test_a_decode_call_covers_the_occupied_slots_not_every_slot(tiny):
+    engine = InferenceEngine(tiny, max_slots=5, max_len=40, eos_token_ids=[])
+    calls = []   # rows each decode call covered
+    build = engine._decode_step
+    engine._decode_step = lambda rows, *rest: calls.append(rows) or build(rows, *rest)
+    alone = engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4))
+    assert calls == [1, 1, 1] and alone[0].output_ids == reference(tiny, PROMPTS[0], 4)
+    calls.clear()
+    # slots 0..2 taken: 4 rows (the next power of two); once slot 2's request is done (1 decode
+    # step) slots 0 and 1 remain: 2 rows; once slot 1's is (5 steps), slot 0 alone: 1 row
+    crowd = engine.generate(PROMPTS[1:4], [SamplingParams(max_new_tokens=n) for n in (9, 6, 2)])
+    assert calls == [4, 2, 2, 2, 2, 1, 1, 1]
+    for prompt, new, request in zip(PROMPTS[1:4], (9, 6, 2), crowd):
+        assert request.output_ids == reference(tiny, prompt, new)
+    # all five slots: the last bucket is max_slots itself
+    engine.generate(PROMPTS, SamplingParams(max_new_tokens=2))
+    assert calls[-1] == 5 and sorted({key[0] for key in engine._decode}) == [1, 2, 4, 5]
+
+
+def test_requests_seated_together_share_one_prefill_call(tiny):
+    engine = InferenceEngine(tiny, max_slots=4, max_len=40, eos_token_ids=[])
+    short = [PROMPTS[0], PROMPTS[2], PROMPTS[3]]          # one prompt bucket (16): one call of 4 rows
+    done = engine.generate(short + [PROMPTS[1]], [SamplingParams(max_new_tokens=n) for n in (3, 5, 2, 4)])
+    assert engine.stats.prefill_calls == 2 and engine.stats.prefilled == 4   # bucket 16 (3 + a repeat), 32
+    assert sorted(key[3] for key in engine._prefill) == [1, 4]
+    for prompt, new, request in zip(short + [PROMPTS[1]], (3, 5, 2, 4), done):
+        assert request.output_ids == reference(tiny, prompt, new)
 
 
 def test_stop_tokens_end_a_request_and_free_its_slot(tiny):
@@ -97,7 +126,7 @@ def test_cancel_ends_a_request_at_the_next_step(tiny):
     waiting = engine.submit(PROMPTS[2], SamplingParams(max_new_tokens=5))
     waiting.cancel("gone")
     engine.step()
-    assert waiting.finish_reason == "gone" and waiting.output_ids == [] and engine.stats.prefill_calls == 2
+    assert waiting.finish_reason == "gone" and waiting.output_ids == [] and engine.stats.prefilled == 2
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(tiny):

@@ -1,7 +1,7 @@
 """The engine compiled (GRAPH_MODE): HF greedy parity beside a sampling request in the other slot
-(one decode graph serves both kinds of rows), one graph per bucket reused across calls, and the
-compiled result equal to the eager one. Compiles cost seconds each: three here; the greedy-only
-decode graph is compiled by the mf-cli and integration tests."""
+(one prefill and one decode graph serve both kinds of rows), one graph per bucket reused across
+calls, and the compiled result equal to the eager one. Compiles cost seconds each: two here; the
+greedy-only graphs are compiled by the mf-cli and integration tests."""
 
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ def test_compiled_engine_matches_hf_and_reuses_its_graphs(hf_fixtures, graph_mod
     greedy = SamplingParams(max_new_tokens=new)
     first = engine.generate([other, prompt], [sampled, greedy])
     assert first[1].output_ids == ref["greedy"][0, len(prompt):].tolist()
-    # prefill bucket 16 (a sampling and a greedy one: each request prefills alone) and decode
-    # bucket 40 with sampling rows
-    assert engine.stats.graphs_built == 3
+    # prefill bucket 16 with sampling rows (both requests in one call: 2 rows) and decode bucket
+    # 40 with sampling rows
+    assert engine.stats.graphs_built == 2
     again = engine.generate([prompt, other], [greedy, sampled])
     assert [r.output_ids for r in again] == [first[1].output_ids, first[0].output_ids]
-    assert engine.stats.graphs_built == 3
+    assert engine.stats.graphs_built == 2
     ms.set_context(mode=ms.PYNATIVE_MODE)
     eager = engine.generate([other, prompt], [sampled, greedy])
     assert [r.output_ids for r in eager] == [r.output_ids for r in first]

@@ -118,3 +118,20 @@ def test_an_adapter_checkpoint_loads_merged_into_its_base(tmp_path):
     loaded = load_pretrained(tmp_path / "adapter")  # what mf generate / mf serve do
     assert loaded.iteration == 9 and any("LoRA adapter" in n for n in loaded.notes)
     np.testing.assert_allclose(loaded.model(IDS).asnumpy(), adapted(IDS).asnumpy(), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["untied", "tied", "lora"])
+def test_head_terms_sum_to_the_head(kind):
+    """`head_terms` (what a loss fused with the output projection takes) add up to `head`'s logits:
+    the output Linear, the tied table, a LoRA-adapted output (base + scaled adapter term)."""
+    section = mf_models.tiny_model_section("llama", tie_word_embeddings=kind == "tied")
+    model = mf_models.build_model(section, seed=1)
+    if kind == "lora":
+        mf_models.apply_lora(model, "output", rank=4, alpha=8.0, seed=3)
+        _randomise_b(model)
+    h = model.hidden_states(IDS)
+    terms = model.head_terms(h)
+    logits = sum(x.asnumpy().reshape(-1, x.shape[-1]) @ w.asnumpy().T for x, w in terms)
+    np.testing.assert_allclose(logits, model.head(h).asnumpy().reshape(logits.shape), rtol=1e-5, atol=1e-6)
+    assert model.head_terms_problem() is None
+    assert model.head_trained() == {"untied": (True,), "tied": (True,), "lora": (False, True)}[kind]

@@ -271,19 +271,19 @@ def test_full_queue_and_failed_engine_give_5xx(model):
 
 
 def test_a_failing_request_fails_alone(model):
-    """A step that raises for one request's prefill ends that request only: the others answer,
+    """A prefill call that raises ends the requests it was seating only: the others answer,
     /health stays ok, and the engine serves the next requests."""
     engine = InferenceEngine(model, max_slots=2, max_len=24)
     runner = EngineRunner(engine)
     runner.start()
-    real = engine._prefill_one
+    real = engine._prefill_together
 
-    def poisoned(request):
-        if request.prompt_ids[0] == 66:
+    def poisoned(requests):
+        if any(request.prompt_ids[0] == 66 for request in requests):
             raise OverflowError("Python int too large to convert to C int")
-        real(request)
+        real(requests)
 
-    engine._prefill_one = poisoned
+    engine._prefill_together = poisoned
     try:
         with TestClient(create_app(runner)) as client:
             for _ in range(4):  # more than max_consecutive_failures: successes in between reset it

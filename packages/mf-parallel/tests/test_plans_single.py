@@ -273,3 +273,35 @@ def test_tp_errors():
     assert mp.local_heads(8, 2) == 4
     with pytest.raises(mp.ParallelConfigError, match="tensor_parallel: 3 does not divide 8 heads"):
         mp.local_heads(8, 3)
+
+
+def test_deferred_gradient_syncs_on_a_stand_in_pair():
+    """defer_gradient_syncs: the tp-replicated weights (the norm, the row-parallel bias) lose their
+    per-parameter all-reduce and are listed for the step's one bucketed all-reduce, aligned with the
+    parameter order the step is given (construction only: nothing is communicated)."""
+    from mf_parallel.grad_sync import DeferredSync
+
+    net = fresh()
+    mp.parallelize_module(net, _fake_tp(0), {"emb": mp.VocabParallelEmbedding(), "norm": mp.SequenceParallel(),
+                                             "up": mp.ColwiseParallel(), "down": mp.RowwiseParallel()})
+    record = mp.defer_gradient_syncs(net)
+    assert sorted(p.name for p in record.members["tp"]) == ["down.bias", "norm.weight"]
+    assert isinstance(net.norm.mf_core.pipes[0].sync, DeferredSync)
+    assert mp.defer_gradient_syncs(net).count == 2                  # idempotent
+    params = net.trainable_params()
+    sync = record.cell(params)
+    assert sync.positions == (tuple(i for i, p in enumerate(params) if p.name in ("norm.weight", "down.bias")),)
+
+
+@pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE])
+def test_gradient_sync_puts_every_bucket_entry_back_in_place(mesh, mode):
+    """A bucket in another order than the gradients (a pipeline stage's optimizer order): each
+    entry comes back where it was (a one-rank group: the all-reduce is the identity)."""
+    from mf_parallel.grad_sync import GradientSync
+
+    ms.set_context(mode=mode)
+    grads = tuple(Tensor(np.arange(n, dtype=np.float32).reshape(shape) + 10 * n)
+                  for n, shape in ((2, (2,)), (6, (2, 3)), (4, (4,)), (3, (3, 1))))
+    out = GradientSync([(mesh["tp"], (3, 1)), (mesh["world"], (2, 0))])(grads)
+    for got, want in zip(out, grads):
+        np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())

@@ -19,7 +19,7 @@ PARAMS = 2048 + 2 * (64 + 4 * 1024 + 3 * 2048) + 32 + 2048            # 24736
 # FSDP over 3 ranks: ceil(rows / 3) rows of every parameter (dim 0 padded to a multiple of 3)
 FSDP3 = 22 * 32 + 2 * (2 * 11 + 4 * 11 * 32 + 2 * 22 * 32 + 11 * 64) + 11 + 22 * 32   # 8503
 LAYER = (32 * 32 + 32 * 32) * 2 + 32 * (3 * (32 + 32) + 32) + 3 * 2 * 32 * 32 + 32 * 32 + 4 * 32 * 64
-HEAD = 32 * 32 + 32 * 32 + 2 * 32 * 64
+HEAD = 32 * 32 + 32 * 32 + 32 * 32        # the final norm's input and output, the fused loss's input gradient
 
 
 def _plan(tmp_path, tiny_config, world=1, **sections):
@@ -33,7 +33,8 @@ def test_one_rank_by_hand(tmp_path, tiny_config):
     assert r.gradients == PARAMS * 4           # float32 accumulation buffers (2 micro-batches)
     assert r.optimizer == PARAMS * 8           # exp_avg + exp_avg_sq
     assert r.activations_per_microbatch == (2 * LAYER + HEAD) * 2 * 4 and r.in_flight == 1
-    assert r.transient == (3 * 32 * 64 + LAYER) * 2 * 4  # the loss backward's 3 logits-sized buffers, one layer's gradients
+    # The fused loss's chunk (2 x 32 tokens: one chunk) three times and its weight gradient, one layer's gradients.
+    assert r.transient == (3 * 2 * 32 * 64 + 64 * 32 + 2 * LAYER) * 4
     assert r.fsdp_gathered == 0
 
 

@@ -123,3 +123,40 @@ def test_per_parameter_norms_are_the_numpy_norms_of_the_gradients(toy_lm, accumu
     np.testing.assert_allclose(done.param_norms, [want[-1], 0.0, want[0]], rtol=2e-6)
     # Together they are the global norm (the one clipping uses), which here is far above max_norm.
     assert done.grad_norm == pytest.approx(float(np.sqrt(sum(w * w for w in want))), rel=2e-6)
+
+
+@pytest.mark.parametrize("kind", ["untied", "tied", "lora_output", "moe"])
+def test_fused_head_loss_steps_like_the_logits_path(kind):
+    """The training loss fused with the output projection (mf-parallel's LinearCrossEntropy, here in
+    8-token chunks) against the same loss on the whole logits (fuse_head=False), on an mf-models
+    model: the same gradients; for the tied model also two accumulated compiled steps with the same
+    losses and norms (sums differ in order only; the weights after AdamW are not compared: it
+    normalises every element, so a gradient element near zero turns rounding into an update)."""
+    import mf_models
+    from mf_trainer.moe import MoELMLoss
+
+    section = mf_models.tiny_model_section("mixtral" if kind == "moe" else "llama", tie_word_embeddings=kind == "tied")
+    batch = _batch(1, vocab=64)
+    args = [ms.Tensor(batch["labels"].astype(np.int32)), ms.Tensor(batch["loss_mask"]),
+            ms.Tensor(np.float32(1.0 / batch["loss_mask"].sum())), ms.Tensor(batch["input_ids"].astype(np.int32))]
+    grads, steps = [], []
+    for fuse in (True, False):
+        model = mf_models.build_model(section, seed=0)
+        if kind == "lora_output":
+            mf_models.apply_lora(model, r"output|.*wq", rank=4, alpha=8.0, seed=1)
+        make = MoELMLoss if kind == "moe" else MaskedLMLoss
+        loss_cell = make(model, fuse_head=fuse)
+        assert loss_cell.fused == fuse
+        if fuse:
+            for cell in loss_cell.head_loss.cells():
+                cell.chunk_bytes = 8 * 4 * 64
+        params = model.trainable_params()
+        out, g = ms.value_and_grad(loss_cell, None, params, has_aux=kind == "moe")(*args)
+        grads.append([x.asnumpy() for x in g])
+        if kind == "tied":
+            runner = StepRunner(loss_cell, AdamW(params, weight_decay=0.1), 1.0, 2)
+            steps.append([runner(_split(_batch(s, vocab=64), 2), 1e-2) for s in (1, 2)])
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * float(np.abs(b).max()))
+    for a, b in zip(*steps) if steps else ():
+        assert a.loss == pytest.approx(b.loss, rel=2e-6) and a.grad_norm == pytest.approx(b.grad_norm, rel=2e-5)

@@ -105,24 +105,27 @@ def parse_line(line: bytes, json_keys: Sequence[str]) -> dict[str, str | list[st
 def parse_lines(lines: Sequence[bytes], json_keys: Sequence[str]) -> tuple[list[dict[str, str | list[str]]], list[tuple[int, str]]]:
     """`parse_line` over many lines: (documents, [(line offset, reason) for each bad line]).
 
-    The common line (orjson parses it into an object whose requested keys all hold strings) is
-    handled inline; anything else goes through `parse_line`, so the verdicts are the same."""
+    A document is a mapping holding at least the requested keys, each a string or a list of
+    strings (the common line's own parsed object, extra keys included: building a dict of the
+    requested keys alone cost as much as the check). The common line (orjson parses it into an
+    object whose requested keys all hold strings) is handled inline; anything else goes through
+    `parse_line`, so the verdicts are the same."""
     docs: list[dict[str, str | list[str]]] = []
     bad: list[tuple[int, str]] = []
     keys = tuple(json_keys)
+    fast = _fast_loads
     for offset, line in enumerate(lines):
-        if _fast_loads is not None:
+        if fast is not None:
             try:
-                obj = _fast_loads(line)
+                obj = fast(line)
             except ValueError:
                 obj = None
             if type(obj) is dict:
-                try:
-                    doc = {k: obj[k] for k in keys}
-                except KeyError:
-                    doc = None
-                if doc is not None and all(type(v) is str for v in doc.values()):
-                    docs.append(doc)
+                for key in keys:
+                    if type(obj.get(key)) is not str:
+                        break
+                else:
+                    docs.append(obj)
                     continue
         try:
             doc = parse_line(line, json_keys)
@@ -174,6 +177,40 @@ def read_lines(path: str) -> Iterator[tuple[int, bytes]]:
         raise InputError(f"{path}: corrupt gzip data after line {number} ({err})") from None
     except OSError as err:
         raise InputError(f"{path}: cannot read after line {number} ({err.strerror or err})") from None
+
+
+def read_line_chunks(path: str, max_lines: int, block_bytes: int = 1 << 20) -> Iterator[tuple[int, list[bytes]]]:
+    """(1-based number of the first line, up to `max_lines` raw lines without their b"\\n") of one
+    input file, in order: `read_lines` in bulk. Lines are split from 1 MiB reads by bytes.split,
+    in C: iterating a file line by line was 7% of `mf-data preprocess`'s Python work, all of it
+    holding the GIL the encoding threads need between batches. Errors as in `read_lines`."""
+    number = 0          # lines handed out so far
+    pending: list[bytes] = []
+    tail = b""
+    try:
+        with open_binary(path) as f:
+            while True:
+                block = f.read(block_bytes)
+                if not block:
+                    break
+                lines = (tail + block).split(b"\n")
+                tail = lines.pop()  # the unfinished last line (b"" after a newline)
+                pending.extend(lines)
+                while len(pending) >= max_lines:
+                    yield number + 1, pending[:max_lines]
+                    number += max_lines
+                    pending = pending[max_lines:]
+    except EOFError:
+        raise InputError(f"{path}: the gzip stream ends before its end marker (truncated after line "
+                         f"{number + len(pending)})") from None
+    except (gzip.BadGzipFile, zlib.error) as err:
+        raise InputError(f"{path}: corrupt gzip data after line {number + len(pending)} ({err})") from None
+    except OSError as err:
+        raise InputError(f"{path}: cannot read after line {number + len(pending)} ({err.strerror or err})") from None
+    if tail:
+        pending.append(tail)
+    if pending:
+        yield number + 1, pending
 
 
 def iter_lines(paths: Iterable[str]) -> Iterator[tuple[str, int, bytes]]:

@@ -33,7 +33,7 @@ import numpy as np
 
 from .errors import InputError
 from .indexed_dataset import DType, IndexedDatasetBuilder, get_bin_path, get_idx_path
-from .jsonl import BadLines, parse_lines, read_lines
+from .jsonl import BadLines, parse_lines, read_line_chunks
 from .tokenizer import SentencePieceTokenizer
 
 
@@ -60,7 +60,7 @@ class Encoded:
 def encode_chunk(chunk: Chunk, json_keys: Sequence[str], append_eod: int | None, tok: SentencePieceTokenizer) -> Encoded:
     docs, errors = parse_lines(chunk.lines, json_keys)
     bad = [(chunk.path, chunk.first_line + offset, reason) for offset, reason in errors]
-    out = Encoded({}, {}, {}, len(docs), {}, bad, sum(len(line) for line in chunk.lines))
+    out = Encoded({}, {}, {}, len(docs), {}, bad, sum(map(len, chunk.lines)) + len(chunk.lines))  # + newlines
     for key in json_keys:
         texts: list[str] = []
         counts: list[int] = []
@@ -132,16 +132,7 @@ def encode_pool(tasks: Iterator[Any], workers: int, initializer: Callable[..., N
 
 def read_chunks(paths: Sequence[str], chunk_lines: int) -> Iterator[Chunk]:
     for path in paths:
-        lines: list[bytes] = []
-        first = 1
-        for number, line in read_lines(path):
-            if not lines:
-                first = number
-            lines.append(line)
-            if len(lines) >= chunk_lines:
-                yield Chunk(path, first, lines)
-                lines = []
-        if lines:
+        for first, lines in read_line_chunks(path, chunk_lines):
             yield Chunk(path, first, lines)
 
 

@@ -75,6 +75,23 @@ class LoraLinear(Linear):
         h = x if self.dropout is None else self.dropout(x)
         return linear(x, weight, bias) + linear(linear(h, lora_a), lora_b) * self.scaling
 
+    def linear_terms_trained(self) -> tuple[bool, bool]:
+        return bool(self.weight.requires_grad), bool(self.lora_b.requires_grad)
+
+    def linear_terms(self, x):
+        """The adapted layer (without bias) as two linear terms, `((x, W), (scaling * dropout(x)
+        A^T, B))`: a fused output projection + loss takes them (mf_parallel.LinearCrossEntropy);
+        their sum is `construct`'s output, the scaling applied to the rank-r activations instead of
+        to the [.., out] product."""
+        weight, lora_a, lora_b = self.weight, self.lora_a, self.lora_b
+        if self.cast_weight:
+            weight = weight.astype(self.compute_dtype)
+            lora_a = lora_a.astype(self.compute_dtype)
+            lora_b = lora_b.astype(self.compute_dtype)
+        x = x.astype(self.compute_dtype)
+        h = x if self.dropout is None else self.dropout(x)
+        return (x, weight), (linear(h, lora_a) * self.scaling, lora_b)
+
 
 def _layer_of(name: str) -> int | None:
     m = _LAYER.match(name)

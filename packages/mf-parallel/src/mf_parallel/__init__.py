@@ -77,10 +77,11 @@ if TYPE_CHECKING:  # imported on first use at run time (`_LAZY`, the same table)
     )
     from mf_parallel.expert_parallel import AllToAllTokenDispatcher, ExpertExchange, shard_experts
     from mf_parallel.fsdp import check_cpu_offload, fully_shard
+    from mf_parallel.grad_sync import DeferredSyncs, GradientSync, defer_gradient_syncs
     from mf_parallel.heartbeat import Heartbeat, start_heartbeat, watched_by_launcher
     from mf_parallel.launcher import launch, node_log_dir
-    from mf_parallel.leaf import register_param_forward
-    from mf_parallel.loss import VocabParallelArgmax, VocabParallelCrossEntropy
+    from mf_parallel.leaf import linear_terms_problem, register_linear_terms, register_param_forward
+    from mf_parallel.loss import LinearCrossEntropy, VocabParallelArgmax, VocabParallelCrossEntropy
     from mf_parallel.mesh import DeviceMesh, Group, init_mesh, make_group
     from mf_parallel.pipeline import (
         Costs,
@@ -101,6 +102,7 @@ if TYPE_CHECKING:  # imported on first use at run time (`_LAZY`, the same table)
         validate_schedule,
     )
     from mf_parallel.prefetch import GatherPrefetcher, GatherSource, enable_gather_prefetch, gather_prefetch_pays_off
+    from mf_parallel.scatter_buckets import GradientBucketer, enable_gradient_buckets
     from mf_parallel.state import (
         ParamLayout,
         gather_full_state,
@@ -122,13 +124,18 @@ if TYPE_CHECKING:  # imported on first use at run time (`_LAZY`, the same table)
         parallelize_module,
     )
 
+# LinearCrossEntropy's default: logits of one chunk at most this large (float32 bytes; a few such
+# buffers exist at once); here, without MindSpore, for memory estimates. 32 MiB = 256 tokens of a
+# 32000-word vocabulary.
+LINEAR_CE_CHUNK_BYTES = 32 * 2**20
+
 _PIPELINE = ("PipelineSpec", "Placement", "StageLayout", "resolve_pipeline", "build_schedule",
              "validate_schedule", "simulate_schedule", "Costs", "Schedule", "ScheduleError", "text_timeline",
              "PipelineExecutor", "StepResult", "register_weight_grad_split", "defer_weight_grads",
              "WeightGradStash")
 
 __all__ = [
-    "__version__", "AXES", "EP_DISPATCHERS", "GROUP_NAMES", "ParallelDims", "ParallelConfigError",
+    "__version__", "LINEAR_CE_CHUNK_BYTES", "AXES", "EP_DISPATCHERS", "GROUP_NAMES", "ParallelDims", "ParallelConfigError",
     # the resolved parallelism section (layout.py)
     "Layout", "LayoutCheck", "FsdpOptions", "DispatcherOptions", "Idle", "FIELDS", "STRATEGIES", "changed_fields",
     # context parallelism: the sequence layout and batch slicing (numpy), the settings and checks
@@ -147,7 +154,9 @@ __all__ = [
     # strategies
     "register_param_forward", "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "VocabParallelEmbedding",
     "SequenceParallel", "PrepareModuleInput", "parallelize_module", "local_heads", "VocabParallelCrossEntropy",
-    "VocabParallelArgmax",
+    "VocabParallelArgmax", "LinearCrossEntropy", "register_linear_terms",
+    "linear_terms_problem",
+    "defer_gradient_syncs", "GradientSync", "DeferredSyncs", "enable_gradient_buckets", "GradientBucketer",
     "fully_shard", "reshard_after_forward_for", "check_cpu_offload", "GlobalNormClip", "sum_of_squares",
     "enable_gather_prefetch", "gather_prefetch_pays_off", "GatherPrefetcher", "GatherSource",
     "context_parallel_attention", "RingAttention", "UlyssesAttention", "HybridAttention", "RingExchange",
@@ -176,11 +185,14 @@ _LAZY = {
     "CommStats": "stats", "comm_stats": "stats",
     **{name: "autograd" for name in ("CopyToGroup", "ReduceFromGroup", "GatherFromGroup", "ReduceScatterToGroup",
                                      "SplitToGroup", "GatherSplit")},
-    "register_param_forward": "leaf",
+    "register_param_forward": "leaf", "register_linear_terms": "leaf",
+    "linear_terms_problem": "leaf",
     **{name: "tensor_parallel" for name in ("ParallelStyle", "ColwiseParallel", "RowwiseParallel",
                                             "VocabParallelEmbedding", "SequenceParallel", "PrepareModuleInput",
                                             "parallelize_module", "local_heads")},
-    "VocabParallelCrossEntropy": "loss", "VocabParallelArgmax": "loss",
+    "VocabParallelCrossEntropy": "loss", "VocabParallelArgmax": "loss", "LinearCrossEntropy": "loss",
+    **{name: "grad_sync" for name in ("defer_gradient_syncs", "GradientSync", "DeferredSyncs")},
+    "enable_gradient_buckets": "scatter_buckets", "GradientBucketer": "scatter_buckets",
     "fully_shard": "fsdp", "check_cpu_offload": "fsdp",
     "GlobalNormClip": "clip", "sum_of_squares": "clip",
     **{name: "prefetch" for name in ("enable_gather_prefetch", "gather_prefetch_pays_off", "GatherPrefetcher",

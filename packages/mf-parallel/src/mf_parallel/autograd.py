@@ -32,6 +32,7 @@ class CopyToGroup(nn.Cell):
     def __init__(self, group: Group) -> None:
         super().__init__()
         self.reduce = AllReduce(group)
+        object.__setattr__(self, "group", group)      # for grad_sync.defer_gradient_syncs
 
     def construct(self, x):
         return x

@@ -85,6 +85,7 @@ class FSDPParams:
     divide_by: int
     unit: int = 0   # which `fully_shard` call owns the leaf (gather prefetch works unit by unit)
     shards: dict[str, FSDPShard] = field(default_factory=dict)
+    defer_replicas: bool = False    # the replica all-reduce left to the step (grad_sync.defer_gradient_syncs)
 
     def passes_param(self, name: str) -> bool:
         """Whether the gather of `name` returns its input unchanged (nothing to gather)."""
@@ -94,7 +95,7 @@ class FSDPParams:
         spec = self.shards[name]
         param = getattr(leaf, name)
         return ShardGather(self.shard_group, self.replicate_group, spec, self.reduce_dtype, self.divide_by,
-                           param.dtype)
+                           param.dtype, self.defer_replicas)
 
 
 class ShardGather(nn.Cell):
@@ -105,7 +106,7 @@ class ShardGather(nn.Cell):
     Cell (`regather_op`), so a prefetcher can tell the forward's gathers from the backward's."""
 
     def __init__(self, shard_group: Group, replicate_group: Group, spec: FSDPShard, reduce_dtype, divide_by: int,
-                 param_dtype) -> None:
+                 param_dtype, defer_replicas: bool = False) -> None:
         super().__init__()
         self.replicated = spec.replicated
         self.dim0 = 0 if spec.replicated else spec.shape[0]
@@ -120,6 +121,9 @@ class ShardGather(nn.Cell):
         self.cast = reduce_dtype != param_dtype
         self.reduce_dtype = reduce_dtype
         self.divide_by = divide_by
+        # The replica all-reduce left to the step, bucketed with the others (grad_sync): only where
+        # the gradient stays in the reduce dtype (nothing to sum in a narrower one).
+        self.defer_replicas = bool(defer_replicas) and not self.replicated and not self.cast
 
     def construct(self, shard):
         if self.replicated:
@@ -144,6 +148,8 @@ class ShardGather(nn.Cell):
             grad = ops.Cast()(grad, self.reduce_dtype)
         if self.replicated:
             grad = self.replicas(self.shard_reduce(grad))
+        elif self.defer_replicas:
+            grad = self.scatter(grad)
         else:
             grad = self.replicas(self.scatter(grad))
         if self.divide_by > 1:

@@ -43,6 +43,10 @@ class ParamForward:
 _FORWARDS: dict[type, ParamForward] = {}
 
 
+# fn(cell, *params, x) -> ((x_t, w_t), ...) with the leaf's output = sum_t x_t @ w_t^T
+_TERMS: dict[type, Callable[..., Any]] = {}
+
+
 def register_param_forward(cls: type, param_names: tuple[str, ...] | list[str], fn: Callable[..., Any]) -> None:
     """Declare how `cls` computes its output from its parameters.
 
@@ -54,6 +58,43 @@ def register_param_forward(cls: type, param_names: tuple[str, ...] | list[str], 
     if not isinstance(cls, type) or not issubclass(cls, nn.Cell):
         raise ParallelConfigError(f"register_param_forward: {cls!r} is not a mindspore.nn.Cell subclass")
     _FORWARDS[cls] = ParamForward(tuple(param_names), fn)
+
+
+def register_linear_terms(cls: type, fn: Callable[..., Any]) -> None:
+    """Declare `cls`'s output as a sum of linear terms, so a fused projection + loss
+    (`LinearCrossEntropy`) can take its input and weights instead of its output, also once a plan
+    has rewritten it (TP slices, FSDP gathers: `cell.linear_terms(x)` then runs the leaf's input
+    transform and parameter pipelines, and the terms of the parameters they produce).
+
+    `fn(cell, *params, x)` receives the parameters as the registered parameter forward does and
+    returns `((x_t, w_t), ...)` with forward(x) == sum_t x_t @ w_t^T. Define it at module level in
+    a source file: GRAPH_MODE compiles it.
+    """
+    if not isinstance(cls, type) or not issubclass(cls, nn.Cell):
+        raise ParallelConfigError(f"register_linear_terms: {cls!r} is not a mindspore.nn.Cell subclass")
+    _TERMS[cls] = fn
+
+
+def linear_terms_of(cell: nn.Cell) -> Callable[..., Any] | None:
+    for klass in type(cell).__mro__:
+        if klass in _TERMS:
+            return _TERMS[klass]
+    return None
+
+
+def linear_terms_problem(cell: nn.Cell) -> str | None:
+    """Why `cell.linear_terms(x)` cannot stand in for `cell(x)` (None when it can): a planned leaf
+    needs registered terms, no output transform (e.g. logits gathered over tp) and no bias."""
+    plan = plan_of(cell)
+    if plan is None:
+        return None if callable(getattr(cell, "linear_terms", None)) else f"{type(cell).__name__} has no linear_terms"
+    if linear_terms_of(cell) is None:
+        return f"{type(cell)._mf_base.__name__} registers no linear terms (mf_parallel.register_linear_terms)"
+    if plan.output_transform is not None:
+        return "its output is transformed after the projection (e.g. gathered over the tensor-parallel group)"
+    if plan.names != plan.forward.param_names[:1]:
+        return f"it has parameters besides its weight ({', '.join(plan.names)}): a bias is no linear term"
+    return None
 
 
 def param_forward_of(cell: nn.Cell) -> ParamForward:
@@ -86,9 +127,15 @@ def embedding_forward(cell, table, ids):
     return ops.Gather()(table, ids, 0)
 
 
+def linear_forward_terms(cell, weight, bias, x):
+    """mint.nn.Linear without bias as one linear term (for `LinearCrossEntropy`)."""
+    return ((x, weight),)
+
+
 register_param_forward(mint.nn.Linear, ("weight", "bias"), linear_forward)
 register_param_forward(nn.Dense, ("weight", "bias"), dense_forward)
 register_param_forward(nn.Embedding, ("embedding_table",), embedding_forward)
+register_linear_terms(mint.nn.Linear, linear_forward_terms)
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -111,6 +158,7 @@ class LeafPlan:
     output_transform: nn.Cell | None = None
     deferred: tuple[str, ...] = ()                  # added to the output after output_transform (row-parallel bias)
     grad_sync: dict[str, nn.Cell] = field(default_factory=dict)    # name -> Cell factory result (CopyToGroup)
+    deferred_sync: dict[str, Any] = field(default_factory=dict)    # name -> group whose all-reduce the step does
     tp_shards: dict[str, TPShard] = field(default_factory=dict)
     ep_shards: dict[str, TPShard] = field(default_factory=dict)   # dim 0 split over the ep group (experts)
     fsdp: Any = None                                # fsdp.FSDPParams
@@ -139,6 +187,7 @@ def ensure_plan(cell: nn.Cell) -> LeafPlan:
     object.__setattr__(cell, "_mf_plan", plan)
     base = type(cell)
     cell.__class__ = type(f"Planned{base.__name__}", (base,), {"construct": _planned_construct,
+                                                               "linear_terms": _planned_linear_terms,
                                                                "_mf_base": base})
     cell.mf_param_names = names
     return plan
@@ -149,6 +198,15 @@ def _planned_construct(self, *inputs):
     for name in self.mf_param_names:
         params = params + (getattr(self, name),)
     return self.mf_core(*params, *inputs)
+
+
+def _planned_linear_terms(self, x):
+    """`linear_terms` of a planned leaf: its input transform and parameter pipelines, then the
+    registered terms of what they produce (see `register_linear_terms`)."""
+    params = ()
+    for name in self.mf_param_names:
+        params = params + (getattr(self, name),)
+    return self.mf_core.linear_terms(*params, x)
 
 
 def install(cell: nn.Cell) -> None:
@@ -206,6 +264,7 @@ class LeafCore(nn.Cell):
         # A plain reference (not a sub-Cell: that would make the leaf its own descendant).
         object.__setattr__(self, "_leaf", leaf)
         self.fn = plan.fn
+        self.terms_fn = linear_terms_of(leaf)
         self.n = len(plan.names)
         self.slots = tuple(plan.forward.param_names.index(name) for name in plan.names)
         self.nslots = len(plan.forward.param_names)
@@ -267,6 +326,17 @@ class LeafCore(nn.Cell):
 
     def apply_fn(self, params, inputs):
         return self.fn(self._leaf, *self.place(params), *inputs)
+
+    def linear_terms(self, *args):
+        """The registered linear terms of the leaf's ready parameters and transformed input, for a
+        fused projection + loss (`linear_terms_problem` says when they stand in for the output).
+        The parameters go through their pipelines outside any recomputing body: the fused loss
+        keeps neither them nor the input for its backward, so nothing is re-gathered there."""
+        params = args[: self.n]
+        x = args[self.n]
+        if self.has_pre:
+            x = self.pre(x)
+        return self.terms_fn(self._leaf, *self.place(self.ready(params)), x)
 
     def construct(self, *args):
         params = args[: self.n]

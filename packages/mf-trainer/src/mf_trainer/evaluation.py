@@ -187,8 +187,8 @@ class Evaluator:
         """(loss sum, tokens, correct) of one batch through the pipeline stages, on every pp rank."""
         from mf_trainer.pipeline_step import micro_batch_tensors
 
-        def last_stage(logits, tensors):
-            parts = self.forward.sums(logits, tensors["labels"], tensors["loss_mask"])
+        def last_stage(output, tensors):
+            parts = self.forward.sums(self.pipeline.logits(output), tensors["labels"], tensors["loss_mask"])
             return ops.concat([p.reshape(1) for p in parts])
 
         return self.pipeline.executor.forward([micro_batch_tensors(mb)], last_stage, 3).asnumpy().astype(np.float64)

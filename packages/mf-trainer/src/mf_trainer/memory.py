@@ -31,10 +31,16 @@ For every pipeline rank (the other axes hold the same bytes on each of their ran
   device at a time (transient, below). Multiplied by the micro-batches a rank holds at once: 1
   without a pipeline (each micro-batch's backward runs before the next forward), the schedule's
   peak in flight with one.
-- transient: what exists only around the peak (the start of the last backward): the gradient of
-  the logits (three logits-sized buffers in the one-process loss backward, one under tp), one layer's worth of activation gradients (backward makes a gradient for each saved
-  tensor of the layer it is in, freeing them as it goes), one recomputed layer (or module) rebuilt
-  in backward, and FSDP's gathered unit: one
+- transient: what exists only around the peak. At the end of the forward on the last stage, the
+  loss fused with the output projection (mf_parallel.LinearCrossEntropy) holds three float32
+  logits-sized buffers of one chunk (its logits, their log-softmax, softmax - onehot; chunks of at
+  most 32 MiB of logits) and the head's weight gradient [V/tp, H] it makes in the forward; at the
+  start of the last backward, one layer's worth of activation gradients (backward makes a
+  gradient for each saved tensor of the layer it is in, freeing them as it goes), one recomputed
+  layer (or module) rebuilt in backward and one swapped unit back on the device. The two are
+  added, not the larger taken: the measured peaks sit above the larger (full recompute,
+  tests-integration/memory: 330 MiB measured, 258 estimated with the larger, 308 with the sum).
+  Plus FSDP's gathered unit: one
   block's full TP-local parameters and its full gradient before the reduce-scatter (every
   gathered parameter when reshard_after_forward keeps them; mf-parallel emulates reduce-scatter
   with all-reduce on CPU, so the full gradient exists there too).
@@ -66,7 +72,7 @@ KEPT_GATHERED = re.compile(r"\.moe\.(router|experts)\.")
 EXPERT_WEIGHT = re.compile(r"\.moe\.experts\.w[123]$")
 
 
-# Logits-sized buffers alive in the one-process loss backward (see the transient below).
+# Float32 buffers of a logits chunk alive at once in the fused loss's forward (see the transient below).
 LOSS_BUFFERS = 3
 
 
@@ -362,17 +368,19 @@ def memory_plan(cfg, layout: mp.Layout) -> MemoryPlan:
         act = sum(kept(i) for i in ids) + (terms["head"] if last else 0)
         rank.activations_per_microbatch = act * act_bytes
         rebuilt = max([layer_elems(i) - on_device(i) for i in ids] + [0])
-        # The loss backward (mf_trainer.loss.TokenCrossEntropy) holds three logits-sized buffers at
-        # once: the sparse kernel's softmax workspace, its softmax - onehot, and that scaled per token
-        # (measured: +55 MiB on 8 x 256 x 2000 float32 logits, 16 MiB each). Under tp the
-        # vocabulary-parallel loss (mf-parallel) makes one gradient of its vocabulary shard.
-        logits_grad = seq // dims.cp * (args.vocab_size // tp) * (1 if tp > 1 else LOSS_BUFFERS) if last else 0
+        # The loss fused with the output projection: a chunk's logits, log-softmax and softmax - onehot
+        # (float32) and the head's weight gradient, at the end of the forward (mf_parallel's
+        # LinearCrossEntropy; measured on 8 x 256 tokens of a 2000-word vocabulary, one 16 MiB
+        # chunk: 95 MiB below the loss on the whole logits, which kept two and made three more).
+        vocab = args.vocab_size // tp
+        chunk = min(batch * (seq // dims.cp), max(1, mp.LINEAR_CE_CHUNK_BYTES // (4 * vocab)))
+        loss_end = (chunk * vocab * LOSS_BUFFERS * 4 + vocab * args.hidden_size * act_bytes) if last else 0
         # Backward through a layer makes the gradients of its saved tensors (same shapes), freed as it
         # goes: about one layer's worth at once, recomputed or not.
         working = max(layer_elems(i) for i in ids) if ids else 0
         # swap: one unit's activations are on the device at a time (its forward, or back for its backward)
         swapping = max((v for i in ids for v in swapped_elems(i).values()), default=0)
-        rank.transient = (rebuilt + logits_grad * batch + working + swapping) * act_bytes
+        rank.transient = loss_end + (rebuilt + working + swapping) * act_bytes
         if shards > 1:
             biggest = max(unit_local.values(), default=0)
             resharded = max((v for k, v in unit_local.items() if not k.endswith(".moe")), default=0)

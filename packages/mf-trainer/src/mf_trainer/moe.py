@@ -46,14 +46,19 @@ class MoELMLoss(MaskedLMLoss):
 
     has_aux = True
 
-    def __init__(self, model, cross_entropy=None, aux_weight: float = 1.0):
-        super().__init__(model, cross_entropy)
+    def __init__(self, model, cross_entropy=None, aux_weight: float = 1.0, head_loss=None, fuse_head: bool = True):
+        super().__init__(model, cross_entropy, head_loss, fuse_head)
         self.aux_weight = float(aux_weight)
 
     def construct(self, labels, loss_mask, inv_tokens, *model_inputs):
-        logits, aux, load, counts = self.model.forward_train(*model_inputs)
+        if self.fused:
+            hidden, aux, load, counts = self.model.forward_train_hidden(*model_inputs)
+            lm = self.fused_loss(hidden, labels, loss_mask, inv_tokens)
+        else:
+            logits, aux, load, counts = self.model.forward_train(*model_inputs)
+            lm = self.masked_loss(logits, labels, loss_mask, inv_tokens)
         aux = aux * self.aux_weight
-        return self.masked_loss(logits, labels, loss_mask, inv_tokens) + aux, aux, load, counts
+        return lm + aux, aux, load, counts
 
 
 class MoETraining:
@@ -80,9 +85,9 @@ class MoETraining:
     def active(self) -> bool:
         return bool(self.layers)
 
-    def loss_cell(self, cross_entropy, accumulation: int) -> MoELMLoss:
+    def loss_cell(self, cross_entropy, accumulation: int, head_loss=None) -> MoELMLoss:
         par = self.parallel
-        return MoELMLoss(self.model, cross_entropy, par.loss_scale / (accumulation * par.dp))
+        return MoELMLoss(self.model, cross_entropy, par.loss_scale / (accumulation * par.dp), head_loss)
 
     def _summed_over_ranks(self, aux: float, load: np.ndarray, counts: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         """Every rank routes its own tokens (data-parallel slices, sequence shards) and holds its

@@ -37,20 +37,27 @@ class MTPLMLoss(MaskedLMLoss):
 
     has_aux = True
 
-    def __init__(self, model, cross_entropy=None, aux_weight: float = 1.0):
-        super().__init__(model, cross_entropy)
+    def __init__(self, model, cross_entropy=None, aux_weight: float = 1.0, head_loss=None, fuse_head: bool = True):
+        super().__init__(model, cross_entropy, head_loss, fuse_head)
         self.aux_weight = float(aux_weight)
         self.mtp_depth = int(model.mtp_depth)
         self.mtp_weight = float(model.args.mtp_loss_scaling_factor) / self.mtp_depth
 
+    def hidden_loss(self, hidden, labels, loss_mask, inv_tokens):
+        """The masked loss of final-norm hidden states: through the projection fused with the loss
+        (MaskedLMLoss.fused_loss: the model's head, which the MTP depths share), else their logits."""
+        if self.fused:
+            return self.fused_loss(hidden, labels, loss_mask, inv_tokens)
+        return self.masked_loss(self.model.head(hidden), labels, loss_mask, inv_tokens)
+
     def construct(self, labels, loss_mask, inv_tokens, *model_inputs):
         h, mtp_h, aux, load, counts = self.model.forward_train_mtp(*model_inputs)
-        objective = self.masked_loss(self.model.head(h), labels, loss_mask, inv_tokens[0])
+        objective = self.hidden_loss(h, labels, loss_mask, inv_tokens[0])
         losses = ()
         for k in range(self.mtp_depth):
             labels = shift_left(labels)
             loss_mask = shift_left(loss_mask)
-            losses = losses + (self.masked_loss(self.model.head(mtp_h[k]), labels, loss_mask, inv_tokens[k + 1]),)
+            losses = losses + (self.hidden_loss(mtp_h[k], labels, loss_mask, inv_tokens[k + 1]),)
         depth_losses = ops.stack(losses)
         aux = aux * self.aux_weight
         return objective + depth_losses.sum() * self.mtp_weight + aux, aux, load, counts, depth_losses
@@ -65,13 +72,14 @@ def inverse_tokens(micro_batches: list[dict], global_tokens, loss_scale: int, de
 
 class PipelineMTPLoss:
     """The pipeline's last-stage loss of a model with MTP (mf_trainer/pipeline_step.py): the last
-    chunk returns (logits, the depths' logits...); the loss is MTPLMLoss's without the balance
+    chunk returns the model's output and each depth's (hidden states when the loss is fused with
+    the projection, else logits: `lm_loss` takes either); the loss is MTPLMLoss's without the balance
     loss (a side loss of the chunks). Each micro-batch's depth losses are kept by the micro-batch
     (a backward that recomputes the forward replaces them, never adds them twice) for the step's
     extras."""
 
     def __init__(self, lm_loss, depth: int, weight: float) -> None:
-        self.lm_loss = lm_loss           # (logits, labels, mask, inv) -> the masked loss
+        self.lm_loss = lm_loss           # (output, labels, mask, inv) -> the masked loss
         self.depth = depth
         self.weight = weight
         self.inv_tokens = None           # [1 + D], set before each step

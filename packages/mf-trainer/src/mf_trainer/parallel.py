@@ -71,6 +71,8 @@ class ParallelContext:
         self._cp_sum = None                                       # evaluation's sums over cp (sequence_sum)
         self.comm = mp.Communicator() if self.world > 1 else None   # mf-ckpt's collective interface
         self.prefetcher = None     # FSDP gather prefetch, where it pays off (parallelize)
+        self.deferred_syncs = None   # gradient all-reduces left to the step (parallelize, gradient_sync)
+        self.grad_buckets = None     # PyNative: FSDP reduce-scatters bucketed per unit (gradient_sync adds them)
         if self.world > 1:
             log.info("parallel layout: %s; rank %d reads data-parallel slice %d of %d", dims.describe(), self.rank,
                      self.dp_rank, self.dp)
@@ -111,10 +113,33 @@ class ParallelContext:
             mf_models.parallelize_model(model, self.mesh, self.options(recompute, len(model.layers)))
         except (mp.ParallelConfigError, mf_models.ModelConfigError) as exc:
             raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
+        # The per-parameter gradient all-reduces (tp-replicated weights, HSDP/DDP replicas) are left
+        # to the step, which makes one per group (`gradient_sync`). Before the prefetcher: it
+        # rebuilds the leaves it touches.
+        if self.enabled:
+            self.deferred_syncs = mp.defer_gradient_syncs(model)
+            if self.deferred_syncs.count:
+                log.info("gradient all-reduces of %d parameters left to the step: one per group (%s)",
+                         self.deferred_syncs.count, ", ".join(self.deferred_syncs.groups))
         # In PyNative, FSDP gathers one unit run ahead, each run as one collective: asynchronous
         # devices overlap the gathers with compute, and every device makes fewer collective calls.
         if self.enabled and mp.gather_prefetch_pays_off(ms.get_context("mode")):
             self.prefetcher = mp.enable_gather_prefetch(model)
+            # ... and the reduce-scatters travel one per unit too (not under the pipeline executor,
+            # which runs deferred weight gradients through the pipelines on its own schedule).
+            if self.dims.pp == 1:
+                self.grad_buckets = mp.enable_gradient_buckets(model)
+
+    def gradient_sync(self, params) -> nn.Cell | None:
+        """What the step applies to the gradients (aligned with `params`) before using them: in
+        PyNative the FSDP shard gradients reduce-scattered per unit bucket, then the bucketed
+        all-reduces `parallelize` deferred; None when there is nothing (one rank)."""
+        deferred = self.deferred_syncs
+        sync = deferred.cell(params) if deferred is not None and deferred.count else None
+        buckets = self.grad_buckets.cell(params) if self.grad_buckets is not None else None
+        if buckets is None:
+            return sync
+        return _Then(buckets, sync) if sync is not None else buckets
 
     def clip(self, model, params, max_norm: float) -> nn.Cell:
         return mp.GlobalNormClip(model, params, self.mesh, max_norm)
@@ -122,6 +147,11 @@ class ParallelContext:
     def cross_entropy(self) -> nn.Cell | None:
         """The vocab-parallel loss when logits are split along the vocabulary (tp > 1), else None."""
         return mp.VocabParallelCrossEntropy(self.mesh["tp"]) if self.dims.tp_enabled else None
+
+    def linear_cross_entropy(self) -> nn.Cell:
+        """The loss fused with the output projection (`mf_parallel.LinearCrossEntropy`), vocab-
+        parallel over the tp group when tensor parallelism splits the projection."""
+        return mp.LinearCrossEntropy(self.mesh["tp"] if self.dims.tp_enabled else None)
 
     def argmax(self) -> nn.Cell | None:
         """The vocab-parallel argmax (evaluation's token accuracy) when tp splits the logits, else None."""
@@ -182,6 +212,16 @@ class ParallelContext:
         shown = [k for k in keys if k in metrics]
         if not self.is_rank0 and shown:
             log.info("rank %d step %d: %s", self.rank, step, ", ".join(f"{k} {metrics[k]:.6g}" for k in shown))
+
+
+class _Then(nn.Cell):
+    def __init__(self, first: nn.Cell, second: nn.Cell) -> None:
+        super().__init__()
+        self.first = first
+        self.second = second
+
+    def construct(self, grads):
+        return self.second(self.first(grads))
 
 
 def comm_metrics() -> dict:

@@ -24,6 +24,10 @@ The Trainer keeps its one loop; this module swaps what differs:
   the two ranks by the executor, so both take the same optimizer step. The gradients then go
   through the one-process apply step (step.py's `ApplyStep`: global-norm clipping, the
   non-finite skip, AdamW), so nothing about clipping or the update is written twice.
+* the loss: the last stage returns its final-norm hidden states and the loss is fused with the
+  output projection (mf-parallel's `LinearCrossEntropy`, chunk by chunk, vocab-parallel under tp;
+  the head's weight gradient is made in its forward), as the one-process `MaskedLMLoss` does;
+  evaluation takes the logits from the same chunk (`PipelinePlan.logits`).
 * the norm: `GlobalNormClip` sums squares over the world (pp ranks hold different parameters);
   the tied copy on the last stage is left out, so every parameter is counted once.
 * FSDP / tensor parallelism inside the stages (every schedule; DDP / HSDP stages are refused by
@@ -31,7 +35,7 @@ The Trainer keeps its one loop; this module swaps what differs:
   reduce-scatters each stage's parameters over the stage's own dp group in every micro-batch's
   forward and backward (a split backward's deferred weight gradients are reduce-scattered when
   their W runs: mf-parallel's weight_grad.py); the TP
-  plan's last stage gives vocabulary-split logits to the vocab-parallel loss; the tied head is the
+  plan's last stage projects onto its vocabulary slice inside the vocab-parallel loss; the tied head is the
   plan's `output` leaf sharing the table, summed with the first stage's as above. Each dp slice
   reads its own micro-batches; the Trainer sums the loss over dp. DDP stages (`no_shard`) are the
   same plan with a shard group of one: each micro-batch's backward all-reduces the stage's
@@ -88,17 +92,28 @@ def stage_layout(layout: mp.Layout, num_layers: int, accumulation: int) -> tuple
 
 
 class _PipelineLoss:
-    """loss_fn(logits, mb) for the executor: sum(token loss x mask) x 1 / (global tokens), the
-    Trainer's MaskedLMLoss on the last stage's logits (vocab-parallel when tp splits them)."""
+    """loss_fn(output, mb) for the executor: sum(token loss x mask) x 1 / (global tokens), the
+    Trainer's MaskedLMLoss on the last stage: from its hidden states through the output projection
+    fused with the loss (`head_loss` and the last `chunk`), or from its logits (vocab-parallel when
+    tp splits them)."""
 
-    def __init__(self, cross_entropy=None) -> None:
+    def __init__(self, cross_entropy=None, head_loss=None, chunk=None) -> None:
         self.cross_entropy = cross_entropy
+        self.head_loss = head_loss
+        self.chunk = chunk
+        self.trained = tuple(chunk.head_trained()) if chunk is not None else ()
         self.inv_tokens = None
 
-    def __call__(self, logits, mb):
-        return self.masked(logits, mb["labels"], mb["loss_mask"], self.inv_tokens)
+    def __call__(self, output, mb):
+        return self.masked(output, mb["labels"], mb["loss_mask"], self.inv_tokens)
 
-    def masked(self, logits, labels, mask, inv_tokens):
+    def masked(self, output, labels, mask, inv_tokens):
+        """sum(token loss x mask) x inv_tokens of the last stage's output: its final hidden states
+        when the loss is fused with the projection, else its logits."""
+        if self.head_loss is not None:
+            terms = self.chunk.head_terms(output)
+            return self.head_loss(terms, labels, mask, self.trained) * inv_tokens
+        logits = output
         if self.cross_entropy is not None:
             per_token = self.cross_entropy(logits, labels).reshape(-1)
         else:
@@ -129,9 +144,10 @@ class PipelineStepRunner:
         self.global_tokens = global_tokens or (lambda tokens: tokens)
         self.loss_scale = int(loss_scale)
         self.accumulation = plan.schedule.microbatches
-        self.loss_fn = _PipelineLoss(plan.parallel.cross_entropy())
+        self.loss_fn = (_PipelineLoss(head_loss=plan.parallel.linear_cross_entropy(), chunk=plan.last_chunk)
+                        if plan.fused_head else _PipelineLoss(plan.parallel.cross_entropy()))
         self.mtp_depth = plan.mtp_depth
-        if self.mtp_depth:      # multi-token prediction: the last chunk returns the depths' logits too
+        if self.mtp_depth:      # multi-token prediction: the last chunk returns the depths' outputs too
             self.loss_fn = PipelineMTPLoss(self.loss_fn.masked, self.mtp_depth,
                                            float(plan.model.args.mtp_loss_scaling_factor) / self.mtp_depth)
         index = {id(p): i for i, p in enumerate(plan.executor.params)}
@@ -142,7 +158,8 @@ class PipelineStepRunner:
         self.order = [index[id(p)] for p in optimizer.params]   # executor grads -> optimizer order
         self.buffers = make_buffers(optimizer)
         clip = plan.clip(optimizer.params, max_norm)
-        self.apply = ApplyStep(optimizer, self.buffers, max_norm, GradNorm(clip), local_norm, positions)
+        self.apply = ApplyStep(optimizer, self.buffers, max_norm, GradNorm(clip), local_norm, positions,
+                               plan.parallel.gradient_sync(optimizer.params))
         self.last = None                                         # the executor's StepResult (timings)
 
     def cells(self) -> list:
@@ -223,6 +240,15 @@ class PipelinePlan:
                                                   sequence_shards=parallel.dims.tp)
         except mf_models.ModelConfigError as exc:
             raise TrainerConfigError(str(exc).strip().splitlines()[0]) from None
+        # The chunk of the last virtual stage (on the rank holding it): it hands the loss its hidden
+        # states and the output projection's terms, the loss fused with the projection.
+        self.last_chunk = next((c for c in self.stage.chunks if c.last), None)
+        problem = self.last_chunk.head_terms_problem() if self.last_chunk is not None else None
+        if problem is not None:
+            log.info("pipeline: the output projection is not fused with the loss (%s)", problem)
+        self.fused_head = self.last_chunk is not None and problem is None
+        if self.fused_head:
+            self.last_chunk.head_output = False
         self.moe_layers = len(model.moe_layer_ids())
         self.mtp_depth = int(getattr(model, "mtp_depth", 0))      # its modules run on the last stage
         if self.moe_layers:            # before the executor: it reads which chunks have side outputs
@@ -256,6 +282,13 @@ class PipelinePlan:
         if routing:
             return routing
         return np.float32(0.0), np.zeros((0, 1), np.float32), np.zeros((0, 2), np.float32)
+
+    def logits(self, output):
+        """The last stage's logits from its output (its hidden states when the loss is fused; the
+        model's own, not the MTP depths', of a model with multi-token prediction)."""
+        if self.mtp_depth:
+            output = output[0]
+        return self.last_chunk.head(output) if self.fused_head else output
 
     def clip(self, params, max_norm: float):
         return mp.GlobalNormClip(self.stage, params, self.parallel.mesh, max_norm,

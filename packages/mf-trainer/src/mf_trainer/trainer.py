@@ -263,15 +263,20 @@ class Trainer:
             return self.pipeline.runner(self.optimizer, cfg.training.max_norm,
                                         local_norm=cfg.monitor.train_state.device_norm, positions=positions)
         clip = par.clip(self.model, self.optimizer.params, cfg.training.max_norm)
+        # The output projection fused with the loss (chunked; vocab-parallel under tp) where the
+        # model allows it; the logits path otherwise (MaskedLMLoss says why in the log).
+        head_loss = par.linear_cross_entropy()
         if self.mtp.active:       # the MoE weights of its balance loss, whether or not it has MoE layers
-            loss_cell = MTPLMLoss(self.model, par.cross_entropy(), par.loss_scale / (self.accumulation * par.dp))
+            loss_cell = MTPLMLoss(self.model, par.cross_entropy(), par.loss_scale / (self.accumulation * par.dp),
+                                  head_loss)
         elif self.moe.active:
-            loss_cell = self.moe.loss_cell(par.cross_entropy(), self.accumulation)
+            loss_cell = self.moe.loss_cell(par.cross_entropy(), self.accumulation, head_loss)
         else:
-            loss_cell = MaskedLMLoss(self.model, par.cross_entropy())
+            loss_cell = MaskedLMLoss(self.model, par.cross_entropy(), head_loss)
         return StepRunner(loss_cell, self.optimizer, cfg.training.max_norm,
                           self.accumulation, norm=GradNorm(clip), local_norm=cfg.monitor.train_state.device_norm,
-                          global_tokens=par.global_tokens, loss_scale=par.loss_scale, positions=positions)
+                          global_tokens=par.global_tokens, loss_scale=par.loss_scale, positions=positions,
+                          sync=par.gradient_sync(self.optimizer.params))
 
     def _restore(self, path: str | None, resume: bool) -> None:
         """From checkpoint.load_path, or (`resume`: a fine-tune continuing itself) from this run's

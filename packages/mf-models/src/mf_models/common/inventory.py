@@ -154,8 +154,10 @@ class DecoderInventory:
         token but 1/tp of the features).
 
         Keys: "attention_norm", "attention", "ffn_norm", and "feed_forward" (a dense layer) or "moe"
-        (a MoE layer); summed they are the layer; "head" (final norm, logits and the loss's
-        log-probabilities: once per model). The terms are the tensors our plain-math implementation
+        (a MoE layer); summed they are the layer; "head" (once per model: the final norm's input and
+        output, and the input gradient [seq, H] that the training loss fused with the output
+        projection makes in its forward: no logits are kept; its weight gradient [V/tp, H] is per
+        micro-batch, not per sample, and not counted here). The terms are the tensors our plain-math implementation
         hands to backward (mf_models' attention without the fused kernel, which CPU lacks): each
         norm's input and its normalised output; the projections' shared input; q, k, v after RoPE,
         their pre-RoPE copies and rotate_half's output (the rotation's two products keep both
@@ -187,7 +189,7 @@ class DecoderInventory:
             out["moe"] = moe_activations(args, shard)["total"] + gate
         else:
             out["feed_forward"] = 4 * seq * (args.intermediate_size // tp)
-        out["head"] = shard * h + seq * h + 2 * seq * (args.vocab_size // tp)
+        out["head"] = shard * h + seq * h + seq * h
         return out
 
 

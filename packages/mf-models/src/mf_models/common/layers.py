@@ -64,6 +64,14 @@ def linear_forward(cell, weight, bias, x):
     return linear(_cast(x, cell.compute_dtype), weight, bias)
 
 
+def linear_forward_terms(cell, weight, bias, x):
+    """`linear_forward` without a bias as linear terms ((x, weight),) in the compute dtype: what a
+    fused output projection + loss (mf_parallel.LinearCrossEntropy) takes instead of the output."""
+    if cell.cast_weight:
+        weight = _cast(weight, cell.compute_dtype)
+    return ((_cast(x, cell.compute_dtype), weight),)
+
+
 # The backward of `linear_forward` in two parts, for pipeline schedules that defer the weight GEMM
 # (mf-parallel's `register_weight_grad_split`): the input (and bias) gradient at once, the weight
 # gradient later. Same primitives as MindSpore's own MatMul / Cast / bias-add backward.
@@ -139,6 +147,14 @@ class Linear(nn.Cell):
 
     def construct(self, x):
         return linear_forward(self, self.weight, self.bias, x)
+
+    def linear_terms(self, x):
+        """This layer (without bias) as linear terms `((x, weight),)`: see `linear_forward_terms`."""
+        return linear_forward_terms(self, self.weight, self.bias, x)
+
+    def linear_terms_trained(self) -> tuple[bool]:
+        """Whether each term's weight needs its gradient (Python, before compiling)."""
+        return (bool(self.weight.requires_grad),)
 
 
 class Embedding(nn.Cell):

@@ -5,8 +5,11 @@ parameter"): each leaf class needs a *parameter forward*, a module-level pure fu
 `fn(cell, *params, *inputs)` that computes the leaf's output from parameters handed to it. The
 model's own `construct` methods call these same functions, so the transformed and the plain
 model cannot drift apart. Registered here: `Linear`, `Embedding`, `RMSNorm` (also qwen3's per-head
-q/k norms and the MLA latent norms), GPT-2's `LayerNorm`, the MoE `TopKRouter` and `GroupedExperts`; and `Linear`'s
-backward split into input and weight gradient (pipeline schedules that defer the weight GEMM).
+q/k norms and the MLA latent norms), GPT-2's `LayerNorm`, the MoE `TopKRouter` and `GroupedExperts`;
+`Linear`'s
+backward split into input and weight gradient (pipeline schedules that defer the weight GEMM); and
+`Linear` as linear terms (the output projection fused with the loss, `mf_parallel.
+LinearCrossEntropy`, reads a planned head's input and weight through them).
 
 A plan (`llama/parallelize.py`, ...) applies, in this fixed order (TorchTitan's):
   1. tensor parallelism with sequence parallelism (`mf_parallel.parallelize_module`),
@@ -51,6 +54,7 @@ from .layers import (
     embedding_forward,
     layer_norm_forward,
     linear_forward,
+    linear_forward_terms,
     linear_input_grad,
     linear_weight_grad,
     rms_norm_forward,
@@ -61,6 +65,8 @@ from .moe import GroupedExperts, experts_forward
 from .router import TopKRouter, router_forward
 
 mp.register_param_forward(Linear, ("weight", "bias"), linear_forward)
+# The output projection fused with the loss (mf_parallel.LinearCrossEntropy) under a plan too.
+mp.register_linear_terms(Linear, linear_forward_terms)
 mp.register_param_forward(Embedding, ("weight",), embedding_forward)
 mp.register_param_forward(RMSNorm, ("weight",), rms_norm_forward)
 mp.register_param_forward(LayerNorm, ("weight", "bias"), layer_norm_forward)
@@ -261,8 +267,8 @@ def _context_parallel_construct(self, input_ids, position_ids=None, segment_ids=
     return self._mf_cp_base.construct(self, input_ids, position_ids, segment_ids, self.mf_cp_inputs)
 
 
-def _context_parallel_forward_train(self, input_ids, position_ids=None, segment_ids=None):
-    return self._mf_cp_base.trunk(self, input_ids, position_ids, segment_ids, self.mf_cp_inputs, True)[1:]
+def _context_parallel_forward_train_hidden(self, input_ids, position_ids=None, segment_ids=None):
+    return self._mf_cp_base.trunk(self, input_ids, position_ids, segment_ids, self.mf_cp_inputs, True)
 
 
 class SplitSequences(nn.Cell):
@@ -305,6 +311,7 @@ def apply_context_parallel(model: nn.Cell, mesh, settings: mp.ContextParallelSet
         setattr(cells[parent_path], attr, mp.context_parallel_attention(mesh, settings, scale=core.scale, inner=core))
     base = type(model)
     model.__class__ = type(f"ContextParallel{base.__name__}", (base,),
-                           {"construct": _context_parallel_construct, "forward_train": _context_parallel_forward_train,
+                           {"construct": _context_parallel_construct,
+                            "forward_train_hidden": _context_parallel_forward_train_hidden,
                             "_mf_cp_base": base})
     model.mf_cp_inputs = ContextParallelInputs(mesh.dims.cp, mesh.dims.coordinate("cp", mesh.rank))

@@ -74,8 +74,9 @@ class PipelineChunk(nn.Cell):
     """One virtual stage of a CausalLM: `chunk(x, mb)` with `mb` a dict holding `input_ids`
     [B, S] (every stage reads its shape) and optionally `position_ids`, `attention_mask`; `x` the
     previous stage's hidden states (None on the first stage). Returns hidden states [B, S, H], or
-    float32 logits [B, S, V] on the last stage (of a model built with multi-token prediction: a
-    tuple of the logits and each MTP depth's, the modules running there)."""
+    float32 logits [B, S, V] on the last stage (its final-norm hidden states when `head_output` is
+    False: a loss fused with the projection takes `head_terms` of them); of a model built with
+    multi-token prediction, a tuple of the model's and each MTP depth's (the modules run there)."""
 
     def __init__(self, model, info, parts: dict, sequence_shards: int = 1) -> None:
         super().__init__(auto_prefix=False)
@@ -110,6 +111,9 @@ class PipelineChunk(nn.Cell):
         self.moe_rows = tuple(moe_ids.index(i) for i in mine)
         self.side_outputs = False           # set by PipelineStage.train_routing
         self.aux_weight = 1.0
+        # False: the last stage returns the final-norm hidden states, for a loss fused with the
+        # output projection (`head_terms`); `head` gives their logits.
+        self.head_output = True
 
     def activation_spec(self, mb) -> tuple:
         batch, seq = mb["input_ids"].shape
@@ -127,29 +131,52 @@ class PipelineChunk(nn.Cell):
         cos, sin = self._model.rotary(positions)
         h = self._model.embed(ids, positions) if self.first else x
         h, loads, counts, aux_counts, aux_sums = run_blocks(self.blocks, h, cos, sin, mask, None)
-        if self.last and self.mtp_depth:
+        if self.last:
             h = self.norm(h)
+        if self.last and self.mtp_depth:
             mtp_h, loads, counts, aux_counts, aux_sums = run_mtp(self.mtp_embeddings, self.compute_dtype, self.mtp,
                                                                  ids, h, cos, sin, mask, loads, counts, aux_counts,
                                                                  aux_sums)
-            out = (self._project(h),) + tuple(self._project(x) for x in mtp_h)
+            out = (h,) + tuple(mtp_h)
+            if self.head_output:
+                out = tuple(self.head(x) for x in out)
         else:
-            out = self._head(h) if self.last else h
+            out = self.head(h) if self.last and self.head_output else h
         if not self.side_outputs:
             return out
         # The balance loss of this chunk's layers (a sum over layers: see the module doc).
         aux = self._model.balance_share(ids, aux_counts, aux_sums) * self.aux_weight
         return out, aux, ops.stack(loads), ops.stack(counts)
 
-    def _head(self, h):
-        return self._project(self.norm(h))
-
-    def _project(self, h):
-        """Logits (float32) of final-norm hidden states."""
+    def head(self, h):
+        """Logits (float32) of final-norm hidden states (the last stage), as `CausalLM.head`."""
         if hasattr(self, "output"):
             return self.output(h).astype(ms.float32)
         # As CausalLM.head with tied embeddings (the head multiplies by the table).
         return linear(h, self.tok_embeddings.weight.astype(self.compute_dtype)).astype(ms.float32)
+
+    def head_terms(self, h):
+        """The last stage's output projection as linear terms, as `CausalLM.head_terms`."""
+        if hasattr(self, "output"):
+            return self.output.linear_terms(h)
+        return ((h.astype(self.compute_dtype), self.tok_embeddings.weight.astype(self.compute_dtype)),)
+
+    def head_trained(self) -> tuple[bool, ...]:
+        if hasattr(self, "output"):
+            return self.output.linear_terms_trained()
+        return (bool(self.tok_embeddings.weight.requires_grad),)
+
+    def head_terms_problem(self) -> str | None:
+        """Why `head_terms` cannot stand in for `head` here (None when it can)."""
+        if not self.last:
+            return "not the last pipeline stage"
+        if not hasattr(self, "output"):
+            return None
+        if getattr(self.output, "bias", None) is not None:
+            return "the output projection has a bias"
+        import mf_parallel as mp
+
+        return mp.linear_terms_problem(self.output)
 
 
 class PipelineStage(nn.Cell):

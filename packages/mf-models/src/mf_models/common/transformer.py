@@ -111,22 +111,28 @@ class CausalLM(nn.Cell):
         (e.g. `ms.value_and_grad(loss_fn, None, weights, has_aux=True)`); `RoutingStats` turns the
         last two into metrics on the host.
         """
-        return self.trunk(input_ids, position_ids, attention_mask, None, True)[1:]
+        h, aux, load, counts = self.forward_train_hidden(input_ids, position_ids, attention_mask)
+        return self.head(h), aux, load, counts
+
+    def forward_train_hidden(self, input_ids, position_ids=None, attention_mask=None):
+        """`forward_train` before the output projection: `(hidden states [B, S, H] after the final
+        norm, aux_loss, tokens_per_expert, dispatch_counts)`. A loss fused with the projection
+        (mf_parallel.LinearCrossEntropy) takes `head_terms(hidden states)` instead of the logits."""
+        return self.trunk(input_ids, position_ids, attention_mask, None, True)
 
     def trunk(self, input_ids, position_ids, attention_mask, cache, train):
-        """(hidden states, logits | None, aux_loss, tokens_per_expert, dispatch_counts); `train` is
-        a Python constant (the logits and statistics are built only when it is True)."""
+        """(hidden states after the final norm, aux_loss, tokens_per_expert, dispatch_counts); `train`
+        is a Python constant (the statistics are built only when it is True, None otherwise)."""
         positions, mask = self.positions_and_mask(input_ids, position_ids, attention_mask, cache)
         cos, sin = self.rotary(positions)
         h = self.embed(input_ids, positions)
         h, loads, counts, aux_counts, aux_sums = run_blocks(self.layers, h, cos, sin, mask, cache)
         h = self.norm(h)
         if not train:
-            return h, None, None, None, None
-        logits = self.head(h)
+            return h, None, None, None
         if not loads:
-            return h, logits, ops.zeros((), ms.float32), ops.zeros((0, 1), ms.float32), ops.zeros((0, 2), ms.float32)
-        return h, logits, self.balance_share(input_ids, aux_counts, aux_sums), ops.stack(loads), ops.stack(counts)
+            return h, ops.zeros((), ms.float32), ops.zeros((0, 1), ms.float32), ops.zeros((0, 2), ms.float32)
+        return h, self.balance_share(input_ids, aux_counts, aux_sums), ops.stack(loads), ops.stack(counts)
 
     def forward_train_mtp(self, input_ids, position_ids=None, attention_mask=None):
         """The training forward of a model built with multi-token prediction (common/mtp.py):
@@ -205,6 +211,33 @@ class CausalLM(nn.Cell):
         else:
             logits = self.output(h)
         return logits.astype(ms.float32)
+
+    def head_terms(self, h):
+        """The output projection of hidden states [..., H] as linear terms, `((x, w), ...)` with
+        logits = sum x w^T (float32 after): what a loss fused with the projection takes
+        (mf_parallel.LinearCrossEntropy, mf-trainer's MaskedLMLoss) instead of the logits. The
+        `output` Linear's own terms (a planned one's input and weight slice, a LoRA adapter's second
+        term), or the embedding table when the embeddings are tied. See `head_terms_problem`."""
+        if self.tie_word_embeddings:
+            return ((h.astype(self.compute_dtype), self.tok_embeddings.weight.astype(self.compute_dtype)),)
+        return self.output.linear_terms(h)
+
+    def head_trained(self) -> tuple[bool, ...]:
+        """Whether each of `head_terms`' weights needs its gradient (Python, before compiling)."""
+        if self.tie_word_embeddings:
+            return (bool(self.tok_embeddings.weight.requires_grad),)
+        return self.output.linear_terms_trained()
+
+    def head_terms_problem(self) -> str | None:
+        """Why `head_terms` cannot stand in for `head` (None when it can): an output layer with a
+        bias, or a parallel plan that transforms the projection's output."""
+        if self.tie_word_embeddings:
+            return None
+        if getattr(self.output, "bias", None) is not None:
+            return "the output projection has a bias"
+        import mf_parallel as mp
+
+        return mp.linear_terms_problem(self.output)
 
     def kv_cache_shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """((key heads, key size), (value heads, value size)) of one layer's KV cache."""

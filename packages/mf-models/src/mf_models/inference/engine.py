@@ -4,12 +4,16 @@
     results = engine.generate([[1, 5, 9], [1, 7]], SamplingParams(max_new_tokens=32))
     request = engine.submit(ids, params, on_update=callback)   # from any thread; engine.step() runs it
 
-One engine step: requests that asked to stop leave; waiting requests take the free slots, each
-prefilled on its own (prompt padded to a length bucket, first token chosen in the same call);
+One engine step: requests that asked to stop leave; waiting requests take the free slots and are
+prefilled (prompts padded to a length bucket, first token chosen in the same call; the requests
+that share a bucket in one call, rows rounded up to a power of two, so a wave of clients pays one
+launch sequence, not one each; a request asking for logprobs alone);
 then ONE compiled decode call advances every occupied slot by a token at the slot's own position.
-Per token, the host sends the slots' last tokens and positions ([slots] int32 each, plus the
-sampling rows' uniform draws) and receives [slots] token ids. Graph count is bounded: one prefill
-graph per prompt bucket and one decode graph per attention-length bucket (x greedy / sampling),
+The call covers the slots up to the highest occupied one, rounded up to a power of two (requests
+take the lowest free slots), so one request does not pay for a batch of idle slots. Per token,
+the host sends those slots' last tokens and positions ([rows] int32 each, plus the sampling rows'
+uniform draws) and receives [rows] token ids. Graph count is bounded: one prefill graph per prompt
+bucket and one decode graph per (rows bucket, attention-length bucket) (x greedy / sampling),
 compiled on first use in GRAPH_MODE and reused for the engine's life. In PyNative it runs eagerly
 and synchronously (see generation.py).
 """
@@ -44,7 +48,8 @@ class EngineFailure(RuntimeError):
 class EngineStats:
     """Counters since the engine was built (or `reset`)."""
 
-    prefill_calls: int = 0
+    prefill_calls: int = 0            # compiled prefill calls (one per request asking for logprobs,
+    prefilled: int = 0                # else one per prompt bucket and step) and the requests they seated
     prompt_tokens: int = 0
     decode_steps: int = 0
     generated_tokens: int = 0
@@ -77,9 +82,9 @@ class InferenceEngine:
     - `min_prefill_bucket` / `min_decode_bucket`: smallest prompt / attention buckets; buckets
       double up to max_len.
     - `max_consecutive_failures`: a step that raises fails the requests it was running, and only
-      them (a prefill is one request; a decode step is every seated one); the engine goes on. When
-      this many prefills, or this many decode steps, fail in a row, `step` raises
-      `EngineFailure`: the engine cannot recover.
+      them (a prefill call: the requests it seats; a decode step: every seated one); the engine
+      goes on. When this many prefill calls, or this many decode steps, fail in a row, `step`
+      raises `EngineFailure`: the engine cannot recover.
     """
 
     def __init__(self, model: CausalLM, *, max_slots: int = 8, max_len: int | None = None,
@@ -102,6 +107,7 @@ class InferenceEngine:
         self.eos_token_ids = tuple(int(t) for t in (model.args.eos_token_ids if eos_token_ids is None else eos_token_ids))
         self.prefill_buckets = length_buckets(min(min_prefill_bucket, max_len), max_len)
         self.decode_buckets = length_buckets(min(min_decode_bucket, max_len), max_len)
+        self.row_buckets = length_buckets(1, max_slots)   # slots a decode call covers: 1, 2, 4, .., max_slots
         self.cache = SlotKVCache.for_model(model, max_slots, max_len)
         self.scheduler = Scheduler(max_slots)
         self.settings = SlotSettings(max_slots)
@@ -111,7 +117,7 @@ class InferenceEngine:
         # steps that also return logprobs (logprobs.py), built only when a request asks for them
         self._logprob_choosers = {s: lp.LogprobChooser(self._choosers[s]) for s in (False, True)}
         self._prefill: dict[tuple, nn.Cell] = {}
-        self._decode: dict[tuple, DecodeStep] = {}
+        self._decode: dict[tuple, DecodeStep] = {}   # (rows, length bucket, sample, logprobs)
         self.stats = EngineStats()
         self.max_consecutive_failures = max_consecutive_failures
         self._failures_in_row = {"prefill": 0, "decode": 0}  # per kind of step: one may break alone
@@ -175,11 +181,14 @@ class InferenceEngine:
             for request in self.scheduler.active():
                 if request._cancel_reason is not None:
                     self._finish(request, request._cancel_reason, [])
-            for request in self.scheduler.admit():
+            for group in self._prefill_groups(self.scheduler.admit()):
                 try:
-                    self._prefill_one(request)
-                except Exception as exc:  # this request only
-                    self._failed([request], exc, "prefill")
+                    if len(group) == 1 and self._logprob_mode(group[0]):
+                        self._prefill_one(group[0])
+                    else:
+                        self._prefill_together(group)
+                except Exception as exc:  # the requests of this call only
+                    self._failed(group, exc, "prefill")
                 else:
                     self._failures_in_row["prefill"] = 0
             active = self.scheduler.active()
@@ -222,29 +231,77 @@ class InferenceEngine:
         self.stats.reset()
 
     # ---- compiled steps ------------------------------------------------------------------------
-    def _prefill_step(self, bucket: int, sample: bool, logprobs: str = "") -> nn.Cell:
-        """logprobs "": plain; "token": the first token's logprobs too; "prompt": the prompt scored."""
-        step = self._prefill.get((bucket, sample, logprobs))
+    def _prefill_step(self, bucket: int, sample: bool, logprobs: str = "", rows: int = 1) -> nn.Cell:
+        """logprobs "": plain; "token": the first token's logprobs too; "prompt": the prompt scored
+        (those two: one request a call)."""
+        step = self._prefill.get((bucket, sample, logprobs, rows))
         if step is None:
-            view = PrefillView(self.cache, bucket)
+            view = PrefillView(self.cache, bucket, rows)
             if logprobs == "prompt":
                 step = lp.ScoringPrefillStep(self.model, view, self._logprob_choosers[sample])
             else:
                 step = PrefillStep(self.model, view, (self._logprob_choosers if logprobs else self._choosers)[sample])
-            self._prefill[(bucket, sample, logprobs)] = step
+            self._prefill[(bucket, sample, logprobs, rows)] = step
             self.stats.graphs_built += 1
         return step
 
-    def _decode_step(self, bucket: int, sample: bool, logprobs: bool = False) -> DecodeStep:
-        step = self._decode.get((bucket, sample, logprobs))
+    def _decode_step(self, rows: int, bucket: int, sample: bool, logprobs: bool = False) -> DecodeStep:
+        step = self._decode.get((rows, bucket, sample, logprobs))
         if step is None:
             chooser = (self._logprob_choosers if logprobs else self._choosers)[sample]
-            step = DecodeStep(self.model, DecodeView(self.cache, bucket), chooser)
-            self._decode[(bucket, sample, logprobs)] = step
+            step = DecodeStep(self.model, DecodeView(self.cache, bucket, rows), chooser)
+            self._decode[(rows, bucket, sample, logprobs)] = step
             self.stats.graphs_built += 1
         return step
 
+    @staticmethod
+    def _logprob_mode(request: Request) -> str:
+        params = request.params
+        return "prompt" if params.prompt_logprobs is not None else "token" if params.logprobs is not None else ""
+
+    def _prefill_groups(self, seated: list[Request]) -> list[list[Request]]:
+        """The newly seated requests as prefill calls: those asking for logprobs one by one, the
+        others together per prompt bucket (in seating order)."""
+        groups: dict[object, list[Request]] = {}
+        for request in seated:
+            if self._logprob_mode(request):
+                groups[request.id] = [request]
+            else:
+                groups.setdefault(pick_bucket(self.prefill_buckets, len(request.prompt_ids)), []).append(request)
+        return list(groups.values())
+
+    def _prefill_together(self, requests: list[Request]) -> None:
+        """One prefill call for requests of one prompt bucket: rows rounded up to a power of two,
+        the extra rows repeating the first request (the same rows written with the same values)."""
+        started = time.perf_counter()
+        lengths = [len(r.prompt_ids) for r in requests]
+        bucket = pick_bucket(self.prefill_buckets, max(lengths))
+        rows = pick_bucket(self.row_buckets, len(requests))
+        padded = requests + [requests[0]] * (rows - len(requests))
+        ids = np.zeros((rows, bucket), np.int32)
+        for row, request in enumerate(padded):
+            ids[row, :len(request.prompt_ids)] = request.prompt_ids
+        slots = [r.slot for r in padded]
+        sample = any(r.params.do_sample for r in requests)
+        for request in requests:
+            self.settings.set(request.slot, request.params)
+            if request.params.do_sample:
+                self.settings.uniform[request.slot] = request.rng.random()
+        built = self.stats.graphs_built
+        out = self._prefill_step(bucket, sample, "", rows)(
+            Tensor(ids), Tensor(np.array(slots, np.int32)), Tensor(np.array([len(r.prompt_ids) - 1 for r in padded],
+                                                                            np.int32)),
+            *self.settings.tensors(slots)).asnumpy()
+        self.stats.prefill_calls += 1
+        self.stats.prefilled += len(requests)
+        self.stats.prompt_tokens += sum(lengths)
+        self._time("prefill_seconds", started, built)
+        for row, request in enumerate(requests):
+            self.positions[request.slot] = lengths[row]
+            self._accept(request, int(out[row]))
+
     def _prefill_one(self, request: Request) -> None:
+        """One request's prefill with its logprobs (the first token's, and the prompt's when asked)."""
         started = time.perf_counter()
         slot, length = request.slot, len(request.prompt_ids)
         bucket = pick_bucket(self.prefill_buckets, length)
@@ -270,6 +327,7 @@ class InferenceEngine:
         else:
             token = out.asnumpy()[0]
         self.stats.prefill_calls += 1
+        self.stats.prefilled += 1
         self.stats.prompt_tokens += length
         self._time("prefill_seconds", started, built)
         self.positions[slot] = length
@@ -278,6 +336,7 @@ class InferenceEngine:
     def _decode_all(self, active: list[Request]) -> None:
         started = time.perf_counter()
         view = pick_bucket(self.decode_buckets, int(max(self.positions[r.slot] for r in active)) + 1)
+        rows = pick_bucket(self.row_buckets, max(r.slot for r in active) + 1)
         sample = False
         for request in active:
             if request.params.do_sample:
@@ -285,8 +344,8 @@ class InferenceEngine:
                 self.settings.uniform[request.slot] = request.rng.random()
         built = self.stats.graphs_built
         logprobs = any(r.params.logprobs is not None for r in active)
-        out = self._decode_step(view, sample, logprobs)(Tensor(self.tokens), Tensor(self.positions),
-                                                         *self.settings.tensors())
+        out = self._decode_step(rows, view, sample, logprobs)(Tensor(self.tokens[:rows]), Tensor(self.positions[:rows]),
+                                                               *self.settings.tensors(slice(rows)))
         out = [o.asnumpy() for o in out] if logprobs else [out.asnumpy()]
         self.stats.decode_steps += 1
         self._time("decode_seconds", started, built)

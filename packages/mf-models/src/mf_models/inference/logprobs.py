@@ -82,6 +82,7 @@ class ScoringPrefillStep(nn.Cell):
     def __init__(self, model: CausalLM, view: PrefillView, chooser: LogprobChooser):
         super().__init__(auto_prefix=False)  # the model's parameter names stay unprefixed
         self.model, self.view, self.chooser = model, view, chooser
+        self.phase = "prefill"   # called without the per-call compile check, as PrefillStep (steps.py)
 
     def construct(self, ids, targets, slot, last, temperature, top_k, top_p, uniform, greedy):
         self.view.set_inputs(slot)
