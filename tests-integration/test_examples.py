@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("name, world", [("llama3_8b", 16), ("qwen3_8b", 16), ("deepseek_v3", 256)])
+@pytest.mark.parametrize("name, world", [("llama3_8b", 16), ("qwen3_8b", 16), ("deepseek_v3", 256),
+                                         ("glm4_5_air", 64), ("qwen2_57b_a14b", 32)])
 def test_full_size_presets_pass_the_dry_run(tmp_path, name, world, capsys, monkeypatch):
     from mf_cli.main import main
 

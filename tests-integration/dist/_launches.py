@@ -35,7 +35,11 @@ SHARDED_STAGE_CASES = ("pp2_gpipe_tp2", "pp2_interleaved_split_fsdp2", "pp2_zbv_
 PIPELINE4_CASES = ("pp4_1f1b_uneven", "pp2_fsdp2", "pp2_ddp2", "pp2_tp2", *SHARDED_STAGE_CASES, "pp2_tp2_from_reference4")
 # one process, one after another (`reference_packed`: the packed-document data of `cp2_packed`)
 REFERENCES = ("reference", "moe_reference", "reference4", "reference6", "reference_muon", "reference_packed",
-              "moe_mixtral_reference", "moe_reference3", "moe_reference3_short", "demo_reference")
+              "moe_mixtral_reference", "moe_reference3", "moe_reference3_short", "demo_reference",
+              "mtp_reference", "gpt2_reference", "glm4_reference", "qwen2_moe_reference", "glm4_moe_reference")
+# Issue 30 (test_zoo_parity.py): DeepSeek-V3's multi-token prediction under EP2 and PP2, and one
+# multi-rank layout of each new model family, in the shared 2-rank launch.
+ZOO_CASES = ("mtp_ep2", "mtp_pp2", "mtp_tp2", "gpt2_tp2", "glm4_tp2", "qwen2_moe_ep2", "glm4_moe_ep2")
 # Context parallelism through the Trainer: every method, CP x FSDP, CP x TP and packed documents.
 CP_TRAINER2_CASES = ("cp2", "cp2_ulysses", "cp2_packed")
 CP_TRAINER4_CASES = ("cp2_fsdp2", "cp2_tp2", "cp4_hybrid")
@@ -43,7 +47,7 @@ CP_TRAINER4_CASES = ("cp2_fsdp2", "cp2_tp2", "cp4_hybrid")
 # 2-step case here rather than a 4-rank one there): the world2 fixture runs after world4.
 WORLD2_CASES = ("fsdp2", "tp2", "tp2_rcomm", "fsdp2_swap", "fsdp2_accum_mean", *CP_TRAINER2_CASES, "moe_fsdp2", "moe_ep2",
                 "moe_ep2_from_moe_ep4_deredundancy", "moe_mixtral_ep2", "moe_tp2", "moe_cp2", "moe_cp2_ep2", "fsdp2_muon",
-                "fsdp2_muon_from_reference_muon", *PIPELINE2_CASES, "moe_pp2", *DEMO_PIPELINE_CASES)
+                "fsdp2_muon_from_reference_muon", *PIPELINE2_CASES, "moe_pp2", *DEMO_PIPELINE_CASES, *ZOO_CASES)
 WORLD4_CASES = ("hsdp2x2", "fsdp2_tp2", "fsdp2_tp2_from_reference", *CP_TRAINER4_CASES,
                 *PIPELINE4_CASES, "moe_ep4_deredundancy", "moe_ep2_fsdp2", "moe_ep2_tp2", "moe_pp2_ep2", "moe_pp2_tp2")
 # The 8-rank launch (_trainer_worker.py alone): the seed's parallelism example scaled down, TP2 x PP2 x

@@ -164,6 +164,29 @@ CASES = {
     "reference6": ({}, {"local_batch_size": 4}, 1, 1),
     "pp4_1f1b_uneven": ({"pipeline_parallel": 4, "pipeline_parallel_layers_per_stage": [1, 2, 2, 1]},
                         {"local_batch_size": 1}, 1, 4),
+    # Issue 30's models and DeepSeek-V3's multi-token prediction (test_zoo_parity.py), SHORT_STEPS
+    # steps each against their own one-process reference. MTP (MTP_MODEL: the 3-layer DeepSeek-V3
+    # with one MTP module, its MoE block routed, its loss weighted 0.3): EP2 (the MTP block's experts
+    # split with the decoder's) and PP2 (the MTP module and its table lookup on the last stage, 4
+    # micro-batches of 1). The families: GPT-2 under TP2 (LayerNorms on sequence shards, the position
+    # table vocab-parallel, the tied head untied), GLM-4 under TP2 (post norms, partial interleaved
+    # rotary on the local heads), Qwen2-MoE and GLM-4.5 under EP2 (gated shared expert; -inf group
+    # mask, q/k norms, the expert bias). PyNative: the compiled MoE and TP steps are proven above.
+    "mtp_reference": ({}, {"local_batch_size": 4}, 1, 1),
+    "mtp_ep2": ({"expert_parallel": 2}, {"local_batch_size": 2}, 1, 2),
+    "mtp_pp2": ({"pipeline_parallel": 2, "pipeline_parallel_layers_per_stage": [2, 1]}, {"local_batch_size": 1}, 1, 2),
+    # ... and TP2: the MTP module on sequence shards (its lookup of the shifted tokens vocab-parallel, its
+    # norms and projection replicated, its block planned as the decoder's, its share of the balance loss
+    # from the whole sequences' counts)
+    "mtp_tp2": ({"tensor_parallel": 2}, {"local_batch_size": 4}, 1, 2),
+    "gpt2_reference": ({}, {"local_batch_size": 4}, 1, 1),
+    "gpt2_tp2": ({"tensor_parallel": 2}, {"local_batch_size": 4}, 1, 2),
+    "glm4_reference": ({}, {"local_batch_size": 4}, 1, 1),
+    "glm4_tp2": ({"tensor_parallel": 2}, {"local_batch_size": 4}, 1, 2),
+    "qwen2_moe_reference": ({}, {"local_batch_size": 4}, 1, 1),
+    "qwen2_moe_ep2": ({"expert_parallel": 2}, {"local_batch_size": 2}, 1, 2),
+    "glm4_moe_reference": ({}, {"local_batch_size": 4}, 1, 1),
+    "glm4_moe_ep2": ({"expert_parallel": 2}, {"local_batch_size": 2}, 1, 2),
     # Muon (MUON below): the FSDP shards of each matrix are gathered for Newton-Schulz.
     "reference_muon": ({}, {"local_batch_size": 4}, 1, 1),
     "fsdp2_muon": ({}, {"local_batch_size": 2}, 0, 2),
@@ -202,7 +225,34 @@ MOE_LAYERS = {"moe_reference3": 3, "moe_reference3_short": 3, "moe_pp2": 3, "moe
 # one-process reference of the same length: 3 steps, the first at the full learning rate, after
 # which both MoE layers' expert biases have moved (after 4, layer 2's is back at zero).
 SHORT_STEPS = 3
-SHORT = ("moe_seed_layout", "moe_reference3_short")
+ZOO = ("mtp", "gpt2", "glm4", "qwen2_moe", "glm4_moe")       # issue 30's cases: <family>_<layout>
+SHORT = ("moe_seed_layout", "moe_reference3_short",
+         *(name for name in CASES if name.startswith(tuple(f"{z}_" for z in ZOO))))
+# Their models (tiny, the sizes of MOE_MODEL).
+MTP_MODEL = {**MOE_MODEL, "num_hidden_layers": 3, "num_nextn_predict_layers": 1, "mtp_loss_scaling_factor": 0.3}
+ZOO_MODELS = {
+    "mtp": MTP_MODEL,
+    "gpt2": {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32,
+             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+    "glm4": {"model_type": "glm4", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+             "max_position_embeddings": 32},
+    "qwen2_moe": {"model_type": "qwen2_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "max_position_embeddings": 32, "moe_intermediate_size": 16, "num_experts": 4,
+                  "num_experts_per_tok": 2, "shared_expert_intermediate_size": 24, "mlp_only_layers": [0]},
+    "glm4_moe": {"model_type": "glm4_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                 "max_position_embeddings": 32, "moe_intermediate_size": 16, "n_routed_experts": 4,
+                 "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "n_shared_experts": 1,
+                 "first_k_dense_replace": 1, "use_qk_norm": True, "attention_bias": True,
+                 "num_nextn_predict_layers": 0, "aux_loss_alpha": 0.01, "moe_router_bias_update_rate": 0.01},
+}
+
+
+def zoo_family(case: str) -> str | None:
+    """The issue-30 family of a case name ("mtp", "gpt2", ...), or None."""
+    return next((z for z in sorted(ZOO, key=len, reverse=True) if case.startswith(z + "_")), None)
 
 
 def steps_of(case: str) -> int:
@@ -296,7 +346,8 @@ def raw_config(workdir: Path, name: str, steps: int | None = None, load_path: st
         "lr_scheduler": {"type": "ConstantWarmUpLR", "learning_rate": LR, "warmup_steps": 2},
         "parallelism": parallelism,
         "train_dataset": train_dataset(workdir, base),
-        "model": MIXTRAL_MODEL if base.startswith("moe_mixtral")
+        "model": ZOO_MODELS[zoo_family(base)] if zoo_family(base)
+        else MIXTRAL_MODEL if base.startswith("moe_mixtral")
         else {**MOE_MODEL, "num_hidden_layers": MOE_LAYERS.get(base, 2)} if base.startswith("moe_") else {
             "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
             "num_hidden_layers": LAYERS.get(base, 2), "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -355,6 +406,8 @@ def run(workdir: Path, name: str) -> None:
                "param_norms": {key[len("grad_norm/"):]: [r[key] for r in recorder.records]
                                for key in (recorder.records[0] if recorder.records else ()) if key.startswith("grad_norm/")},
                "moe": {key: [r[key] for r in recorder.records] for key in ("moe/aux_loss", "moe/max_imbalance")
+                       if recorder.records and key in recorder.records[0]},
+               "mtp": {key: [r[key] for r in recorder.records] for key in ("mtp/loss", "mtp/loss_1")
                        if recorder.records and key in recorder.records[0]},
                "step_times": [r["step_time_s"] for r in recorder.records], "seconds": time.monotonic() - start,
                "swap": trainer.offload.stats.snapshot() if trainer.offload is not None else None,

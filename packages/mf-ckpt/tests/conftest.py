@@ -1,7 +1,9 @@
 """Helpers for mf-ckpt tests: synthetic Hugging Face states described in HF's own module terms.
 
 The builders below are written from transformers' module structure (LlamaAttention, LlamaMLP,
-Qwen3Attention, Qwen2Attention, Mixtral/Qwen3Moe sparse blocks, DeepseekV3Attention/MoE), independently of mf_ckpt's rule tables, so a test that
+Qwen3Attention, Qwen2Attention, Mixtral/Qwen3Moe sparse blocks, DeepseekV3Attention/MoE, GPT2Block's
+Conv1D layers, Glm4DecoderLayer, Qwen2MoeSparseMoeBlock, Glm4MoeDecoderLayer, transformers' MtpLayer
+as DeepSeek's checkpoints store it), independently of mf_ckpt's rule tables, so a test that
 round-trips them checks the tables rather than restating them.
 """
 
@@ -133,6 +135,84 @@ def _sparse_moe(cfg: dict, fused: bool) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _gpt2(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """GPT2LMHeadModel: Conv1D weights are [in, out]; c_attn holds q, k, v side by side."""
+    H, V, P, L = cfg["n_embd"], cfg["vocab_size"], cfg["n_positions"], cfg["n_layer"]
+    inner = cfg.get("n_inner") or 4 * H
+    shapes = {"transformer.wte.weight": (V, H), "transformer.wpe.weight": (P, H),
+              "transformer.ln_f.weight": (H,), "transformer.ln_f.bias": (H,)}
+    if not cfg.get("tie_word_embeddings", True):
+        shapes["lm_head.weight"] = (V, H)
+    for i in range(L):
+        p = f"transformer.h.{i}."
+        for ln in ("ln_1", "ln_2"):
+            shapes[p + ln + ".weight"] = shapes[p + ln + ".bias"] = (H,)
+        shapes.update({p + "attn.c_attn.weight": (H, 3 * H), p + "attn.c_attn.bias": (3 * H,),
+                       p + "attn.c_proj.weight": (H, H), p + "attn.c_proj.bias": (H,),
+                       p + "mlp.c_fc.weight": (H, inner), p + "mlp.c_fc.bias": (inner,),
+                       p + "mlp.c_proj.weight": (inner, H), p + "mlp.c_proj.bias": (H,)})
+    return shapes
+
+
+def _glm4(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """Glm4DecoderLayer: four norms, o_proj never biased, MLP gate and up in one gate_up_proj."""
+    base = _llama_like(cfg, qk_norm=False, mlp_bias_key=None)
+    H, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    shapes = {k: v for k, v in base.items() if not k.endswith(("o_proj.bias", "gate_proj.weight", "up_proj.weight"))}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes.update({p + "mlp.gate_up_proj.weight": (2 * inter, H), p + "post_self_attn_layernorm.weight": (H,),
+                       p + "post_mlp_layernorm.weight": (H,)})
+    return shapes
+
+
+def _glm(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """GlmDecoderLayer: Glm4's without the post-attention / post-MLP norms."""
+    return {k: v for k, v in _glm4(cfg).items() if "post_self_attn" not in k and "post_mlp" not in k}
+
+
+def _qwen2_moe(cfg: dict, fused: bool) -> dict[str, tuple[int, ...]]:
+    """Qwen2MoeSparseMoeBlock: Qwen3-MoE's layers without q/k norms, q/k/v biases (qkv_bias), and a
+    shared expert with its sigmoid gate in each MoE layer."""
+    shapes = _sparse_moe(dict(cfg, model_type="qwen3_moe"), fused)
+    shapes = {k: v for k, v in shapes.items() if "_norm.weight" not in k or "layernorm" in k}
+    H, Is = cfg["hidden_size"], cfg["shared_expert_intermediate_size"]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        if cfg.get("qkv_bias", True):
+            for proj in "qkv":
+                shapes[p + f"self_attn.{proj}_proj.bias"] = (shapes[p + f"self_attn.{proj}_proj.weight"][0],)
+        if p + "mlp.gate.weight" in shapes:
+            shapes.update({p + "mlp.shared_expert.gate_proj.weight": (Is, H), p + "mlp.shared_expert.up_proj.weight": (Is, H),
+                           p + "mlp.shared_expert.down_proj.weight": (H, Is), p + "mlp.shared_expert_gate.weight": (1, H)})
+    return shapes
+
+
+def _glm4_moe(cfg: dict, fused: bool) -> dict[str, tuple[int, ...]]:
+    """Glm4MoeDecoderLayer: Llama's attention (biases on q/k/v only, optional q/k norms) and
+    DeepSeek-V3's MLP / MoE layers."""
+    ds = _deepseek(dict(cfg, q_lora_rank=None, qk_nope_head_dim=0, qk_rope_head_dim=0, v_head_dim=0, kv_lora_rank=0,
+                        attention_bias=False), fused)
+    attn = _llama_like(dict(cfg, intermediate_size=1), qk_norm=cfg.get("use_qk_norm", False), mlp_bias_key=None)
+    shapes = {k: v for k, v in ds.items() if ".self_attn." not in k}
+    shapes.update({k: v for k, v in attn.items() if ".self_attn." in k and not k.endswith("o_proj.bias")})
+    return shapes
+
+
+def mtp_layer(cfg: dict, shapes: dict[str, tuple[int, ...]], copies: bool = True) -> dict[str, tuple[int, ...]]:
+    """The checkpoint's MTP layer `model.layers.{num_hidden_layers}` as DeepSeek stores it: the
+    last (MoE) decoder layer's tensors, enorm, hnorm, eh_proj [H, 2H], shared_head.norm and (with
+    `copies`) its own embed_tokens and shared_head.head."""
+    n, H, V = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]
+    last, p = f"model.layers.{n - 1}.", f"model.layers.{n}."
+    out = {p + k[len(last):]: v for k, v in shapes.items() if k.startswith(last)}
+    out.update({p + "enorm.weight": (H,), p + "hnorm.weight": (H,), p + "eh_proj.weight": (H, 2 * H),
+                p + "shared_head.norm.weight": (H,)})
+    if copies:
+        out.update({p + "embed_tokens.weight": (V, H), p + "shared_head.head.weight": (V, H)})
+    return out
+
+
 def hf_shapes(cfg: dict, fused: bool = False) -> dict[str, tuple[int, ...]]:
     if cfg["model_type"] == "llama":
         return _llama_like(cfg, qk_norm=False, mlp_bias_key="mlp_bias")
@@ -144,6 +224,16 @@ def hf_shapes(cfg: dict, fused: bool = False) -> dict[str, tuple[int, ...]]:
         return _sparse_moe(cfg, fused)
     if cfg["model_type"] == "deepseek_v3":
         return _deepseek(cfg, fused)
+    if cfg["model_type"] == "gpt2":
+        return _gpt2(cfg)
+    if cfg["model_type"] == "glm4":
+        return _glm4(cfg)
+    if cfg["model_type"] == "glm":
+        return _glm(cfg)
+    if cfg["model_type"] == "qwen2_moe":
+        return _qwen2_moe(cfg, fused)
+    if cfg["model_type"] == "glm4_moe":
+        return _glm4_moe(cfg, fused)
     raise ValueError(cfg["model_type"])
 
 
@@ -172,11 +262,28 @@ SMALL = {
                       num_key_value_heads=2, head_dim=12, intermediate_size=48, moe_intermediate_size=8,
                       num_experts=4, num_hidden_layers=3, mlp_only_layers=[1], decoder_sparse_step=1,
                       tie_word_embeddings=False, attention_bias=False),
+    "gpt2": dict(model_type="gpt2", n_embd=32, vocab_size=50, n_head=4, n_layer=3, n_positions=40, n_inner=40,
+                 tie_word_embeddings=True),
+    "glm4": dict(model_type="glm4", hidden_size=32, vocab_size=50, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=12, intermediate_size=48, num_hidden_layers=3, tie_word_embeddings=False,
+                 attention_bias=True),
+    "glm": dict(model_type="glm", hidden_size=32, vocab_size=50, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=8, intermediate_size=40, num_hidden_layers=2, tie_word_embeddings=True, attention_bias=True),
+    "qwen2_moe": dict(model_type="qwen2_moe", hidden_size=32, vocab_size=50, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=48, moe_intermediate_size=8, num_experts=4,
+                      shared_expert_intermediate_size=24, num_hidden_layers=4, mlp_only_layers=[2],
+                      decoder_sparse_step=1, tie_word_embeddings=True, qkv_bias=True),
+    "glm4_moe": dict(model_type="glm4_moe", hidden_size=32, vocab_size=50, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=12, intermediate_size=48, num_hidden_layers=3,
+                     first_k_dense_replace=1, n_routed_experts=4, moe_intermediate_size=8, n_shared_experts=1,
+                     use_qk_norm=True, attention_bias=True, tie_word_embeddings=False,
+                     num_nextn_predict_layers=1),
 }
 
 
 class Builders:
     hf_shapes = staticmethod(hf_shapes)
+    mtp_layer = staticmethod(mtp_layer)
     random_state = staticmethod(random_state)
     small = SMALL
 

@@ -61,7 +61,7 @@ def test_convert_hf_mf_hf_round_trip_through_the_console_script(hf_fixtures, tmp
     assert (tmp_path / "hf" / "generation_config.json").exists()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mixtral", "qwen3_moe", "gpt2", "glm4", "qwen2_moe", "glm4_moe"])
 def test_convert_round_trip_in_process_with_shards(hf_fixtures, tmp_path, capsys, arch):
     assert main(["convert", "--from", "hf", "--to", "mf", "--arch", arch, str(hf_fixtures / arch), str(tmp_path / "mf")]) == 0
     assert main(["convert", "--from", "mf", "--to", "hf", "--max-shard-size", "300KB", str(tmp_path / "mf"),
@@ -148,8 +148,8 @@ def test_bad_arguments_are_one_line(capsys, argv, needles):
 
 
 def test_unknown_arch_and_mismatched_arch(hf_fixtures, tmp_path, capsys):
-    assert main(["convert", "--from", "hf", "--to", "mf", "--arch", "gpt2", str(hf_fixtures / "llama"), str(tmp_path / "o")]) == 2
-    assert_one_line_error(capsys.readouterr(), "unsupported model_type 'gpt2'")
+    assert main(["convert", "--from", "hf", "--to", "mf", "--arch", "bloom", str(hf_fixtures / "llama"), str(tmp_path / "o")]) == 2
+    assert_one_line_error(capsys.readouterr(), "unsupported model_type 'bloom'")
     assert main(["convert", "--from", "hf", "--to", "mf", "--arch", "qwen3", str(hf_fixtures / "llama"), str(tmp_path / "o")]) == 2
     assert_one_line_error(capsys.readouterr(), "model_type 'llama', not --arch 'qwen3'")
 

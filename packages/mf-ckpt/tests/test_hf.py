@@ -15,7 +15,7 @@ from safetensors.numpy import load_file, save_file
 import mf_ckpt
 from mf_ckpt import CheckpointError, hf_to_mf, load_hf_state, mf_to_hf, save_hf
 
-ARCHS = ["llama", "qwen2", "qwen3", "deepseek_v3", "mixtral", "qwen3_moe"]
+ARCHS = ["llama", "qwen2", "qwen3", "deepseek_v3", "mixtral", "qwen3_moe", "gpt2", "glm4", "qwen2_moe", "glm4_moe"]
 
 
 def hf_tensors(hf_dir: Path) -> dict[str, np.ndarray]:
@@ -110,7 +110,7 @@ def test_sharded_index_round_trip(hf_fixtures, tmp_path, arch):
     assert_identical(hf_tensors(hf_fixtures / arch), hf_tensors(tmp_path / "single"))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [*ARCHS, "glm"])
 def test_config_variants_round_trip(hf_builders, arch):
     """Untied/tied, attention and MLP biases, more layers, q_lora_rank null: all derived from config."""
     cfg = dict(hf_builders.small[arch])
@@ -136,6 +136,32 @@ def test_config_variants_round_trip(hf_builders, arch):
     if arch == "qwen3_moe":  # mlp_only_layers [1], decoder_sparse_step 1: layer 1 dense, 0 and 2 MoE
         assert "layers.1.feed_forward.w1.weight" in mf and "layers.1.moe.router.gate.weight" not in mf
         assert mf["layers.2.moe.experts.w1"].shape == (4, 8, 32) and mf["layers.2.moe.router.gate.weight"].shape == (4, 32)
+    if arch == "gpt2":  # Conv1D [in, out] -> [out, in]; c_attn unpacked into wq, wk, wv
+        c_attn = hf["transformer.h.1.attn.c_attn.weight"]
+        for j, w in enumerate(("wq", "wk", "wv")):
+            np.testing.assert_array_equal(mf[f"layers.1.attention.{w}.weight"], c_attn[:, 32 * j:32 * (j + 1)].T)
+            np.testing.assert_array_equal(mf[f"layers.1.attention.{w}.bias"],
+                                          hf["transformer.h.1.attn.c_attn.bias"][32 * j:32 * (j + 1)])
+        np.testing.assert_array_equal(mf["layers.2.feed_forward.w1.weight"], hf["transformer.h.2.mlp.c_fc.weight"].T)
+        assert mf["layers.2.feed_forward.w2.weight"].shape == (32, 40) and mf["pos_embeddings.weight"].shape == (40, 32)
+        assert "output.weight" not in mf and mf["norm.bias"].shape == (32,)
+    if arch == "glm":  # GLM-4-9B: glm4's layout without its post norms
+        assert "layers.1.attention_post_norm.weight" not in mf and mf["layers.1.feed_forward.w3.weight"].shape == (40, 32)
+    if arch == "glm4":  # gate_up_proj unpacked (gate first), post-attention / post-MLP norms
+        gate_up = hf["model.layers.2.mlp.gate_up_proj.weight"]
+        np.testing.assert_array_equal(mf["layers.2.feed_forward.w1.weight"], gate_up[:48])
+        np.testing.assert_array_equal(mf["layers.2.feed_forward.w3.weight"], gate_up[48:])
+        assert mf["layers.0.attention_post_norm.weight"].shape == (32,) and "layers.0.ffn_post_norm.weight" in mf
+        assert mf["layers.0.attention.wk.bias"].shape == (24,) and "layers.0.attention.wo.bias" not in mf
+    if arch == "qwen2_moe":  # layer 2 dense (mlp_only_layers), the others MoE with a gated shared expert
+        assert "layers.2.feed_forward.w1.weight" in mf and "layers.2.moe.shared_expert_gate.weight" not in mf
+        assert mf["layers.3.moe.shared_expert_gate.weight"].shape == (1, 32)
+        assert mf["layers.3.moe.shared_experts.w2.weight"].shape == (32, 24)
+        assert mf["layers.0.attention.wq.bias"].shape == (32,) and "output.weight" not in mf
+    if arch == "glm4_moe":  # GQA with q/k norms, DeepSeek's MoE from layer 1 (no MTP layer in this checkpoint)
+        assert mf["layers.0.attention.q_norm.weight"].shape == (12,) and "layers.0.feed_forward.w1.weight" in mf
+        assert mf["layers.2.moe.router.expert_bias"].shape == (4,) and mf["layers.1.moe.experts.w2"].shape == (4, 32, 8)
+        assert not any(k.startswith("mtp.") for k in mf)
 
 
 def test_new_architectures_follow_the_contract(hf_fixtures):
@@ -203,8 +229,9 @@ def fixture_copy(hf_fixtures, arch, tmp_path, edit_config=None, edit_tensors=Non
 
 
 def test_unknown_model_type(hf_fixtures, tmp_path):
-    src = fixture_copy(hf_fixtures, "llama", tmp_path, edit_config=lambda c: c.update(model_type="gpt2"))
-    with pytest.raises(CheckpointError, match=r"unsupported model_type 'gpt2' \(supported: deepseek_v3, llama, mixtral, qwen2, qwen3, qwen3_moe\)"):
+    src = fixture_copy(hf_fixtures, "llama", tmp_path, edit_config=lambda c: c.update(model_type="bloom"))
+    with pytest.raises(CheckpointError, match=r"unsupported model_type 'bloom' \(supported: deepseek_v3, glm, glm4, glm4_moe, "
+                                              r"gpt2, llama, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe\)"):
         load_hf_state(src)
 
 
@@ -320,12 +347,49 @@ def test_bf16_checkpoint_round_trips_without_ml_dtypes(hf_fixtures, tmp_path):
     np.testing.assert_allclose(w, state["layers.0.attention.wq.weight"], rtol=2**-8)
 
 
-def test_deepseek_mtp_layer_is_skipped_with_a_warning(hf_fixtures, tmp_path):
-    # config has num_nextn_predict_layers=1: layer 3 is the MTP layer transformers ignores too.
-    src = fixture_copy(hf_fixtures, "deepseek_v3", tmp_path,
-                       edit_tensors=lambda t: t.update({"model.layers.3.enorm.weight": np.ones(96, np.float32)}))
-    with warnings.catch_warnings(record=True) as caught:
+@pytest.mark.parametrize("arch", ["deepseek_v3", "glm4_moe"])
+def test_mtp_layer_converts_both_ways(hf_builders, arch):
+    """The checkpoint's MTP layer (DeepSeek's layout) is mf's mtp.0: its own norms and projection,
+    a MoE decoder block, the embedding / head copies shared with the main model."""
+    cfg = dict(hf_builders.small[arch], num_nextn_predict_layers=1)
+    shapes = hf_builders.hf_shapes(cfg)
+    hf = hf_builders.random_state({**shapes, **hf_builders.mtp_layer(cfg, shapes)}, seed=5)
+    n = cfg["num_hidden_layers"]
+    # the copies repeat the shared tensors, as DeepSeek's release does
+    hf[f"model.layers.{n}.embed_tokens.weight"] = hf["model.embed_tokens.weight"].copy()
+    hf[f"model.layers.{n}.shared_head.head.weight"] = hf["lm_head.weight"].copy()
+    mf = hf_to_mf(hf, cfg)
+    np.testing.assert_array_equal(mf["mtp.0.eh_proj.weight"], hf[f"model.layers.{n}.eh_proj.weight"])
+    np.testing.assert_array_equal(mf["mtp.0.norm.weight"], hf[f"model.layers.{n}.shared_head.norm.weight"])
+    np.testing.assert_array_equal(mf["mtp.0.block.moe.experts.w1"][1], hf[f"model.layers.{n}.mlp.experts.1.gate_proj.weight"])
+    assert mf["mtp.0.block.attention_norm.weight"].shape == (32,) and "mtp.0.block.moe.router.expert_bias" in mf
+    assert not any("embed_tokens" in k or "head" in k for k in mf if k.startswith("mtp."))
+    assert_identical(hf, mf_to_hf(mf, cfg))
+    # A checkpoint without the copies (GLM-4.6) reads the same; writing restores them.
+    copies = (f"model.layers.{n}.embed_tokens.weight", f"model.layers.{n}.shared_head.head.weight")
+    without = {k: v for k, v in hf.items() if k not in copies}
+    assert set(hf_to_mf(without, cfg)) == set(mf)
+    # The causal LM alone (what transformers saves) plans no MTP layer, whatever config.json says.
+    main = {k: v for k, v in mf.items() if not k.startswith("mtp.")}
+    assert set(mf_to_hf(main, cfg)) == {k for k in hf if not k.startswith(f"model.layers.{n}.")}
+    with pytest.raises(CheckpointError, match=f"missing tensor 'model.layers.{n}.hnorm.weight'"):
+        hf_to_mf({k: v for k, v in hf.items() if "hnorm" not in k}, cfg)
+    with pytest.raises(CheckpointError, match="unexpected tensor"):
+        hf_to_mf(hf, dict(cfg, num_nextn_predict_layers=0))
+
+
+def test_gpt2_checkpoints_of_the_base_model_read(hf_builders):
+    """openai-community/gpt2 names its tensors without `transformer.` and carries the attention
+    mask buffers; both read, and writing gives transformers' own layout."""
+    cfg = dict(hf_builders.small["gpt2"])
+    hf = hf_builders.random_state(hf_builders.hf_shapes(cfg), seed=2)
+    bare = {k[len("transformer."):]: v for k, v in hf.items()}
+    bare["h.0.attn.bias"] = np.ones((1, 1, 40, 40), np.float32)
+    bare["h.0.attn.masked_bias"] = np.ones((), np.float32)
+    with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        _, state = load_hf_state(src)
-    assert any("model.layers.3.enorm.weight" in str(w.message) for w in caught)
-    assert not any(k.startswith("layers.3.") for k in state)
+        mf = hf_to_mf(bare, cfg)
+    assert_identical(mf_to_hf(mf, cfg), hf)
+    with pytest.raises(CheckpointError, match="n_embd and hidden_size disagree"):
+        hf_to_mf(hf, dict(cfg, hidden_size=48))
+

@@ -8,21 +8,24 @@ import pytest
 from mf_ckpt import CheckpointError, LoadOptions, load, load_hf_state, run_threaded, shard_array, split_evenly
 
 
-@pytest.mark.parametrize("balanced", [False, True])
-def test_load_llama_sharded_from_hf(hf_fixtures, balanced):
-    _, ref = load_hf_state(hf_fixtures / "llama")
+@pytest.mark.parametrize("arch, balanced, axis", [("llama", False, 0), ("llama", True, 0),
+                                                   ("gpt2", False, 0), ("gpt2", True, 1), ("glm4", False, 1)])
+def test_load_sharded_from_hf(hf_fixtures, arch, balanced, axis):
+    """Matrices split over two ranks along `axis`: GPT-2's come out of transposed Conv1D tensors
+    (c_attn packed), GLM-4's w1 / w3 out of the packed gate_up_proj."""
+    _, ref = load_hf_state(hf_fixtures / arch)
 
     def body(comm):
-        dest = {name: shard_array(np.zeros_like(a), 0, comm.rank, comm.world_size) if a.ndim == 2
+        dest = {name: shard_array(np.zeros_like(a), axis, comm.rank, comm.world_size) if a.ndim == 2
                 else np.zeros_like(a) for name, a in ref.items()}
-        r = load(LoadOptions(load_path=str(hf_fixtures / "llama"), load_balanced=balanced), dest, comm=comm)
+        r = load(LoadOptions(load_path=str(hf_fixtures / arch), load_balanced=balanced), dest, comm=comm)
         return dest, r
 
     results = run_threaded(2, body)
-    assert results[0][1].kind == "hf" and results[0][1].common["hf_config"]["model_type"] == "llama"
+    assert results[0][1].kind == "hf" and results[0][1].common["hf_config"]["model_type"] == arch
     for name, arr in ref.items():
         if arr.ndim == 2:
-            got = np.concatenate([r[0][name].data for r in results])
+            got = np.concatenate([r[0][name].data for r in results], axis=axis)
         else:
             got = results[1][0][name]
         assert got.tobytes() == arr.tobytes(), name

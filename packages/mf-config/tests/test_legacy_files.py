@@ -150,7 +150,8 @@ def test_deepseek3_moe_pretrain():
     assert cfg.profiler.profiler_rank == [0, 16]
     assert cfg.train_dataset.dataloader.extra["config"]["random_seed"] == 1234
     assert _lines(result, "callbacks[1]")[0].kind == "dropped"
-    assert _lines(result, "model.model_config.mtp_depth")[0].kind == "dropped"
+    assert _lines(result, "model.model_config.mtp_depth")[0].kind == "translated"     # MTP is trained
+    assert extra["num_nextn_predict_layers"] == 1 and extra["mtp_loss_scaling_factor"] == 0.3
     assert _lines(result, "moe_config.use_gating_sigmoid")[0].kind == "unneeded"
 
 
@@ -247,7 +248,7 @@ def test_qwen2_predict_config_keeps_its_bias_and_generation_settings():
     assert result.lines("action") == [] and result.world_size == 1
 
 
-def test_deepseek_v3_keeps_experts_and_names_its_mtp_layer():
+def test_deepseek_v3_keeps_experts_and_trains_its_mtp_layer():
     result = _migrate("finetune_deepseek3_671b_mtp.yaml")
     cfg = result.validate()
     m = cfg.model.extra
@@ -256,7 +257,8 @@ def test_deepseek_v3_keeps_experts_and_names_its_mtp_layer():
     assert (m["first_k_dense_replace"], m["routed_scaling_factor"], m["n_group"], m["topk_group"]) == (3, 2.5, 8, 4)
     assert m["num_nextn_predict_layers"] == 1
     mtp = _lines(result, "model.model_config.mtp_depth")[0]
-    assert mtp.kind == "dropped" and "MTP loss is lost" in mtp.message
+    assert mtp.kind == "translated" and "trained, with their loss, on the last pipeline stage" in mtp.message
+    assert m["mtp_loss_scaling_factor"] == 0.3          # MindFormers' mtp_loss_factor
     assert result.world_size == 16 * 4 * 16
 
 

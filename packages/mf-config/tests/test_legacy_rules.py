@@ -132,6 +132,102 @@ def test_an_architecture_mf_lacks_is_refused_not_migrated_as_another():
         run("model: {arch: {type: Baichuan2ForCausalLM}, model_config: {type: Baichuan2Config}}")
 
 
+def test_an_unknown_architecture_is_not_migrated_as_its_config_class_model():
+    """GPT2ForSequenceClassification names GPT2Config, the config of mf's gpt2: still refused (a
+    classification head is not the causal LM); so are Baichuan's classes over LlamaConfig."""
+    with pytest.raises(ConfigError, match=r"^model.arch.type: GPT2ForSequenceClassification: mf has no such model"):
+        run("model: {arch: {type: GPT2ForSequenceClassification}, model_config: {type: GPT2Config}}")
+    with pytest.raises(ConfigError, match=r"^model.arch.type: Baichuan13BV2ForCausalLM: mf has no such model"):
+        run("model: {arch: {type: Baichuan13BV2ForCausalLM}, model_config: {type: LlamaConfig}}")
+    _, cfg = run("model: {arch: {type: ParallelLlamaForCausalLM}}")       # MindFormers' inference llama
+    assert cfg.model.model_type == "llama"
+
+
+GPT2 = """model:
+  model_config: {type: GPT2Config, seq_length: 128, vocab_size: 256, hidden_size: 64, num_layers: 2, num_heads: 4,
+                 expand_ratio: 4, hidden_act: gelu, hidden_dropout_rate: 0.1, attention_dropout_rate: 0.1,
+                 post_layernorm_residual: False, use_prompt_flash_attention: False}
+  arch: {type: GPT2LMHeadModel}
+"""
+
+
+def test_gpt2():
+    result, cfg = run(GPT2)
+    m = cfg.model.extra
+    assert (cfg.model.model_type, cfg.model.architectures) == ("gpt2", "GPT2LMHeadModel")
+    assert (m["n_inner"], m["n_positions"], m["activation_function"]) == (256, 128, "gelu_new")
+    assert (m["num_hidden_layers"], m["num_attention_heads"]) == (2, 4)
+    # mf trains without dropout: 0.0 written, the old non-zero rates reported as lost (the third, the
+    # embedding's, from MindFormers' default)
+    assert (m["resid_pdrop"], m["attn_pdrop"], m["embd_pdrop"]) == (0.0, 0.0, 0.0)
+    assert line(result, "model.model_config.hidden_dropout_rate").kind == "dropped"
+    assert any(x.kind == "dropped" and "embedding_dropout_prob" in x.message for x in result.report)
+    assert "tanh approximation" in line(result, "model.model_config.hidden_act").message
+    with pytest.raises(ConfigError, match=r"^model.model_config.post_layernorm_residual: True: the residual"):
+        run(GPT2.replace("post_layernorm_residual: False", "post_layernorm_residual: True"))
+    result, _ = run(GPT2.replace("hidden_act: gelu", "hidden_act: swiglu"))
+    assert line(result, "model.model_config.hidden_act").fix == "model.activation_function"
+
+
+GLM = """model:
+  model_config: {type: ChatGLM2Config, num_layers: 2, padded_vocab_size: 151552, hidden_size: 64,
+                 ffn_hidden_size: 96, kv_channels: 16, num_attention_heads: 4, seq_length: 128, rope_ratio: 1,
+                 layernorm_epsilon: 1.5625e-07, rmsnorm: True, apply_residual_connection_post_layernorm: False,
+                 post_layer_norm: True, add_bias_linear: False, add_qkv_bias: True, multi_query_attention: True,
+                 multi_query_group_num: 2, apply_query_key_layer_scaling: True, quantization_bit: 0,
+                 pre_seq_len: None, eos_token_id: [151329, 151336, 151338], pad_token_id: 151329}
+  arch: {type: ChatGLM2ForConditionalGeneration}
+"""
+
+
+def run_glm(fragment: str):
+    """`run` without the base's llama vocab_size (ChatGLM2 configs name theirs padded_vocab_size)."""
+    raw = _merge(BASE, yaml.safe_load(fragment))
+    del raw["model"]["model_config"]["vocab_size"]
+    result = migrate_legacy(raw)
+    return result, result.validate()
+
+
+def test_chatglm2_configs_are_glm():
+    """MindFormers' GLM-4-9B config (ChatGLM2 classes, GLM-4's vocabulary): transformers'
+    GlmForCausalLM, the same network; Glm4ForCausalLM (GLM-4-0414) has two more norms per layer."""
+    result, cfg = run_glm(GLM)
+    m = cfg.model.extra
+    assert (cfg.model.model_type, cfg.model.architectures) == ("glm", "GlmForCausalLM")
+    assert (m["vocab_size"], m["intermediate_size"], m["head_dim"], m["num_key_value_heads"]) == (151552, 96, 16, 2)
+    assert (m["attention_bias"], m["rope_theta"], m["rms_norm_eps"]) == (True, 10000.0, 1.5625e-07)
+    assert any("GLM-4-9B" in x.message and "not Glm4ForCausalLM" in x.message for x in result.report)
+    _, cfg = run_glm(GLM.replace("padded_vocab_size: 151552", "padded_vocab_size: 65024")
+                     .replace("rope_ratio: 1", "rope_ratio: 50"))
+    assert cfg.model.extra["rope_theta"] == 500000.0          # ChatGLM3-6B-32k: the same network, base x 50
+    for switch, message in (("rmsnorm: True", "rmsnorm: False: mf's glm .* has RMSNorm"),
+                            ("post_layer_norm: True", "post_layer_norm: False: mf's glm .* has a final norm"),
+                            ("quantization_bit: 0", "quantization_bit: 4: mf's glm"),
+                            ("pre_seq_len: None", "pre_seq_len: 128: mf's glm .* no P-tuning prefix")):
+        bad = switch.replace("True", "False").replace(": 0", ": 4").replace("None", "128")
+        with pytest.raises(ConfigError, match=f"^model.model_config.{message}"):
+            run_glm(GLM.replace(switch, bad))
+    _, cfg = run_glm(GLM.replace("multi_query_attention: True", "multi_query_attention: False"))
+    assert cfg.model.extra["num_key_value_heads"] == 4
+
+
+def test_a_llama_with_qkv_biases_and_gated_shared_experts_is_qwen2_moe():
+    """Qwen2-57B-A14B as MindFormers wrote it: LlamaForCausalLM with q/k/v biases and a moe_config
+    of 64 experts, 8 shared ones of the experts' width, their gate on."""
+    moe = ("model: {model_config: {qkv_has_bias: True, intermediate_size: 32}}\n"
+           "moe_config: {expert_num: 8, num_experts_chosen: 2, shared_expert_num: 4.0, use_shared_expert_gating: True,"
+           " norm_topk_prob: False, aux_loss_factor: 0.001, capacity_factor: 1.1, routing_policy: TopkRouterV2}")
+    result, cfg = run(moe)
+    m = cfg.model.extra
+    assert (cfg.model.model_type, cfg.model.architectures) == ("qwen2_moe", "Qwen2MoeForCausalLM")
+    assert (m["num_experts"], m["num_experts_per_tok"], m["moe_intermediate_size"]) == (8, 2, 32)
+    assert (m["shared_expert_intermediate_size"], m["qkv_bias"], m["norm_topk_prob"]) == (128, True, False)
+    assert (m["output_router_logits"], m["router_aux_loss_coef"]) == (True, 0.001)
+    assert line(result, "moe_config.capacity_factor").kind == "dropped"      # mf's MoE drops no token
+    with pytest.raises(ConfigError, match=r"^moe_config.use_shared_expert_gating: False: a llama with q/k/v biases"):
+        run(moe.replace("use_shared_expert_gating: True", "use_shared_expert_gating: False"))
+
+
 def test_structure_switches():
     result, cfg = run("model: {model_config: {hidden_act: gelu, qkv_has_bias: False, extend_method: PI, "
                       "scaling_factor: 4.0, hidden_dropout: 0.1, unknown_knob: 1}}")

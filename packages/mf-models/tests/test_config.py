@@ -25,7 +25,8 @@ def test_hf_config_json_builds_as_is(hf_fixtures, hf_name):
     config = json.loads((hf_fixtures / name / "config.json").read_text())
     spec, args = build_args(config)
     assert spec.model_type == name and spec.architecture == config["architectures"][0]
-    assert args.hidden_size == config["hidden_size"] and args.vocab_size == config["vocab_size"]
+    hidden = config["n_embd"] if name == "gpt2" else config["hidden_size"]     # GPT-2's own key
+    assert args.hidden_size == hidden and args.vocab_size == config["vocab_size"]
 
 
 def test_yaml_section_with_mf_extras():
@@ -79,7 +80,7 @@ def test_architecture_alone_selects_the_model():
     ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, r"low_freq_factor: required"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}, "rope_theta": 5e5}, r"^model\.rope_theta: 500000.0 contradicts"),
     ({"rope_scaling": {"type": "linear", "factor": 2.0}, "rope_parameters": {"rope_type": "default"}}, r"rope_scaling\.rope_type: 'linear' contradicts"),
-    ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, r"partial_rotary_factor: only 1.0"),
+    ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, r"partial_rotary_factor: this model rotates whole heads; only 1.0"),
     ({"rope_parameters": {"rope_type": "linear", "factor": "2"}}, r"^model\.rope_parameters\.factor: expected a number, got '2'$"),
 ])
 def test_bad_llama_section_is_one_clear_error(change, match):

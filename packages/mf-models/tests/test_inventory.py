@@ -7,6 +7,9 @@ import pytest
 import mf_models
 import mf_parallel as mp
 from mf_models.deepseek_v3.parallelize import deepseek_block_plan
+from mf_models.glm4.parallelize import glm4_block_plan
+from mf_models.glm4_moe.parallelize import glm4_moe_block_plan
+from mf_models.gpt2.parallelize import gpt2_block_plan
 from mf_models.llama.parallelize import tp_plan
 from mf_models.qwen3.parallelize import qwen3_block_plan
 
@@ -15,12 +18,16 @@ CASES = [(t, {}) for t in mf_models.available_models() if mf_models.resolve_spec
     ("llama", {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True}),
     ("qwen3", {"tie_word_embeddings": True}),
     ("deepseek_v3", {"q_lora_rank": None, "first_k_dense_replace": 0, "n_shared_experts": 2}),
+    ("gpt2", {"tie_word_embeddings": False}),
+    ("glm4_moe", {"use_qk_norm": False, "attention_bias": False, "n_shared_experts": 0}),
 ]
-BLOCK_PLANS = {"qwen3": qwen3_block_plan, "qwen3_moe": qwen3_block_plan, "deepseek_v3": deepseek_block_plan}
+BLOCK_PLANS = {"qwen3": qwen3_block_plan, "qwen3_moe": qwen3_block_plan, "deepseek_v3": deepseek_block_plan,
+               "gpt2": gpt2_block_plan, "glm4": glm4_block_plan, "glm4_moe": glm4_moe_block_plan}
+EXTRA_PLANS = {"gpt2": {"pos_embeddings": mp.VocabParallelEmbedding()}}    # gpt2/parallelize.py
 
 
 def _plan(model, model_type):
-    return tp_plan(model, BLOCK_PLANS.get(model_type))
+    return tp_plan(model, BLOCK_PLANS.get(model_type), EXTRA_PLANS.get(model_type))
 
 
 @pytest.mark.parametrize(("model_type", "changes"), CASES)
@@ -45,7 +52,7 @@ def test_tp_axes_are_the_plans(model_type, changes):
     for e in mf_models.parameter_inventory(args):
         leaf, _, pname = e.name.rpartition(".")
         style = plan.get(leaf)
-        if e.name == "tok_embeddings.weight":
+        if e.name in ("tok_embeddings.weight", "pos_embeddings.weight"):
             assert isinstance(style, mp.VocabParallelEmbedding) and e.tp_axis == 0
         elif isinstance(style, mp.ColwiseParallel):
             assert e.tp_axis == 0, e.name

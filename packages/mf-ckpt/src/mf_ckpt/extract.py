@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from . import checksums, dtypes
@@ -42,6 +44,14 @@ def read_region(pool: ReaderPool, layout: CheckpointLayout, part: str, name: str
     straight into `out` when it can be, so the check costs no extra read or copy."""
     reader = pool.get(layout.root / chunk.file)
     start, stop = chunk.stored_region(offset, shape)
+    if chunk.transpose:   # stored [in, out] (Conv1D): read the stored region, hand back its transpose
+        region = read_region(pool, layout, part, name, replace(chunk, transpose=False, shape=chunk.shape[::-1],
+                                                                offset=chunk.offset[::-1]),
+                             offset[::-1], shape[::-1], verify).T
+        if out is None:
+            return np.ascontiguousarray(region)
+        dtypes.assign(out, region)
+        return out
     if not (verify and chunk.checksum is not None):
         return reader.read(chunk.key, start, stop, out=out)
     whole = chunk.is_whole(offset, shape)

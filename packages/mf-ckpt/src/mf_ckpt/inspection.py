@@ -49,7 +49,7 @@ def check_config_shapes(hf_config, stored: dict[str, tuple[str, tuple[int, ...]]
     if type(claimed) is int and layers and claimed != len(layers):
         raise CheckpointError(f"{where}: {config_name} has num_hidden_layers {claimed}, the checkpoint holds "
                               f"{len(layers)} layers")
-    check_mf(plan_for(hf_config), stored, where, config_name)
+    check_mf(plan_for(hf_config, mf_names=stored), stored, where, config_name)
     return True
 
 

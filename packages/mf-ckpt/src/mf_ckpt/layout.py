@@ -3,7 +3,8 @@
 A tensor is a dtype, a global shape and chunks: boxes of the global tensor, each stored as one
 tensor (`key`) of one safetensors file. mf checkpoints store each chunk with exactly its box
 shape; Hugging Face sources reuse the model with `squeeze` (an expert's [I, H] tensor is the
-[1, I, H] box of a stacked [E, I, H] tensor) and `src_start` (a box inside a fused tensor).
+[1, I, H] box of a stacked [E, I, H] tensor), `src_start` (a box inside a fused tensor) and
+`transpose` (a 2-D box stored transposed: GPT-2's Conv1D weights).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Chunk:
     src_start: tuple[int, ...] | None = None
     squeeze: tuple[int, ...] = ()
     checksum: int | None = None  # CRC32C of the stored tensor's bytes (None: not recorded)
+    transpose: bool = False      # the stored region is the box transposed (2-D, no squeeze)
 
     def is_whole(self, offset: tuple[int, ...], shape: tuple[int, ...]) -> bool:
         """True when box (offset, shape) is this whole chunk and the chunk is its whole stored
@@ -38,10 +40,15 @@ class Chunk:
 
     def stored_shape(self) -> tuple[int, ...]:
         """Shape of the region of the stored tensor this chunk occupies."""
-        return tuple(n for axis, n in enumerate(self.shape) if axis not in self.squeeze)
+        kept = tuple(n for axis, n in enumerate(self.shape) if axis not in self.squeeze)
+        return kept[::-1] if self.transpose else kept
 
     def stored_region(self, offset: tuple[int, ...], shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """[start, stop) inside the stored tensor of global box (offset, shape) within this chunk."""
+        if self.transpose:
+            rel = [o - co for o, co in zip(offset, self.offset)][::-1]
+            first = [b + r for b, r in zip(self.src_start or (0,) * len(rel), rel)]
+            return tuple(first), tuple(a + n for a, n in zip(first, shape[::-1]))
         start, stop = [], []
         base = iter(self.src_start) if self.src_start is not None else None
         for axis, (o, n, co) in enumerate(zip(offset, shape, self.offset)):

@@ -23,7 +23,7 @@ from .carried_configs import carried_generation_config, carried_hf_config
 from .errors import CheckpointError
 from .extract import read_box
 from .fsutil import atomic_output_dir, check_not_an_input, check_output_dir
-from .hf.convert import plan_for
+from .hf.convert import hf_entries, plan_for
 from .hf.io import write_hf_files
 from .hf.rules import check_mf
 from .layout import CheckpointLayout
@@ -96,7 +96,7 @@ def merge_lora_checkpoint(base, adapter, out, *, to: str = "mf", hf_config=None,
         # The base's own config.json (HF base, or the hf_config an mf base carries), else the run's.
         own = hf_config is not None or isinstance(layout.common.get("hf_config"), dict)
         config = carried_hf_config(layout if own else _with_common(layout, adapter_common), hf_config)
-        hf_plan = plan_for(config)
+        hf_plan = plan_for(config, mf_names=metas)
         check_mf(hf_plan, {n: (m.dtype, m.shape) for n, m in metas.items()}, str(layout.root))
     else:
         config = layout.common.get("hf_config") or adapter_common.get("hf_config")
@@ -114,18 +114,12 @@ def merge_lora_checkpoint(base, adapter, out, *, to: str = "mf", hf_config=None,
                                              _output_common(layout, adapter, adapter_common, meta, iteration, config),
                                              bar, entries=entries, assets=carried.prepare(tokenizer_assets(tokenizer)))
         else:
-            entries = []
-            for name, target in hf_plan.targets.items():
-                code = metas[name].dtype
-                for p in target.pieces:
-                    if name in plan:  # adapted: merge the whole weight, then cut the piece out of it
-                        def read(name=name, p=p):
-                            box = tuple(slice(o, o + n) for o, n in zip(p.offset, p.shape))
-                            return whole(pool, name)[box].reshape(p.hf_shape)
-                    else:
-                        def read(name=name, p=p):
-                            return read_box(layout, pool, "model", name, p.offset, p.shape).reshape(p.hf_shape)
-                    entries.append(Entry(p.hf, code, p.hf_shape, read))
+            def read(name, p):
+                if name in plan:  # adapted: merge the whole weight, then cut the piece out of it
+                    return whole(pool, name)[tuple(slice(o, o + n) for o, n in zip(p.offset, p.shape))]
+                return read_box(layout, pool, "model", name, p.offset, p.shape)
+
+            entries = hf_entries(hf_plan, {n: m.dtype for n, m in metas.items()}, read)
             generation = carried_generation_config(adapter_layout) or carried_generation_config(layout)
             write_hf_files(tmp, entries, config, limit, generation_config=generation, tokenizer=tokenizer,
                            progress=progress, source=tokenizer_source)

@@ -142,7 +142,8 @@ def open_hf(path: Path) -> CheckpointLayout:
     for name, target in hf.plan.targets.items():
         code = hf.info(target.pieces[0].hf).dtype
         chunks = [
-            Chunk(p.offset, p.shape, hf.locations[p.hf].name, p.hf, p.hf_start, p.squeeze) for p in target.pieces
+            Chunk(p.offset, p.shape, hf.locations[p.hf].name, p.hf, p.hf_start, p.squeeze, transpose=p.transpose)
+            for p in target.pieces
         ]
         tensors[name] = TensorMeta(code, target.shape, chunks)
     common = {"hf_config": hf.config}

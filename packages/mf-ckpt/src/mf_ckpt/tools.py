@@ -20,7 +20,7 @@ from .ckpt_dir import COMMON, check_iteration
 from .errors import CheckpointError
 from .extract import read_box
 from .fsutil import atomic_output_dir, check_not_an_input, check_output_dir
-from .hf.convert import architecture, plan_for
+from .hf.convert import architecture, hf_entries, plan_for
 from .hf.io import read_config, write_hf_files
 from .hf.rules import check_mf
 from .layout import CheckpointLayout
@@ -30,7 +30,7 @@ from .saver import common_info
 from .single_rank import model_entries, write_single_rank_checkpoint
 from .sources import open_source, validate_files
 from .st_dir import write_tensors
-from .st_io import Entry, ReaderPool
+from .st_io import ReaderPool
 from .tokenizer_files import hf_tokenizer_files, tokenizer_assets, tokenizer_bytes
 from .units import parse_size
 
@@ -116,17 +116,13 @@ def convert_mf_to_hf(src, dst, *, iteration: int | None = None, hf_config=None, 
                                   "adapter_model.safetensors)")
         return export_peft(layout, meta, dst, hf_config=carried_hf_config(layout, hf_config), overwrite=overwrite)
     config = carried_hf_config(layout, hf_config)
-    plan = plan_for(config)
+    plan = plan_for(config, mf_names=layout.parts["model"])
     check_mf(plan, {n: (m.dtype, m.shape) for n, m in layout.parts["model"].items()}, str(layout.root))
     headers = validate_files(layout, {("model", n) for n in plan.targets})
     tokenizer = tokenizer_bytes(layout)
     with atomic_output_dir(dst, overwrite=overwrite) as tmp, ReaderPool(headers) as pool:
-        entries = []
-        for name, target in plan.targets.items():
-            code = layout.parts["model"][name].dtype
-            for p in target.pieces:
-                entries.append(Entry(p.hf, code, p.hf_shape, lambda name=name, p=p: read_box(
-                    layout, pool, "model", name, p.offset, p.shape).reshape(p.hf_shape)))
+        entries = hf_entries(plan, {n: m.dtype for n, m in layout.parts["model"].items()},
+                             lambda name, p: read_box(layout, pool, "model", name, p.offset, p.shape))
         write_hf_files(tmp, entries, config, limit, generation_config=carried_generation_config(layout),
                        tokenizer=tokenizer, progress=progress, source=str(layout.root))
     return Path(dst)

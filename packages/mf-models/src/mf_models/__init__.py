@@ -1,5 +1,5 @@
-"""mf-models: model registry and definitions (llama, qwen2, qwen3, deepseek_v3, mixtral, qwen3_moe), HF loading
-and generation.
+"""mf-models: model registry and definitions (llama, qwen2, qwen3, deepseek_v3, mixtral, qwen3_moe, gpt2, glm,
+glm4, qwen2_moe, glm4_moe), HF loading and generation.
 
     model = mf_models.build_model({"model_type": "qwen3", "hidden_size": 256, ...}, seed=0)
     logits = model(input_ids)                       # [B, S, V] float32
@@ -60,6 +60,7 @@ from .registry import (
 if TYPE_CHECKING:  # MindSpore's names: imported on first use at run time (`_LAZY`, the same table)
     from .common.attention import KVCache
     from .common.balancing import RoutingStats, update_expert_bias
+    from .common.mtp import shift_left
     from .common.parallel import ParallelOptions
     from .common.pipeline import PipelineChunk, PipelineStage, pipeline_stage
     from .common.transformer import CausalLM, init_weights
@@ -89,7 +90,7 @@ __all__ = [
     "CausalLM", "init_weights", "KVCache", "ParallelOptions", "RoutingStats", "update_expert_bias",
     "PipelineChunk", "PipelineStage", "pipeline_stage",
     "LlamaForCausalLM", "Qwen3ForCausalLM", "DeepseekV3ForCausalLM", "Qwen2ForCausalLM", "MixtralForCausalLM",
-    "Qwen3MoeForCausalLM",
+    "Qwen3MoeForCausalLM", "shift_left",
     "generate", "InferenceEngine", "SamplingParams", "load_pretrained",
     "LoraLinear", "adapter_state", "apply_lora", "describe_lora_modules", "linear_modules", "load_adapter_state",
     "lora_modules",
@@ -117,6 +118,7 @@ _LAZY = {
     "Qwen2ForCausalLM": ("qwen2.model", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("qwen3.model", "Qwen3ForCausalLM"),
     "Qwen3MoeForCausalLM": ("qwen3_moe.model", "Qwen3MoeForCausalLM"),
+    "shift_left": ("common.mtp", "shift_left"),  # multi-token prediction's shifted ids / labels / masks
     **{name: ("state", name) for name in ("load_hf", "load_state", "model_state")},
     **{name: ("weights", name) for name in ("check_weights_fit", "load_weights")},
 }

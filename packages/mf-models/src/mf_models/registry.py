@@ -95,11 +95,14 @@ def build_args(model_section: dict[str, Any]) -> tuple[ModelSpec, BaseArgs]:
     return spec, args
 
 
-def build_model(model_section: dict[str, Any], *, seed: int = 0, init: bool = True):
+def build_model(model_section: dict[str, Any], *, seed: int = 0, init: bool = True, mtp: bool = False):
     """Build a model from a `model` mapping; weights initialised from `seed` unless `init=False`
-    (e.g. when a checkpoint is loaded right after)."""
+    (e.g. when a checkpoint is loaded right after). `mtp`: also build the model's multi-token-
+    prediction modules (`num_nextn_predict_layers`, DeepSeek-V3 / GLM-4.5: a training objective;
+    the trainer asks for them, inference leaves them out)."""
     spec, args = build_args(model_section)
-    model = spec.model_cls(args)
+    model = spec.model_cls(args, mtp=True) if mtp and getattr(args, "num_nextn_predict_layers", 0) else \
+        spec.model_cls(args)
     if init:
         from .common.transformer import init_weights
 

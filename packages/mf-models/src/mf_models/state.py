@@ -58,9 +58,12 @@ def load_hf(hf_dir: str | Path, **overrides: Any) -> CausalLM:
     """Build the model of a Hugging Face directory (config.json + safetensors) and load its weights.
 
     The conversion (names, expert stacking) is mf-ckpt's `load_hf_state`; `overrides` replace
-    config.json keys or add mf extras (e.g. compute_dtype="float16", seq_length=4096).
+    config.json keys or add mf extras (e.g. compute_dtype="float16", seq_length=4096). A
+    multi-token-prediction layer in the checkpoint is not loaded (the model is built without it).
     """
     config, state = mf_ckpt.load_hf_state(str(hf_dir), dtype="float32")
     model = build_model({**config, **overrides}, init=False)
-    load_state(model, state)
+    # The multi-token-prediction layer (DeepSeek-V3, GLM-4.5) is a training objective, not part of
+    # the causal LM built here: its tensors are left out, as transformers leaves them.
+    load_state(model, {k: v for k, v in state.items() if not k.startswith("mtp.")})
     return model

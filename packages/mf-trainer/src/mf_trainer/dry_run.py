@@ -67,7 +67,7 @@ def _count_parameters(cfg, layout) -> dict[str, int | str]:
     """Build the model (no weight init) and count; LoRA adapters are added as the run would."""
     import mf_models
 
-    model = mf_models.build_model(model_section(cfg), init=False)
+    model = mf_models.build_model(model_section(cfg), init=False, mtp=True)   # as the run builds it
     if cfg.lora is not None:
         import mf_config
 

@@ -127,6 +127,11 @@ class Finetune:
             loaded = mf_models.load_weights(model, self.base, iteration=iteration,
                                             options=load_options(self.cfg.checkpoint))
         except (mf_ckpt.CheckpointError, mf_models.ModelStateError) as exc:
+            if getattr(model, "mtp_depth", 0) and "mtp." in str(exc):
+                raise TrainerConfigError(
+                    f"checkpoint.load_path: {self.base} holds no multi-token-prediction layer for model."
+                    f"num_nextn_predict_layers={model.mtp_depth} (transformers saves none); set "
+                    f"model.num_nextn_predict_layers: 0 to fine-tune without MTP") from None
             raise TrainerConfigError(f"checkpoint.load_path: {exc}") from None
         log.info("finetune: weights of %s (%s)", loaded.describe(), self.identity["base_kind"])
 

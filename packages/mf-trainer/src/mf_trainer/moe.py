@@ -66,7 +66,8 @@ class MoETraining:
 
     def __init__(self, model, args, moe_monitor, parallel):
         self.model = model
-        self.layers = list(args.moe_layer_ids())
+        # the model's rows: its decoder's MoE layers, then its MTP modules' (mf_trainer/mtp.py)
+        self.layers = list(model.moe_layer_ids())
         self.rate = float(args.expert_bias_rate())
         self.interval = moe_monitor.save_tokens_per_expert_interval
         targets = moe_monitor.target_layers
@@ -119,7 +120,7 @@ class MoETraining:
             return {}
         import mf_models
 
-        aux, load, counts = done.extras
+        aux, load, counts = done.extras[:3]       # (an MTP loss cell adds its depths' losses after them)
         aux, load, counts = self._summed_over_ranks(float(np.asarray(aux)), np.asarray(load), np.asarray(counts))
         if done.applied and self.rate > 0:
             mf_models.update_expert_bias(self.model, load, rate=self.rate,

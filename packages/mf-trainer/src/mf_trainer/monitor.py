@@ -16,7 +16,8 @@
 `monitor.train_state.local_norm` adds `grad_norm/<parameter>` (each matching parameter's whole
 gradient norm, mf_trainer/param_norms.py); TensorBoard gets `train/grad_norm/<parameter>`.
 MoE models add `moe/...` routing metrics to the training records (mf_trainer/moe.py); TensorBoard
-gets them under the same names (tokens per expert as a histogram).
+gets them under the same names (tokens per expert as a histogram). Models trained with multi-token
+prediction add `mtp/loss` and `mtp/loss_k` (mf_trainer/mtp.py; TensorBoard `train/mtp/...`).
 
 Every `monitor.log_interval` steps (and on the first and last) one console line shows progress,
 loss, LR, grad norm, throughput, MFU, memory and the ETA; the first step's time excludes the
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from mf_trainer.callbacks import Callback
 from mf_trainer.moe import write_tensorboard as write_moe_tensorboard
+from mf_trainer.mtp import write_tensorboard as write_mtp_tensorboard
 from mf_trainer.param_norms import PREFIX as PARAM_NORM_PREFIX
 from mf_trainer.summary import RunHistory
 
@@ -153,6 +155,7 @@ class MetricsLogger(Callback):
                 if key.startswith(PARAM_NORM_PREFIX) and isinstance(value, float) and math.isfinite(value):
                     self._writer.add_scalar(f"train/{key}", value, step)
             write_moe_tensorboard(self._writer, metrics, step)
+            write_mtp_tensorboard(self._writer, metrics, step)
         # The first step of a session runs a freshly compiled graph (allocations, first kernel
         # launches): later ETAs leave it out.
         if step > trainer.state.start_step + 1:
@@ -204,6 +207,8 @@ class MetricsLogger(Callback):
         if m.get("mfu") is not None:
             parts.append(f"MFU {100.0 * m['mfu']:.1f}%")
         parts.append(f"rss {m['rss_bytes'] / 2**30:.2f} GiB")
+        if m.get("mtp/loss") is not None:   # multi-token prediction: its weighted part of `loss`
+            parts.append(f"mtp {m['mtp/loss']:.4f}")
         if m.get("moe/max_imbalance") is not None:   # MoE models: the worst layer's max/mean expert load
             parts.append(f"moe imbalance {m['moe/max_imbalance']:.2f}")
         if m.get("comm_calls"):   # this rank's collectives in the step (one process has none)

@@ -67,6 +67,7 @@ import mf_models
 import mf_parallel as mp
 from mf_trainer.errors import TrainerConfigError
 from mf_trainer.loss import token_cross_entropy
+from mf_trainer.mtp import PipelineMTPLoss, inverse_tokens
 from mf_trainer.parallel import ShardedState
 from mf_trainer.step import (
     ApplyStep,
@@ -103,17 +104,22 @@ class _PipelineLoss:
         self.trained = tuple(chunk.head_trained()) if chunk is not None else ()
         self.inv_tokens = None
 
-    def __call__(self, logits, mb):
-        labels, mask = mb["labels"], mb["loss_mask"]
+    def __call__(self, output, mb):
+        return self.masked(output, mb["labels"], mb["loss_mask"], self.inv_tokens)
+
+    def masked(self, output, labels, mask, inv_tokens):
+        """sum(token loss x mask) x inv_tokens of the last stage's output: its final hidden states
+        when the loss is fused with the projection, else its logits."""
         if self.head_loss is not None:
-            terms = self.chunk.head_terms(logits)            # the last stage's final hidden states
-            return self.head_loss(terms, labels, mask, self.trained) * self.inv_tokens
+            terms = self.chunk.head_terms(output)
+            return self.head_loss(terms, labels, mask, self.trained) * inv_tokens
+        logits = output
         if self.cross_entropy is not None:
             per_token = self.cross_entropy(logits, labels).reshape(-1)
         else:
             vocab = logits.shape[-1]
             per_token = token_cross_entropy(logits.reshape(-1, vocab).astype(ms.float32), labels.reshape(-1))
-        return (per_token * mask.reshape(-1)).sum() * self.inv_tokens
+        return (per_token * mask.reshape(-1)).sum() * inv_tokens
 
 
 def micro_batch_tensors(mb: dict) -> dict:
@@ -140,6 +146,10 @@ class PipelineStepRunner:
         self.accumulation = plan.schedule.microbatches
         self.loss_fn = (_PipelineLoss(head_loss=plan.parallel.linear_cross_entropy(), chunk=plan.last_chunk)
                         if plan.fused_head else _PipelineLoss(plan.parallel.cross_entropy()))
+        self.mtp_depth = plan.mtp_depth
+        if self.mtp_depth:      # multi-token prediction: the last chunk returns the depths' outputs too
+            self.loss_fn = PipelineMTPLoss(self.loss_fn.masked, self.mtp_depth,
+                                           float(plan.model.args.mtp_loss_scaling_factor) / self.mtp_depth)
         index = {id(p): i for i, p in enumerate(plan.executor.params)}
         missing = [p.name for p in optimizer.params if id(p) not in index]
         if missing:
@@ -156,8 +166,12 @@ class PipelineStepRunner:
         return [self.apply]
 
     def __call__(self, micro_batches: list[dict], lr: float) -> StepResult:
-        tokens = self.global_tokens(float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches)))
-        self.loss_fn.inv_tokens = Tensor(np.float32(self.loss_scale / tokens if tokens > 0 else np.inf))
+        if self.mtp_depth:
+            inv, tokens = inverse_tokens(micro_batches, self.global_tokens, self.loss_scale, self.mtp_depth)
+            self.loss_fn.inv_tokens = Tensor(inv)
+        else:
+            tokens = self.global_tokens(float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches)))
+            self.loss_fn.inv_tokens = Tensor(np.float32(self.loss_scale / tokens if tokens > 0 else np.inf))
         result = self.plan.executor.step([micro_batch_tensors(mb) for mb in micro_batches], self.loss_fn)
         self.last = result
         for buf, i in zip(self.buffers, self.order):
@@ -174,8 +188,11 @@ class PipelineStepRunner:
         # the language-model loss (MoETraining.step_loss adds the shares up over the world, as it
         # does where tensor or context parallelism split the sequences).
         loss = result.loss - result.side_loss + result.local_side_loss
+        extras = self.plan.routing_extras(result)
+        if self.mtp_depth:       # the depths' losses after the routing extras, as the one-process MTPLMLoss
+            extras = self.plan.mtp_extras(extras) + (self.loss_fn.take(),)
         return StepResult(loss, float(norm.asnumpy()), applied, tokens, float(local.asnumpy()),
-                          self.plan.routing_extras(result), param_norms=param_norms_of(per_param[0] if per_param else None))
+                          extras, param_norms=param_norms_of(per_param[0] if per_param else None))
 
 
 class PipelineShardedState(ShardedState):
@@ -233,6 +250,7 @@ class PipelinePlan:
         if self.fused_head:
             self.last_chunk.head_output = False
         self.moe_layers = len(model.moe_layer_ids())
+        self.mtp_depth = int(getattr(model, "mtp_depth", 0))      # its modules run on the last stage
         if self.moe_layers:            # before the executor: it reads which chunks have side outputs
             self.stage.train_routing(parallel.loss_scale / (accumulation * parallel.dp))
         self.executor = mp.PipelineExecutor(self.schedule, self.stage.chunks, mesh["pp"], tied=self.stage.tied,
@@ -259,8 +277,17 @@ class PipelinePlan:
                 counts[rows] += stats[1].asnumpy()
         return np.float32(result.local_side_loss), load, counts
 
+    def mtp_extras(self, routing: tuple) -> tuple:
+        """The routing extras of a model with MTP but no MoE layer (aux 0, empty statistics), else them."""
+        if routing:
+            return routing
+        return np.float32(0.0), np.zeros((0, 1), np.float32), np.zeros((0, 2), np.float32)
+
     def logits(self, output):
-        """The last stage's logits from its output (its hidden states when the loss is fused)."""
+        """The last stage's logits from its output (its hidden states when the loss is fused; the
+        model's own, not the MTP depths', of a model with multi-token prediction)."""
+        if self.mtp_depth:
+            output = output[0]
         return self.last_chunk.head(output) if self.fused_head else output
 
     def clip(self, params, max_norm: float):

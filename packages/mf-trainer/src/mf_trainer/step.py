@@ -239,6 +239,21 @@ class StepRunner:
             self.accumulate = AccumulateStep(loss_cell, optimizer, self.buffers)
             self.apply = ApplyStep(optimizer, self.buffers, max_norm, norm, local_norm, positions, sync)
         self.positions = tuple(positions)
+        # A loss cell of a model with multi-token prediction takes 1 / tokens of each depth too
+        # (mf_trainer/mtp.py): its inv_tokens is a [1 + depth] vector.
+        self.mtp_depth = int(getattr(loss_cell, "mtp_depth", 0))
+
+    def inverse_tokens(self, micro_batches: list[dict]) -> tuple[Tensor, float]:
+        """(loss_scale / global tokens, as the loss cell takes it, and the global token count)."""
+        if self.mtp_depth:
+            from mf_trainer.mtp import inverse_tokens
+
+            inv, tokens = inverse_tokens(micro_batches, self.global_tokens, self.loss_scale, self.mtp_depth)
+            return Tensor(inv), tokens
+        tokens = self.global_tokens(float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches)))
+        # A global batch whose every token is masked out has no loss; 1/0 would make NaN, which
+        # the non-finite path then skips and counts, as it should.
+        return Tensor(np.float32(self.loss_scale / tokens if tokens > 0 else np.inf)), tokens
 
     def cells(self) -> list[nn.Cell]:
         return [self.fused] if self.accumulation == 1 else [self.accumulate, self.apply]
@@ -247,7 +262,8 @@ class StepRunner:
         """Compile the step's graphs for these inputs without running them (GRAPH_MODE): the first
         call then runs the cached graph, so its time is a step's, not the compiler's."""
         mb = micro_batches[0]
-        inv, scalars = Tensor(np.float32(1.0)), self.optimizer.scalars(lr)
+        inv = Tensor(np.ones(1 + self.mtp_depth, np.float32) if self.mtp_depth else np.float32(1.0))
+        scalars = self.optimizer.scalars(lr)
         if self.accumulation == 1:
             self.fused.compile(*loss_targets(mb), inv, *scalars, *batch_model_inputs(mb))
         else:
@@ -255,10 +271,7 @@ class StepRunner:
             self.apply.compile(Tensor(0.0, ms.float32), *scalars)
 
     def __call__(self, micro_batches: list[dict], lr: float) -> StepResult:
-        tokens = self.global_tokens(float(sum(float(mb["loss_mask"].sum()) for mb in micro_batches)))
-        # A global batch whose every token is masked out has no loss; 1/0 would make NaN, which
-        # the non-finite path then skips and counts, as it should.
-        inv = Tensor(np.float32(self.loss_scale / tokens if tokens > 0 else np.inf))
+        inv, tokens = self.inverse_tokens(micro_batches)
         scalars = self.optimizer.scalars(lr)
         if self.accumulation == 1:
             mb = micro_batches[0]

@@ -47,6 +47,7 @@ from mf_trainer.lr_schedulers import build_scheduler
 from mf_trainer.metrics import host_rss_bytes, peak_flops_per_device, raise_cpu_peak, training_flops_per_token
 from mf_trainer.moe import MoETraining
 from mf_trainer.monitor import MetricsLogger
+from mf_trainer.mtp import MTPLMLoss, MTPTraining
 from mf_trainer.optimizer import build_optimizer
 from mf_trainer.parallel import ParallelContext, ShardedState, comm_metrics
 from mf_trainer.param_norms import norm_metrics, select_parameters
@@ -154,6 +155,8 @@ class Trainer:
         # Balance loss, expert-bias update and routing metrics of MoE models (inactive for dense ones).
         self.moe = MoETraining(self.model, self.model.args, cfg.monitor.moe_monitor,
                                self.parallel)
+        # Multi-token prediction's metrics (models built with MTP modules; inactive otherwise).
+        self.mtp = MTPTraining(self.model, self.parallel)
         # pipeline_parallel > 1: this rank keeps its stage of the model (pipeline_step.py), None otherwise.
         self.pipeline = pipeline_plan(self.parallel, self.model, self.accumulation)
         whole_model = self.model
@@ -216,7 +219,8 @@ class Trainer:
     # ---- construction helpers ------------------------------------------------------------------
     def _build_model(self):
         try:
-            model = mf_models.build_model(model_section(self.config), seed=self.config.training.seed)
+            # with its multi-token-prediction modules when the model has any (mtp.py)
+            model = mf_models.build_model(model_section(self.config), seed=self.config.training.seed, mtp=True)
         except mf_models.ModelConfigError as exc:
             raise TrainerConfigError(str(exc)) from None
         self.start.prepare_model(model)   # base weights, LoRA adapters: before the plan
@@ -262,8 +266,13 @@ class Trainer:
         # The output projection fused with the loss (chunked; vocab-parallel under tp) where the
         # model allows it; the logits path otherwise (MaskedLMLoss says why in the log).
         head_loss = par.linear_cross_entropy()
-        loss_cell = (self.moe.loss_cell(par.cross_entropy(), self.accumulation, head_loss) if self.moe.active
-                     else MaskedLMLoss(self.model, par.cross_entropy(), head_loss))
+        if self.mtp.active:       # the MoE weights of its balance loss, whether or not it has MoE layers
+            loss_cell = MTPLMLoss(self.model, par.cross_entropy(), par.loss_scale / (self.accumulation * par.dp),
+                                  head_loss)
+        elif self.moe.active:
+            loss_cell = self.moe.loss_cell(par.cross_entropy(), self.accumulation, head_loss)
+        else:
+            loss_cell = MaskedLMLoss(self.model, par.cross_entropy(), head_loss)
         return StepRunner(loss_cell, self.optimizer, cfg.training.max_norm,
                           self.accumulation, norm=GradNorm(clip), local_norm=cfg.monitor.train_state.device_norm,
                           global_tokens=par.global_tokens, loss_scale=par.loss_scale, positions=positions,
@@ -455,6 +464,7 @@ class Trainer:
                 done, compiling = self._run_step(micro, lr)
                 routing = self.moe.after_step(step, done)   # the expert-bias update belongs to the step
                 loss = self.moe.step_loss(done, routing)
+                routing.update(self.mtp.after_step(done))
                 seconds = time.perf_counter() - t0 - compiling
                 state.step = step
                 state.consumed_samples = self.loader.consumed_samples

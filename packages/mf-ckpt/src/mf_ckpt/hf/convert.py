@@ -12,8 +12,9 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import CheckpointError
+from ..st_io import Entry
 from . import models
-from .rules import Architecture, Plan, Target, build_plan, check_hf, check_mf
+from .rules import Architecture, Piece, Plan, Target, build_plan, check_hf, check_mf
 
 
 def _rule_files() -> dict[str, Architecture]:
@@ -47,8 +48,10 @@ def architecture(hf_config: Mapping[str, Any]) -> Architecture:
     return ARCHITECTURES[model_type]
 
 
-def plan_for(hf_config: Mapping[str, Any], hf_names=None) -> Plan:
-    return build_plan(architecture(hf_config), hf_config, hf_names)
+def plan_for(hf_config: Mapping[str, Any], hf_names=None, mf_names=None) -> Plan:
+    """The conversion plan of `hf_config`; the names of the checkpoint at hand (HF names when
+    reading, mf names when writing) say whether its multi-token-prediction layers are in it."""
+    return build_plan(architecture(hf_config), hf_config, hf_names, mf_names)
 
 
 def _meta(state: Mapping[str, np.ndarray]) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -78,8 +81,30 @@ def assemble(target: Target, read_piece) -> np.ndarray:
         if out is None:
             out = np.empty(target.shape, part.dtype)
         box = tuple(slice(o, o + n) for o, n in zip(p.offset, p.shape))
-        out[box] = part.reshape(p.shape)
+        out[box] = p.to_mf(part)
     return out
+
+
+def compose_hf(shape: tuple[int, ...], parts: list[tuple[str, Piece]], read_box) -> np.ndarray:
+    """One HF tensor of `shape` from the (mf tensor, piece) pairs written into it (`Plan.hf_tensors`);
+    `read_box(mf_name, piece)` returns the piece's mf box. A rename is the box itself."""
+    if len(parts) == 1 and parts[0][1].whole:
+        return read_box(*parts[0])
+    out = None
+    for name, p in parts:
+        region = p.to_hf(read_box(name, p))
+        if out is None:
+            out = np.empty(shape, region.dtype)
+        out[tuple(slice(a, b) for a, b in zip(p.hf_start, p.hf_stop))] = region
+    return out
+
+
+def hf_entries(plan: Plan, dtypes_of: Mapping[str, str], read_box) -> list:
+    """The HF tensors of `plan` as writer entries (computed when written): `dtypes_of` maps mf names
+    to dtype codes, `read_box(mf_name, piece)` returns a piece's mf box."""
+    return [Entry(hf, dtypes_of[parts[0][0]], shape,
+                  lambda shape=shape, parts=parts: compose_hf(shape, parts, read_box).reshape(shape))
+            for hf, (shape, parts) in plan.hf_tensors().items()]
 
 
 def hf_to_mf(hf_state: Mapping[str, np.ndarray], hf_config: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -98,15 +123,14 @@ def hf_to_mf(hf_state: Mapping[str, np.ndarray], hf_config: Mapping[str, Any]) -
 
 def mf_to_hf(mf_state: Mapping[str, np.ndarray], hf_config: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """mf names -> Hugging Face names (per-expert tensors, the layout transformers saves)."""
-    plan = plan_for(hf_config)
+    plan = plan_for(hf_config, mf_names=mf_state.keys())
     check_mf(plan, _meta(mf_state), "mf state")
-    out: dict[str, np.ndarray] = {}
-    for name, t in plan.targets.items():
+
+    def read_box(name: str, p: Piece) -> np.ndarray:
         arr = mf_state[name]
-        for p in t.pieces:
-            if p.whole:
-                out[p.hf] = arr
-            else:
-                box = tuple(slice(o, o + n) for o, n in zip(p.offset, p.shape))
-                out[p.hf] = np.ascontiguousarray(arr[box].reshape(p.hf_shape))
-    return out
+        if p.whole:
+            return arr
+        return arr[tuple(slice(o, o + n) for o, n in zip(p.offset, p.shape))]
+
+    return {hf: np.ascontiguousarray(compose_hf(shape, parts, read_box))
+            for hf, (shape, parts) in plan.hf_tensors().items()}

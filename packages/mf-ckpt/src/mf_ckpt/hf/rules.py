@@ -4,8 +4,10 @@ An architecture (llama.py, qwen3.py, deepseek_v3.py) is pure data: `Rule`s sayin
 comes from which HF tensor, with a symbolic shape and the config conditions under which it exists.
 `build_plan` expands them for one config into `Target`s: each mf tensor and the `Piece`s of HF
 tensors it is made of (one piece for a rename; one per expert for a stacked expert tensor; a slice
-of a fused tensor for transformers-5 `gate_up_proj`). The same plan drives the in-memory
-conversion, the HF reader/writer, and reading an HF directory directly as a `load` source.
+of a fused tensor for transformers-5 `gate_up_proj`; a slice of a `Packed` tensor such as GPT-2's
+`c_attn`, maybe transposed: Conv1D stores [in, out]). The same plan drives the in-memory
+conversion, the HF reader/writer, and reading an HF directory directly as a `load` source; an HF
+tensor that several pieces point into is written back whole from all of them (`hf_tensors`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import CheckpointError, brief, first_few
@@ -24,7 +26,8 @@ class Rule:
     """mf tensor `mf` <- HF tensor `hf`. Layer rules are relative to `layers.{i}.` / `model.layers.{i}.`.
 
     `shape` lists symbols from the architecture's `dims`; `when` names conditions that must all
-    hold; `experts` means `hf` contains `{e}` and the mf tensor stacks the experts on axis 0.
+    hold; `experts` means `hf` contains `{e}` and the mf tensor stacks the experts on axis 0;
+    `transpose` means the HF tensor is the mf matrix transposed (GPT-2's Conv1D weights [in, out]).
     """
 
     mf: str
@@ -32,6 +35,9 @@ class Rule:
     shape: tuple[str, ...]
     when: tuple[str, ...] = ()
     experts: bool = False
+    transpose: bool = False
+    # an mf tensor of the main model this HF tensor repeats (MTP rules only; see build_plan)
+    copy_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,20 @@ class Fused:
 
     hf: str
     parts: tuple[str, ...]
+    axis: int
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One HF tensor holding several mf tensors side by side along its axis `axis`, in the order of
+    `parts`, read and written (GPT-2's `c_attn`: q, k, v; GLM-4's `gate_up_proj`: gate, up).
+
+    `parts` are layer rules whose own `hf` is unused; a part whose `when` does not hold is absent
+    from the HF tensor; `transpose` on a part stores it transposed, as Conv1D does.
+    """
+
+    hf: str
+    parts: tuple[Rule, ...]
     axis: int
 
 
@@ -94,11 +114,25 @@ class Architecture:
     top: tuple[Rule, ...]
     layer: tuple[Rule, ...]
     fused: tuple[Fused, ...] = ()
+    packed: tuple[Packed, ...] = ()
+    # Rules of each multi-token-prediction layer (`model.layers.{num_hidden_layers + k}` in HF,
+    # `mtp.{k}.` in mf), for k < `mtp_layers(config)`; the decoder block inside takes the
+    # layer rules with `mtp_layer_conditions` (see deepseek_v3.py).
+    mtp: tuple[Rule, ...] = ()
+    mtp_layers: Callable[[ConfigView], int] = field(default=lambda c: 0)
     # HF tensors that are legitimately present but have no mf counterpart (e.g. DeepSeek's MTP
     # layer, which transformers itself ignores); skipped with a warning.
     skipped: Callable[[ConfigView], Callable[[str], bool]] = field(default=lambda c: (lambda name: False))
     # transformers' model class, written as config.json's `architectures` when a config lacks it.
     hf_class: str | None = None
+    # The decoder layer count (GPT-2 calls it n_layer).
+    num_layers: Callable[[ConfigView], int] = field(default=lambda c: c.int("num_hidden_layers"))
+    # Where layer i's tensors live in HF names (GPT-2: "transformer.h.{i}.").
+    hf_layer: str = "model.layers.{i}."
+    # A prefix of every HF name that checkpoints saved from the base model leave out (GPT-2's
+    # "transformer.": openai-community/gpt2 names its tensors "h.0.attn.c_attn.weight"); read both
+    # ways, always written with it (transformers' layout).
+    optional_prefix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,8 +140,8 @@ class Piece:
     """Part of an mf tensor (box `offset`+`shape`) stored in HF tensor `hf`.
 
     `squeeze` lists mf axes the HF tensor does not have (the expert axis); `hf_start` is where the
-    box starts inside the HF tensor (non-zero only inside a fused tensor); `hf_shape` is the HF
-    tensor's full shape.
+    box starts inside the HF tensor (non-zero only inside a fused or packed tensor); `hf_shape` is
+    the HF tensor's full shape; `transpose`: the HF region is the (2-D) box transposed.
     """
 
     hf: str
@@ -116,15 +150,29 @@ class Piece:
     squeeze: tuple[int, ...]
     hf_start: tuple[int, ...]
     hf_shape: tuple[int, ...]
+    transpose: bool = False
+
+    @property
+    def hf_region_shape(self) -> tuple[int, ...]:
+        kept = tuple(n for axis, n in enumerate(self.shape) if axis not in self.squeeze)
+        return kept[::-1] if self.transpose else kept
 
     @property
     def hf_stop(self) -> tuple[int, ...]:
-        kept = [n for axis, n in enumerate(self.shape) if axis not in self.squeeze]
-        return tuple(a + n for a, n in zip(self.hf_start, kept))
+        return tuple(a + n for a, n in zip(self.hf_start, self.hf_region_shape))
 
     @property
     def whole(self) -> bool:
-        return not self.squeeze and not any(self.hf_start) and self.shape == self.hf_shape
+        return not self.squeeze and not self.transpose and not any(self.hf_start) and self.shape == self.hf_shape
+
+    def to_mf(self, region):
+        """The HF region of this piece (numpy, `hf_region_shape`) as the mf box's values."""
+        return (region.T if self.transpose else region).reshape(self.shape)
+
+    def to_hf(self, box):
+        """The mf box of this piece as its HF region."""
+        kept = box.reshape(tuple(n for axis, n in enumerate(self.shape) if axis not in self.squeeze))
+        return kept.T if self.transpose else kept
 
 
 @dataclass(frozen=True)
@@ -140,9 +188,22 @@ class Plan:
     targets: dict[str, Target]
     skipped: Callable[[str], bool]
     summary: str  # e.g. "llama, 2 layers" for error messages
+    # HF tensor -> (mf tensor, piece): copies of a shared mf tensor a checkpoint may hold (written,
+    # never read: DeepSeek's MTP layers repeat the embedding and the output head)
+    copies: dict[str, tuple[str, Piece]] = field(default_factory=dict)
 
     def hf_names(self) -> set[str]:
         return {p.hf for t in self.targets.values() for p in t.pieces}
+
+    def hf_tensors(self) -> dict[str, tuple[tuple[int, ...], list[tuple[str, Piece]]]]:
+        """HF tensor -> (its shape, the (mf tensor, piece) pairs it is written from), in plan order."""
+        out: dict[str, tuple[tuple[int, ...], list[tuple[str, Piece]]]] = {}
+        for name, target in self.targets.items():
+            for p in target.pieces:
+                out.setdefault(p.hf, (p.hf_shape, []))[1].append((name, p))
+        for hf, (name, p) in self.copies.items():
+            out[hf] = (p.hf_shape, [(name, p)])
+        return out
 
 
 def _whole(hf: str, shape: tuple[int, ...]) -> Piece:
@@ -172,25 +233,48 @@ def check_hyperparameters(config: Mapping[str, Any], model_type: str) -> None:
             raise CheckpointError(f"config.json ({model_type}): {key} must be a finite number > 0, got {brief(value)}")
 
 
-def build_plan(arch: Architecture, config: Mapping[str, Any], hf_names: Iterable[str] | None = None) -> Plan:
-    """Expand `arch` for `config`. With `hf_names`, layers stored fused are planned as fused."""
+MTP_PREFIX = "mtp"
+
+
+def mtp_present(names: Iterable[str], hf_layer: str | None, num_layers: int) -> bool:
+    """Whether a set of tensor names holds multi-token-prediction layers: HF names under
+    layer `num_hidden_layers` (`hf_layer`: the architecture's layer prefix), or mf names under `mtp.`."""
+    prefix = hf_layer.format(i=num_layers) if hf_layer is not None else MTP_PREFIX + "."
+    return any(n.startswith(prefix) for n in names)
+
+
+def build_plan(arch: Architecture, config: Mapping[str, Any], hf_names: Iterable[str] | None = None,
+               mf_names: Iterable[str] | None = None) -> Plan:
+    """Expand `arch` for `config`. With `hf_names`, layers stored fused are planned as fused.
+
+    The multi-token-prediction layers (`arch.mtp`, as many as config.json says) are planned when the
+    names say the checkpoint holds them: HF names (`hf_names`, reading) or mf names (`mf_names`,
+    writing); without names, or when the names hold none (transformers saves no MTP layer), the
+    plan is the causal LM alone.
+    """
     check_hyperparameters(config, arch.model_type)
     view = ConfigView(config, arch.model_type, arch.defaults)
     dims = arch.dims(view)
     conditions = arch.conditions(view)
     present = set(hf_names) if hf_names is not None else None
-    num_layers = view.int("num_hidden_layers")
+    num_layers = arch.num_layers(view)
+    mtp_layers = 0
+    if arch.mtp and (present is not None or mf_names is not None):
+        names = present if present is not None else set(mf_names)
+        if mtp_present(names, arch.hf_layer if present is not None else None, num_layers):
+            mtp_layers = arch.mtp_layers(view)
     # A crafted config (num_hidden_layers: 10**9) must be refused, not expanded for minutes.
-    pieces = num_layers * sum(dims[r.shape[0]] if r.experts else 1 for r in arch.layer)
+    pieces = (num_layers + mtp_layers) * sum(dims[r.shape[0]] if r.experts else 1 for r in arch.layer)
     if pieces > MAX_PLAN_PIECES:
         raise CheckpointError(f"config.json ({arch.model_type}): num_hidden_layers {num_layers} with these sizes would "
                               f"describe {pieces} tensors, more than any model has (at most {MAX_PLAN_PIECES})")
     targets: dict[str, Target] = {}
+    copies: dict[str, tuple[str, Piece]] = {}
 
     def shape_of(rule: Rule) -> tuple[int, ...]:
         return tuple(dims[s] for s in rule.shape)
 
-    def add(rule: Rule, flags: Mapping[str, bool], mf_prefix: str, hf_prefix: str, fmt: dict) -> None:
+    def add(rule: Rule, flags: Mapping[str, bool], mf_prefix: str, hf_prefix: str) -> None:
         if not all(flags[c] for c in rule.when):
             return
         mf = mf_prefix + rule.mf
@@ -198,26 +282,42 @@ def build_plan(arch: Architecture, config: Mapping[str, Any], hf_names: Iterable
         if rule.experts:
             inner = shape[1:]
             pieces = tuple(
-                Piece((hf_prefix + rule.hf).format(e=e, **fmt), (e,) + (0,) * len(inner), (1, *inner), (0,),
+                Piece((hf_prefix + rule.hf).format(e=e), (e,) + (0,) * len(inner), (1, *inner), (0,),
                       (0,) * len(inner), inner)
                 for e in range(shape[0])
             )
+        elif rule.transpose:
+            zeros = (0,) * len(shape)
+            pieces = (Piece(hf_prefix + rule.hf, zeros, shape, (), zeros, shape[::-1], True),)
         else:
             pieces = (_whole(hf_prefix + rule.hf, shape),)
         targets[mf] = Target(mf, shape, pieces)
 
-    for rule in arch.top:
-        add(rule, conditions, "", "", {})
-    for i in range(num_layers):
-        flags = {**conditions, **arch.layer_conditions(view, i)}
-        mf_prefix, hf_prefix = f"layers.{i}.", f"model.layers.{i}."
+    def add_packed(packed: Packed, flags: Mapping[str, bool], mf_prefix: str, hf_prefix: str) -> None:
+        parts = [r for r in packed.parts if all(flags[c] for c in r.when)]
+        if not parts:
+            return
+        regions = [shape_of(r)[::-1] if r.transpose else shape_of(r) for r in parts]
+        total = list(regions[0])
+        total[packed.axis] = sum(r[packed.axis] for r in regions)
+        start = 0
+        for rule, region in zip(parts, regions):
+            shape = shape_of(rule)
+            hf_start = tuple(start if axis == packed.axis else 0 for axis in range(len(region)))
+            piece = Piece(hf_prefix + packed.hf, (0,) * len(shape), shape, (), hf_start, tuple(total), rule.transpose)
+            targets[mf_prefix + rule.mf] = Target(mf_prefix + rule.mf, shape, (piece,))
+            start += region[packed.axis]
+
+    def add_layer(flags: Mapping[str, bool], mf_prefix: str, hf_prefix: str) -> None:
         fused = [f for f in arch.fused if present is not None and hf_prefix + f.hf in present]
         fused_parts = {p for f in fused for p in f.parts}
         by_mf = {r.mf: r for r in arch.layer}
         for rule in arch.layer:
             if rule.mf in fused_parts and all(flags[c] for c in rule.when):
                 continue
-            add(rule, flags, mf_prefix, hf_prefix, {})
+            add(rule, flags, mf_prefix, hf_prefix)
+        for packed in arch.packed:
+            add_packed(packed, flags, mf_prefix, hf_prefix)
         for f in fused:
             rules = [by_mf[p] for p in f.parts]
             if not all(all(flags[c] for c in r.when) for r in rules):
@@ -231,7 +331,43 @@ def build_plan(arch: Architecture, config: Mapping[str, Any], hf_names: Iterable
                 piece = Piece(hf_prefix + f.hf, (0,) * len(shape), shape, (), hf_start, tuple(total))
                 targets[mf_prefix + part] = Target(mf_prefix + part, shape, (piece,))
                 start += shape[f.axis]
-    return Plan(arch.model_type, targets, arch.skipped(view), f"{arch.model_type}, {num_layers} layers")
+
+    for rule in arch.top:
+        add(rule, conditions, "", "")
+    for i in range(num_layers):
+        add_layer({**conditions, **arch.layer_conditions(view, i)}, f"layers.{i}.", arch.hf_layer.format(i=i))
+    for k in range(mtp_layers):
+        flags = {**conditions, **arch.layer_conditions(view, num_layers + k)}
+        mf_prefix, hf_prefix = f"{MTP_PREFIX}.{k}.", arch.hf_layer.format(i=num_layers + k)
+        for rule in arch.mtp:
+            if rule.copy_of is not None:
+                # The checkpoint's own copy of a shared tensor (DeepSeek stores the embedding and
+                # the output head again in each MTP layer): written from the shared tensor, read
+                # from the main model's (optional in a checkpoint, so never required).
+                if all(flags[c] for c in rule.when):
+                    shape = shape_of(rule)
+                    copies[hf_prefix + rule.hf] = (rule.copy_of, _whole(hf_prefix + rule.hf, shape))
+                continue
+            add(rule, flags, mf_prefix, hf_prefix)
+        add_layer(flags, mf_prefix + "block.", hf_prefix)
+    summary = f"{arch.model_type}, {num_layers} layers" + (f" + {mtp_layers} MTP" if mtp_layers else "")
+    plan = Plan(arch.model_type, targets, arch.skipped(view), summary, copies)
+    prefix = arch.optional_prefix
+    if prefix and present and not any(n.startswith(prefix) for n in present):
+        bare = _without_prefix(plan, prefix)
+        if bare.hf_names() & present:
+            return bare
+    return plan
+
+
+def _without_prefix(plan: Plan, prefix: str) -> Plan:
+    """The plan reading a checkpoint whose HF names leave out `prefix` (Architecture.optional_prefix)."""
+    def strip(p: Piece) -> Piece:
+        return replace(p, hf=p.hf[len(prefix):]) if p.hf.startswith(prefix) else p
+
+    targets = {n: replace(t, pieces=tuple(strip(p) for p in t.pieces)) for n, t in plan.targets.items()}
+    copies = {hf[len(prefix):] if hf.startswith(prefix) else hf: (n, strip(p)) for hf, (n, p) in plan.copies.items()}
+    return Plan(plan.model_type, targets, lambda name: plan.skipped(prefix + name), plan.summary, copies)
 
 
 def check_hf(plan: Plan, found: Mapping[str, tuple[str, tuple[int, ...]]], where: str) -> list[str]:
@@ -240,7 +376,11 @@ def check_hf(plan: Plan, found: Mapping[str, tuple[str, tuple[int, ...]]], where
     missing = sorted(needed - found.keys())
     if missing:
         raise CheckpointError(f"{where}: missing tensor {first_few(missing)} required by config.json ({plan.summary})")
-    extra = sorted(found.keys() - needed)
+    for name, (_, piece) in plan.copies.items():
+        if name in found and tuple(found[name][1]) != piece.hf_shape:
+            raise CheckpointError(f"{where}: tensor {name!r} has shape {list(found[name][1])}, config.json implies "
+                                  f"{list(piece.hf_shape)} ({plan.summary})")
+    extra = sorted(found.keys() - needed - plan.copies.keys())
     skipped = [n for n in extra if plan.skipped(n)]
     unexpected = [n for n in extra if not plan.skipped(n)]
     if unexpected:

@@ -39,6 +39,10 @@ def migrate_model(m: Migration) -> None:
     _identify(m)
     _variant(m)
     _params_dtype(m)
+    if m.facts.family == "gpt2":
+        _gpt2(m)
+    elif m.facts.family == "glm":
+        _chatglm(m)
     _hyper_parameters(m)
     _structure_switches(m)
     _intermediate_size(m)
@@ -67,7 +71,10 @@ def _identify(m: Migration) -> None:
             family, architecture = ARCHITECTURES[name]
             m.translated(path, f"model.model_type: {family}, model.architectures: {architecture}")
             break
-    if family is None:
+    named = next((name for _, name in candidates if isinstance(name, str) and name), None)
+    if family is None and named is None:
+        # no architecture named: the config class says which model (an unknown architecture name
+        # is refused below, not migrated as its config class's causal LM: GPT2ForSequenceClassification)
         for path, kind in (((*MC, "model_type"), mc.get("model_type")), ((*MC, "type"), mc.get("type"))):
             name = kind if path[-1] == "model_type" else lookup(CONFIG_TYPES, kind)
             if lookup(MODEL_TYPES, name) is not None:
@@ -75,7 +82,6 @@ def _identify(m: Migration) -> None:
                 m.translated(path, f"model.model_type: {family}, model.architectures: {architecture}")
                 break
     if family is None:
-        named = next((name for _, name in candidates if isinstance(name, str) and name), None)
         where = "model.arch.type" if arch == named else "model.model_config.architectures"
         if named is not None:
             raise ConfigError(where, f"{named}: mf has no such model (available: {_AVAILABLE}); the config is "
@@ -106,9 +112,14 @@ def _variant(m: Migration) -> None:
     shared = moe.get("shared_expert_num") or 0
     new = family
     if family == "llama" and bias and sparse:
-        raise ConfigError("moe_config.expert_num", f"{experts} experts with q/k/v biases is Qwen2-MoE, which mf does "
-                                                   "not have (its shared expert has a gate); refused")
-    if family in ("llama", "qwen3") and sparse:
+        gated = moe.get("use_shared_expert_gating") is True
+        if shared and not gated:
+            raise ConfigError("moe_config.use_shared_expert_gating", f"{fmt_value(moe.get('use_shared_expert_gating'))}: "
+                                                                     "a llama with q/k/v biases, routed experts and "
+                                                                     "ungated shared experts is no model mf has "
+                                                                     "(Qwen2-MoE gates its shared expert); refused")
+        new = "qwen2_moe"
+    elif family in ("llama", "qwen3") and sparse:
         if shared:
             raise ConfigError("moe_config.shared_expert_num", f"{fmt_value(shared)}: shared experts exist only in "
                                                               "mf's deepseek_v3; this architecture is refused")
@@ -117,7 +128,8 @@ def _variant(m: Migration) -> None:
         new = "qwen2"
     if new != family:
         why = ("q/k/v biases on a llama are Qwen1.5/Qwen2" if new == "qwen2"
-               else f"{family} with {experts} routed experts (moe_config) is {new}")
+               else f"q/k/v biases and {experts} routed experts (moe_config) on a llama are Qwen1.5-MoE/Qwen2-MoE"
+               if new == "qwen2_moe" else f"{family} with {experts} routed experts (moe_config) is {new}")
         m.set("model.model_type", new)
         m.set("model.architectures", MODEL_TYPES[new])
         m.facts.family = new
@@ -190,7 +202,9 @@ def _structure_switches(m: Migration) -> None:
             m.line((*MC, key), "unneeded" if mc[key] == ok else "dropped", reason_ok if mc[key] == ok else reason_bad)
 
     act = mc.get("hidden_act")
-    if "hidden_act" in mc:
+    if "hidden_act" in mc and family == "gpt2":
+        _gpt2_activation(m, act)
+    elif "hidden_act" in mc:
         if act in ("silu", "swiglu"):
             m.copy((*MC, "hidden_act"), "model.hidden_act", "silu",
                    note="SwiGLU's activation is called silu in mf" if act == "swiglu" else "")
@@ -205,6 +219,9 @@ def _structure_switches(m: Migration) -> None:
     if family == "qwen2":
         fixed("qkv_has_bias", True, "mf's qwen2 always has q/k/v biases",
               "mf's qwen2 always has q/k/v biases (the old model had none)")
+    elif family == "qwen2_moe":
+        if "qkv_has_bias" in mc:
+            m.copy((*MC, "qkv_has_bias"), "model.qkv_bias", mc["qkv_has_bias"] is True)
     else:
         fixed("qkv_has_bias", False, f"mf's {family} has no q/k/v biases either",
               f"q/k/v-only biases do not exist in mf's {family} model")
@@ -227,7 +244,7 @@ def _structure_switches(m: Migration) -> None:
                    note="the negation of untie_embeddings_and_output_weights")
 
 
-_LLAMA_CLASSES = ("llama", "qwen2", "mixtral")  # the families MindFormers built with its llama FeedForward
+_LLAMA_CLASSES = ("llama", "qwen2", "mixtral", "qwen2_moe")  # the families MindFormers built with its llama FeedForward
 
 
 def llama_ffn_width(hidden: int, multiple_of: int = 256, ffn_dim_multiplier: float | None = None) -> int:
@@ -301,18 +318,22 @@ def _multi_token_prediction(m: Migration) -> None:
     depth = m.value(path)
     if depth is None:
         return
+    factor_path = (*MC, "mtp_loss_factor")
     if isinstance(depth, int) and not isinstance(depth, bool) and depth > 0:
         m.facts.mtp_depth = depth
-        if m.facts.family == "deepseek_v3":
-            m.set("model.num_nextn_predict_layers", depth)
-            m.dropped(path, f"model.num_nextn_predict_layers: {depth} is written (so checkpoints name their MTP "
-                            "layers as DeepSeek's do), but mf builds and trains no multi-token-prediction layers: "
-                            "the MTP loss is lost (the pipeline placement below leaves them out)")
+        if m.facts.family in ("deepseek_v3", "glm4_moe"):
+            m.copy(path, "model.num_nextn_predict_layers", depth,
+                   note="its multi-token-prediction modules are trained, with their loss, on the last pipeline stage")
+            if m.src.has(factor_path):
+                m.copy(factor_path, "model.mtp_loss_scaling_factor",
+                       note="the weight of the MTP loss, divided by the depth count as MindFormers divides it")
         else:
-            m.dropped(path, "multi-token-prediction layers are not trained by mf (the pipeline placement below leaves "
-                            "them out)")
+            m.dropped(path, f"multi-token-prediction layers exist only in mf's deepseek_v3 and glm4_moe, not in its "
+                            f"{m.facts.family} (the pipeline placement below leaves them out)")
     else:
         m.unneeded(path, "no multi-token-prediction layers")
+    if m.src.has(factor_path) and not m.src.is_handled(factor_path):
+        m.unneeded(factor_path, "no multi-token-prediction layers to weigh")
 
 
 # -- MoE -------------------------------------------------------------------------------------------
@@ -373,6 +394,8 @@ def _routed_experts(m: Migration, moe: dict) -> None:
             m.set(f"model.{key}", value)
             m.line(("moe_config",), "translated", f"model.{key}: {fmt_value(value)} (MindFormers' MoE default)",
                    mark=False)
+    if family == "qwen2_moe":
+        _qwen2_moe_experts(m, moe)
     aux = moe.get("aux_loss_factor")
     if "aux_loss_factor" in moe:
         if isinstance(aux, (int, float)) and not isinstance(aux, bool) and aux > 0:
@@ -390,6 +413,156 @@ def _routed_experts(m: Migration, moe: dict) -> None:
         m.line(("moe_config", "use_gating_sigmoid"), "dropped" if moe["use_gating_sigmoid"] else "unneeded",
                f"mf's {family} router scores with softmax")
     m.drop_table(("moe_config",), MOE_DROPS, gone(f"not a mixture-of-experts setting of mf's {family}"))
+
+
+def _qwen2_moe_experts(m: Migration, moe: dict) -> None:
+    """MindFormers' llama MoE sized every expert (and each shared one) with intermediate_size;
+    Qwen2-MoE's shared expert is shared_expert_num of them fused, scaled by its sigmoid gate."""
+    width = m.get_new("model.intermediate_size")
+    if isinstance(width, int) and not isinstance(width, bool):
+        m.set("model.moe_intermediate_size", width)
+        m.line(("moe_config",), "translated", f"model.moe_intermediate_size: {width} (MindFormers sized each routed "
+                                              "expert with model_config.intermediate_size)", mark=False)
+    shared = moe.get("shared_expert_num") or 0
+    if "shared_expert_num" in moe:
+        if isinstance(width, int) and isinstance(shared, (int, float)) and not isinstance(shared, bool) \
+                and float(shared).is_integer():
+            m.copy(("moe_config", "shared_expert_num"), "model.shared_expert_intermediate_size", int(shared) * width,
+                   note=f"{fmt_value(shared)} experts of intermediate_size {width}: one shared expert that wide")
+        else:
+            m.action(("moe_config", "shared_expert_num"), f"{fmt_value(shared)} shared experts of intermediate_size "
+                                                          f"{fmt_value(width)}: set model.shared_expert_intermediate_size",
+                     fix="model.shared_expert_intermediate_size")
+    else:
+        m.set("model.shared_expert_intermediate_size", 0)
+    if "use_shared_expert_gating" in moe:
+        m.unneeded(("moe_config", "use_shared_expert_gating"), "mf's qwen2_moe gates its shared expert")
+
+
+# -- GPT-2 and ChatGLM ----------------------------------------------------------------------------
+_GPT2_DROPOUTS = {"hidden_dropout_rate": "resid_pdrop", "attention_dropout_rate": "attn_pdrop",
+                  "embedding_dropout_prob": "embd_pdrop"}
+
+
+def _gpt2(m: Migration) -> None:
+    """MindFormers' GPT2Config: the MLP width as a ratio, dropout rates under its own names (mf has
+    no dropout: written 0.0), positions up to seq_length unless given, LayerNorm after the
+    residual refused (post_layernorm_residual: a different network)."""
+    mc = m.src.mapping(MC)
+    hidden = mc.get("hidden_size", 768)
+    if "expand_ratio" in mc:
+        ratio = mc["expand_ratio"]
+        if isinstance(ratio, int) and not isinstance(ratio, bool) and isinstance(hidden, int) and ratio > 0:
+            m.copy((*MC, "expand_ratio"), "model.n_inner", ratio * hidden, note=f"{ratio} x hidden_size")
+        else:
+            m.action((*MC, "expand_ratio"), f"{fmt_value(ratio)}: set model.n_inner (the MLP width) by hand",
+                     fix="model.n_inner")
+    for old, new in _GPT2_DROPOUTS.items():
+        value = mc.get(old, 0.1)       # MindFormers' GPT2Config defaults are 0.1 (HF's are too)
+        m.set(f"model.{new}", 0.0)
+        note = f"model.{new}: 0.0 is written: dropout is not implemented in mf"
+        if old in mc:
+            m.line((*MC, old), "unneeded" if value == 0 else "dropped",
+                   note if value != 0 else f"model.{new}: 0.0 (no dropout)")
+        elif value != 0:
+            m.line(MC, "dropped", f"{old} (MindFormers' default {value}): {note}", mark=False)
+    if "max_position_embeddings" not in mc and "seq_length" in mc:
+        m.set("model.n_positions", mc["seq_length"])
+        m.line((*MC, "seq_length"), "translated", f"model.n_positions: {fmt_value(mc['seq_length'])} (MindFormers' "
+                                                  "GPT-2 sizes its position table by seq_length unless "
+                                                  "max_position_embeddings is given)", mark=False)
+    if "post_layernorm_residual" in mc:
+        if mc["post_layernorm_residual"]:
+            raise ConfigError("model.model_config.post_layernorm_residual", "True: the residual taken after the "
+                                                                            "LayerNorm is not GPT-2's block (mf's gpt2 is "
+                                                                            "transformers'); refused")
+        m.unneeded((*MC, "post_layernorm_residual"), "mf's gpt2 takes the residual before the LayerNorm too")
+    if "num_labels" in mc:
+        m.unneeded((*MC, "num_labels"), "the class count of MindFormers' GPT-2 classification head, not of the LM")
+    if "use_prompt_flash_attention" in mc:
+        m.unneeded((*MC, "use_prompt_flash_attention"), "a fused-kernel switch of MindFormers' inference")
+
+
+# MindFormers' GPT-2 builds its MLP with MindSpore's nn.GELU, the tanh approximation by default:
+# transformers' gelu_new.
+_GPT2_ACTIVATIONS = {"gelu": "gelu_new", "fast_gelu": "gelu_new", "relu": "relu"}
+
+
+def _gpt2_activation(m: Migration, act: Any) -> None:
+    path = (*MC, "hidden_act")
+    if act in _GPT2_ACTIVATIONS:
+        m.copy(path, "model.activation_function", _GPT2_ACTIVATIONS[act],
+               note="MindSpore's GELU (MindFormers' gelu) is the tanh approximation, transformers' gelu_new"
+               if act != "relu" else "")
+    else:
+        m.action(path, f"{fmt_value(act)}: not an activation of mf's gpt2 (gelu_new, gelu, relu): set "
+                       "model.activation_function", fix="model.activation_function")
+
+
+# ChatGLM2Config switches -> the value GlmForCausalLM fixes (anything else is another network).
+_CHATGLM_FIXED = {
+    "rmsnorm": (True, "RMSNorm"), "apply_residual_connection_post_layernorm": (False, "the residual before the norm"),
+    "post_layer_norm": (True, "a final norm"), "add_bias_linear": (False, "no biases but q/k/v's"),
+    "quantization_bit": (0, "unquantized weights"), "pre_seq_len": (None, "no P-tuning prefix"),
+}
+_GLM4_VOCAB = 151552
+
+
+def _chatglm(m: Migration) -> None:
+    """MindFormers' ChatGLM2 classes (ChatGLM2-6B, ChatGLM3-6B, GLM-4-9B): transformers'
+    GlmForCausalLM when every switch says that network; refused otherwise, naming the switch. Not
+    Glm4ForCausalLM: that is GLM-4-0414, whose extra norms after the attention and the MLP no
+    ChatGLM2 config describes."""
+    mc = m.src.mapping(MC)
+    for key, (want, what) in _CHATGLM_FIXED.items():
+        if key not in mc:
+            continue
+        value = mc[key]
+        if value == "None":
+            value = None
+        if value != want:
+            raise ConfigError(f"model.model_config.{key}", f"{fmt_value(mc[key])}: mf's glm (transformers' "
+                                                           f"GlmForCausalLM) has {what}; this ChatGLM2 variant is "
+                                                           "another network and is refused")
+        m.unneeded((*MC, key), f"mf's glm has {what}")
+    vocab = mc.get("padded_vocab_size", mc.get("vocab_size"))
+    model = "GLM-4-9B" if vocab == _GLM4_VOCAB else "ChatGLM2/3-6B"
+    m.line(MC, "translated", f"model.model_type: glm ({model}'s ChatGLM2 network is transformers' GlmForCausalLM; "
+                             "not Glm4ForCausalLM, GLM-4-0414 with two more norms per layer)", mark=False)
+    if "add_qkv_bias" in mc:
+        m.copy((*MC, "add_qkv_bias"), "model.attention_bias", mc["add_qkv_bias"] is True)
+    heads = mc.get("num_attention_heads")
+    if mc.get("multi_query_attention") is True:
+        if "multi_query_group_num" in mc:
+            m.copy((*MC, "multi_query_group_num"), "model.num_key_value_heads")
+        m.unneeded((*MC, "multi_query_attention"), "grouped key/value heads: model.num_key_value_heads")
+    elif "multi_query_attention" in mc:
+        m.set("model.num_key_value_heads", heads)
+        m.translated((*MC, "multi_query_attention"), f"model.num_key_value_heads: {fmt_value(heads)} (one key per head)")
+        if "multi_query_group_num" in mc:
+            m.unneeded((*MC, "multi_query_group_num"), "used only with multi_query_attention")
+    ratio = mc.get("rope_ratio", 1)
+    if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio > 0:
+        m.set("model.rope_theta", 10000.0 * ratio)
+        text = f"model.rope_theta: {10000.0 * ratio} (ChatGLM's base 10000 x rope_ratio {fmt_value(ratio)})"
+        if "rope_ratio" in mc:
+            m.translated((*MC, "rope_ratio"), text)
+        else:
+            m.line(MC, "translated", text, mark=False)
+    else:
+        m.action((*MC, "rope_ratio"), f"{fmt_value(ratio)}: set model.rope_theta (10000 x rope_ratio)",
+                 fix="model.rope_theta")
+    if "seq_length" in mc and "max_position_embeddings" not in mc:
+        m.set("model.max_position_embeddings", mc["seq_length"])
+    for key, why in (("apply_query_key_layer_scaling", "a rescaling of the attention scores that cancels out"),
+                     ("attention_softmax_in_fp32", "mf's softmax computes in float32"),
+                     ("bias_dropout_fusion", _KERNEL_NOTE), ("prefix_projection", "used only with pre_seq_len"),
+                     ("mlp_concat", _KERNEL_NOTE)):
+        if key in mc:
+            m.unneeded((*MC, key), why)
+
+
+_KERNEL_NOTE = "a fused-kernel or layout switch of MindFormers' implementation; mf-models picks its kernels itself"
 
 
 # -- LoRA and generation ----------------------------------------------------------------------------

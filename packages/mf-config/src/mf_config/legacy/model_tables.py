@@ -14,21 +14,33 @@ from mf_config.legacy.tables import Drop, gone, moot
 # model.arch.type / model_config.type of the older format -> (mf model_type, mf architecture).
 ARCHITECTURES: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "ParallelLlamaForCausalLM": ("llama", "LlamaForCausalLM"),   # MindFormers' inference build of the same llama
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
     "DeepseekV3ForCausalLM": ("deepseek_v3", "DeepseekV3ForCausalLM"),
     "TrainingDeepseekV3ForCausalLM": ("deepseek_v3", "DeepseekV3ForCausalLM"),
     "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
     "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "GPT2LMHeadModel": ("gpt2", "GPT2LMHeadModel"),
+    # MindFormers' ChatGLM2 classes ran ChatGLM2/3-6B and GLM-4-9B: the network transformers calls
+    # GlmForCausalLM (checked field by field: model_rules._chatglm)
+    "ChatGLM2ForConditionalGeneration": ("glm", "GlmForCausalLM"),
+    "GlmForCausalLM": ("glm", "GlmForCausalLM"),
+    "Glm4ForCausalLM": ("glm4", "Glm4ForCausalLM"),
+    "Qwen2MoeForCausalLM": ("qwen2_moe", "Qwen2MoeForCausalLM"),
+    "Glm4MoeForCausalLM": ("glm4_moe", "Glm4MoeForCausalLM"),
 }
 CONFIG_TYPES: dict[str, str] = {"LlamaConfig": "llama", "Qwen3Config": "qwen3", "DeepseekV3Config": "deepseek_v3",
-                                "Qwen2Config": "qwen2", "MixtralConfig": "mixtral", "Qwen3MoeConfig": "qwen3_moe"}
+                                "Qwen2Config": "qwen2", "MixtralConfig": "mixtral", "Qwen3MoeConfig": "qwen3_moe",
+                                "GPT2Config": "gpt2", "ChatGLM2Config": "glm", "Qwen2MoeConfig": "qwen2_moe"}
 MODEL_TYPES: dict[str, str] = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
                                "deepseek_v3": "DeepseekV3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                               "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+                               "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                               "gpt2": "GPT2LMHeadModel", "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM",
+                               "qwen2_moe": "Qwen2MoeForCausalLM", "glm4_moe": "Glm4MoeForCausalLM"}
 # MindFormers ran several architectures through its llama classes; the switches that tell them apart
 # pick mf's matching model (a dense llama with q/k/v biases is Qwen1.5/2; llama with experts is Mixtral).
-LLAMA_VARIANTS = {"qkv_bias": "qwen2", "experts": "mixtral"}
+LLAMA_VARIANTS = {"qkv_bias": "qwen2", "experts": "mixtral", "qkv_bias+experts": "qwen2_moe"}
 DENSE_TO_MOE = {"llama": "mixtral", "qwen3": "qwen3_moe"}
 
 _BASE_KEYS = frozenset({
@@ -40,22 +52,35 @@ _BASE_KEYS = frozenset({
 })
 _LLAMA_KEYS = _BASE_KEYS | {"attention_bias", "mlp_bias"}
 _SLIDING_KEYS = frozenset({"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"})
+_DEEPSEEK_MOE_KEYS = frozenset({
+    "moe_intermediate_size", "n_shared_experts", "n_routed_experts", "routed_scaling_factor", "n_group", "topk_group",
+    "num_experts_per_tok", "first_k_dense_replace", "norm_topk_prob", "num_nextn_predict_layers",
+    "mtp_loss_scaling_factor", "output_router_logits", "topk_method", "scoring_func", "moe_layer_freq",
+    "aux_loss_alpha", "seq_aux", "moe_router_bias_update_rate"})
 MODEL_KEYS: dict[str, frozenset[str]] = {
     "llama": _LLAMA_KEYS,
     "qwen3": _LLAMA_KEYS | _SLIDING_KEYS,
     "deepseek_v3": _BASE_KEYS | {
-        "moe_intermediate_size", "n_shared_experts", "n_routed_experts", "routed_scaling_factor", "kv_lora_rank",
-        "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "qk_head_dim", "n_group",
-        "topk_group", "num_experts_per_tok", "first_k_dense_replace", "norm_topk_prob", "rope_interleave",
-        "attention_bias", "num_nextn_predict_layers", "output_router_logits", "topk_method", "scoring_func",
-        "moe_layer_freq", "aux_loss_alpha", "seq_aux", "moe_router_bias_update_rate", "ep_size",
-        "quantization_config", "auto_map"},
+        "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "qk_head_dim",
+        "rope_interleave", "attention_bias", "ep_size", "quantization_config", "auto_map"} | _DEEPSEEK_MOE_KEYS,
     "qwen2": _LLAMA_KEYS | _SLIDING_KEYS,
     "mixtral": _BASE_KEYS | {"num_local_experts", "num_experts_per_tok", "output_router_logits",
                              "router_aux_loss_coef", "router_jitter_noise", "sliding_window"},
     "qwen3_moe": _LLAMA_KEYS | _SLIDING_KEYS | {
         "decoder_sparse_step", "mlp_only_layers", "moe_intermediate_size", "norm_topk_prob", "num_experts",
         "num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef"},
+    "gpt2": _BASE_KEYS | {
+        "activation_function", "add_cross_attention", "attn_pdrop", "embd_pdrop", "layer_norm_epsilon", "n_embd",
+        "n_head", "n_inner", "n_layer", "n_positions", "reorder_and_upcast_attn", "resid_pdrop",
+        "scale_attn_by_inverse_layer_idx", "scale_attn_weights", "summary_activation", "summary_first_dropout",
+        "summary_last_dropout", "summary_proj_to_labels", "summary_type", "summary_use_proj"},
+    "glm": _LLAMA_KEYS | {"partial_rotary_factor"},
+    "glm4": _LLAMA_KEYS | {"partial_rotary_factor"},
+    "qwen2_moe": _LLAMA_KEYS | _SLIDING_KEYS | {
+        "decoder_sparse_step", "mlp_only_layers", "moe_intermediate_size", "norm_topk_prob", "num_experts",
+        "num_local_experts", "num_experts_per_tok", "output_router_logits", "qkv_bias", "router_aux_loss_coef",
+        "shared_expert_intermediate_size"},
+    "glm4_moe": _LLAMA_KEYS | _DEEPSEEK_MOE_KEYS | {"partial_rotary_factor", "use_qk_norm"},
 }
 
 # model_config names of the older format -> the Hugging Face names mf's models use.
@@ -68,6 +93,9 @@ MODEL_RENAMES: dict[str, str] = {
     "param_init_type": "params_dtype",
     "layernorm_epsilon": "rms_norm_eps",
     "num_experts": "n_routed_experts",  # the mcore-style MoE key, for deepseek_v3
+    "padded_vocab_size": "vocab_size",  # ChatGLM2 (glm)
+    "ffn_hidden_size": "intermediate_size",
+    "kv_channels": "head_dim",
 }
 
 # Keys consumed by other rules (placement, LoRA, generation...): the model rule leaves them alone.
@@ -111,8 +139,8 @@ MODEL_DROPS: dict[str, Drop] = {
     "llm_backend": moot(_INFER), "quant_config": gone("quantised models are not supported", None),
     "auto_register": moot("a MindFormers class-registration path"),
     "rotary_emb_base": moot("unused by MindFormers' llama (theta set the rotary base)"),
-    "return_extra_loss": gone("auxiliary losses (MTP, MoE balance) are not trained by mf", False),
-    "mtp_loss_factor": gone("multi-token prediction is not trained by mf"),
+    "return_extra_loss": moot("mf adds the auxiliary losses it trains (the MoE balance loss, the MTP loss) to the "
+                              "objective itself"),
     "moe_router_pre_softmax": gone("mf's deepseek_v3 router scores with sigmoid and no pre-softmax", False),
     "moe_token_drop_policy": moot("mf's MoE never drops tokens"),
     "router_aux_loss_coef": gone("mf trains no auxiliary load-balancing loss", 0, 0.0),
@@ -127,11 +155,14 @@ MOE_RENAMES_BY_FAMILY: dict[str, dict[str, str]] = {
     "mixtral": {"expert_num": "num_local_experts", "num_experts_chosen": "num_experts_per_tok"},
     "qwen3_moe": {"expert_num": "num_experts", "num_experts_chosen": "num_experts_per_tok",
                   "moe_intermediate_size": "moe_intermediate_size", "norm_topk_prob": "norm_topk_prob"},
+    "qwen2_moe": {"expert_num": "num_experts", "num_experts_chosen": "num_experts_per_tok",
+                  "norm_topk_prob": "norm_topk_prob"},
 }
 # MindFormers' defaults (MoEConfig) where HF's differ, for the keys mixtral / qwen3_moe need.
 MOE_DEFAULTS_BY_FAMILY: dict[str, dict[str, object]] = {
     "mixtral": {"num_experts_per_tok": 1},
     "qwen3_moe": {"num_experts_per_tok": 1, "norm_topk_prob": False},
+    "qwen2_moe": {"num_experts_per_tok": 1, "norm_topk_prob": False},
 }
 
 # moe_config of the older format -> mf model keys (deepseek_v3).

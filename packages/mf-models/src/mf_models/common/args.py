@@ -32,6 +32,10 @@ _PY_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str, "dict"
 
 @dataclass
 class BaseArgs:
+    # Class attribute (not a field): the default fraction of each head a partially rotating model
+    # rotates (GLM-4's 0.5); None: whole heads (rope.py's `partial_rotary_factor` refused).
+    partial_rotary_default = None
+
     vocab_size: int = 32000
     hidden_size: int = 4096
     intermediate_size: int = 11008
@@ -112,7 +116,9 @@ class BaseArgs:
                     f"accepted: {', '.join(DTYPE_NAMES)}")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ModelConfigError(f"model.pad_token_id: {self.pad_token_id} is outside the vocabulary [0, {self.vocab_size})")
-        self.rope = normalize_rope(self.rope_parameters, self.rope_scaling, self.rope_theta)
+        self.rope = normalize_rope(self.rope_parameters, self.rope_scaling, self.rope_theta,
+                                   partial_rotary=self.partial_rotary_default,
+                                   legacy_partial=getattr(self, "partial_rotary_factor", None))
 
     # -- helpers ------------------------------------------------------------------------------
     @property
@@ -147,6 +153,11 @@ class BaseArgs:
         A model whose plan splits other dimensions overrides this (common/layout.py checks it)."""
         return ((self.num_attention_heads, self.num_key_value_heads),
                 {"vocab_size": self.vocab_size, "intermediate_size": self.intermediate_size})
+
+    def training_problems(self) -> list[str]:
+        """Keyed lines on what this model cannot train as configured although it runs inference
+        (GPT-2's dropout): the trainer's preflight refuses them."""
+        return []
 
     def balance_loss_key(self) -> str | None:
         """The model key that switches on a MoE balance loss when it is on (None: no balance loss)."""

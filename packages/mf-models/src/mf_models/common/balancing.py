@@ -109,7 +109,13 @@ def switch_balance_loss(coef: float, num_experts: int, tokens: int, counts, sums
 
 # ----------------------------------------------------------------------------- host side
 def _moe_routers(model) -> list[tuple[int, object]]:
-    return [(i, layer.moe.router) for i, layer in enumerate(model.layers) if getattr(layer, "moe_enabled", False)]
+    """(row id, router) of every routed MoE layer: the decoder's by layer index, then the blocks of
+    the multi-token-prediction modules numbered after them (`CausalLM.moe_layer_ids`)."""
+    routers = [(i, layer.moe.router) for i, layer in enumerate(model.layers) if getattr(layer, "moe_enabled", False)]
+    n = len(model.layers)
+    routers += [(n + k, module.block.moe.router) for k, module in enumerate(getattr(model, "mtp", ()))
+                if module.moe_enabled]
+    return routers
 
 
 def bias_update(load: np.ndarray, rate: float) -> np.ndarray:
@@ -163,41 +169,55 @@ class RoutingStats:
 
     tokens_per_expert [L, E] assignments each expert received; dropped [L] (0: dispatch is
     dropless) and padded [L] (rows computed without an assignment) per layer; layers: the decoder
-    layer index of each row.
+    layer index of each row, then num_hidden_layers + k for the MoE block of multi-token-prediction
+    module k (`mtp_from`: the first such id, None without MTP). Metrics name a decoder row
+    `moe/layer{i}/...` and an MTP row `moe/mtp{k}/...` (MindFormers' "block": "mtp").
     """
 
     layers: tuple[int, ...]
     tokens_per_expert: np.ndarray
     dropped: np.ndarray
     padded: np.ndarray
+    mtp_from: int | None = None
 
     @classmethod
     def from_outputs(cls, model, tokens_per_expert, dispatch_counts) -> RoutingStats:
         load = np.asarray(tokens_per_expert.asnumpy() if isinstance(tokens_per_expert, Tensor) else tokens_per_expert)
         counts = np.asarray(dispatch_counts.asnumpy() if isinstance(dispatch_counts, Tensor) else dispatch_counts)
         layers = tuple(i for i, _ in _moe_routers(model))
-        return cls(layers, load.astype(np.float64), counts[:, 0].astype(np.float64), counts[:, 1].astype(np.float64))
+        mtp_from = len(model.layers) if getattr(model, "mtp", None) is not None else None
+        return cls(layers, load.astype(np.float64), counts[:, 0].astype(np.float64), counts[:, 1].astype(np.float64),
+                   mtp_from)
 
     def __add__(self, other: RoutingStats) -> RoutingStats:
         """Sum of two micro-batches' (or ranks') statistics."""
         if self.layers != other.layers:
             raise ValueError("RoutingStats of different models cannot be added")
         return RoutingStats(self.layers, self.tokens_per_expert + other.tokens_per_expert,
-                            self.dropped + other.dropped, self.padded + other.padded)
+                            self.dropped + other.dropped, self.padded + other.padded, self.mtp_from)
 
     def imbalance(self) -> np.ndarray:
         """max / mean tokens per expert, per layer (1.0 = perfectly balanced)."""
         mean = self.tokens_per_expert.mean(-1)
         return np.where(mean > 0, self.tokens_per_expert.max(-1) / np.maximum(mean, 1e-30), 1.0)
 
+    def block_of(self, layer: int) -> tuple[str, int]:
+        """("decoder", layer index) or ("mtp", module index) of a row id."""
+        if self.mtp_from is not None and layer >= self.mtp_from:
+            return "mtp", layer - self.mtp_from
+        return "decoder", layer
+
     def metrics(self, layers: Sequence[int] | None = None) -> dict[str, float | list[float]]:
-        """Flat metrics: moe/layer{i}/{imbalance,dropped,padded,tokens_per_expert} (+ overall max)."""
+        """Flat metrics: moe/layer{i}/{imbalance,dropped,padded,tokens_per_expert} of the decoder's
+        MoE layers (those in `layers`, decoder layer ids, when given), moe/mtp{k}/... of every MTP
+        module's MoE block (+ overall max)."""
         out: dict[str, float | list[float]] = {}
         imbalance = self.imbalance()
         for row, layer in enumerate(self.layers):
-            if layers is not None and layer not in layers:
+            block, index = self.block_of(layer)
+            if block == "decoder" and layers is not None and layer not in layers:
                 continue
-            prefix = f"moe/layer{layer}/"
+            prefix = f"moe/layer{index}/" if block == "decoder" else f"moe/mtp{index}/"
             out[prefix + "tokens_per_expert"] = self.tokens_per_expert[row].tolist()
             out[prefix + "imbalance"] = float(imbalance[row])
             out[prefix + "dropped"] = float(self.dropped[row])

@@ -90,7 +90,7 @@ def _mla_attention(p: str, args) -> list[ParamEntry]:
     return out
 
 
-def _moe(p: str, args, expert_bias: bool) -> list[ParamEntry]:
+def _moe(p: str, args, expert_bias: bool, shared_gate: bool) -> list[ParamEntry]:
     h = args.hidden_size
     e, _, f, shared = args.moe_sizes()
     out = [ParamEntry(p + ".router.expert_bias", (e,), None, False)] if expert_bias else []
@@ -98,6 +98,8 @@ def _moe(p: str, args, expert_bias: bool) -> list[ParamEntry]:
             ParamEntry(p + ".experts.w2", (e, h, f), None), ParamEntry(p + ".experts.w3", (e, f, h), None)]
     if shared:
         out += _swiglu(p + ".shared_experts", h, shared, False, style=False)
+        if shared_gate:
+            out.append(ParamEntry(p + ".shared_expert_gate.weight", (1, h), None))
     return out
 
 
@@ -107,13 +109,19 @@ class DecoderInventory:
     norm and an output head unless tied) as this package builds them.
 
     `attention`: "gqa" (Llama's wq/wk/wv/wo, biases as the args' `qkv_bias` / `o_bias` say) or
-    "mla" (DeepSeek-V3's latent attention); `qk_norm`: per-head q/k RMSNorms (Qwen3);
+    "mla" (DeepSeek-V3's latent attention); `qk_norm`: per-head q/k RMSNorms (Qwen3), or the name
+    of the args field that says whether there are (GLM-4.5's `use_qk_norm`); `shared_gate`: the
+    shared experts' output is scaled by a sigmoid gate [1, H] (Qwen2-MoE's `shared_expert_gate`);
     `expert_bias`: the MoE router carries DeepSeek's aux-loss-free `expert_bias` (not trained).
     """
 
     attention: str = "gqa"
-    qk_norm: bool = False
+    qk_norm: bool | str = False
     expert_bias: bool = False
+    shared_gate: bool = False
+
+    def has_qk_norm(self, args) -> bool:
+        return bool(getattr(args, self.qk_norm)) if isinstance(self.qk_norm, str) else self.qk_norm
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -127,10 +135,10 @@ class DecoderInventory:
             p = f"layers.{i}"
             out.append(ParamEntry(p + ".attention_norm.weight", (h,), None))
             out += _mla_attention(p + ".attention", args) if self.attention == "mla" else \
-                _gqa_attention(p + ".attention", args, self.qk_norm)
+                _gqa_attention(p + ".attention", args, self.has_qk_norm(args))
             out.append(ParamEntry(p + ".ffn_norm.weight", (h,), None))
             if args.is_moe_layer(i):
-                out += _moe(p + ".moe", args, self.expert_bias)
+                out += _moe(p + ".moe", args, self.expert_bias, self.shared_gate)
             else:
                 out += _swiglu(p + ".feed_forward", h, args.intermediate_size, getattr(args, "mlp_bias", False))
         out.append(ParamEntry("norm.weight", (h,), None))
@@ -172,11 +180,13 @@ class DecoderInventory:
             kv_heads = args.num_key_value_heads or heads
             q, kv = heads * hd // tp, kv_heads * hd // tp
             repeat = 2 * seq * q if kv_heads != heads else 0   # repeat_kv materialises k and v at q's width
-            qk_norm = seq * (q + kv) if self.qk_norm else 0
+            qk_norm = seq * (q + kv) if self.has_qk_norm(args) else 0
             attention = seq * (3 * (q + kv) + kv) + repeat + qk_norm + scores + seq * q
         out = {"attention_norm": norm, "attention": attention, "ffn_norm": norm}
         if args.is_moe_layer(layer):
-            out["moe"] = moe_activations(args, shard)["total"]
+            # Qwen2-MoE's gate on the shared experts keeps their output [T, H] and its sigmoid [T, 1]
+            gate = shard * (h + 1) + shard if self.shared_gate else 0
+            out["moe"] = moe_activations(args, shard)["total"] + gate
         else:
             out["feed_forward"] = 4 * seq * (args.intermediate_size // tp)
         out["head"] = shard * h + seq * h + seq * h

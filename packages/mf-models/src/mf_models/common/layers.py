@@ -1,4 +1,5 @@
-"""Building blocks shared by every model: Linear, Embedding, RMSNorm, the SwiGLU feed-forward.
+"""Building blocks shared by every model: Linear, Embedding, RMSNorm, LayerNorm, the SwiGLU and
+GELU feed-forwards.
 
 Each is a small Cell owning its own Parameters with the names of the parameter-name contract
 (`weight`, `bias`), so a tensor-parallel plan can swap one sub-cell (e.g. `attention.wq`) for a
@@ -107,6 +108,16 @@ def rms_norm_forward(cell, weight, x):
     return _cast(weight, dtype) * normed
 
 
+def layer_norm_forward(cell, weight, bias, x):
+    """`LayerNorm`: (x - mean) / sqrt(var + eps) * weight + bias (biased variance, as torch's
+    nn.LayerNorm), statistics in float32, result in x's dtype."""
+    dtype = x.dtype
+    x32 = _cast(x, ms.float32)
+    centred = x32 - _mean(x32, -1)
+    normed = _cast(centred * _rsqrt(_mean(centred * centred, -1) + cell.eps), dtype)
+    return _cast(weight, dtype) * normed + _cast(bias, dtype)
+
+
 def resolve_params_dtype(name: str) -> ms.Type:
     """The dtype parameters are stored in on this device: bfloat16 falls back to float32 on CPU
     (its Gather has no bf16 kernel, and every bf16 matmul would be upcast anyway), said once."""
@@ -170,6 +181,52 @@ class RMSNorm(nn.Cell):
 
     def construct(self, x):
         return rms_norm_forward(self, self.weight, x)
+
+
+class LayerNorm(nn.Cell):
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (GPT-2's norms)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, params_dtype: ms.Type = ms.float32):
+        super().__init__()
+        self.weight = Parameter(zeros_tensor((dim,), params_dtype), name="weight")
+        self.bias = Parameter(zeros_tensor((dim,), params_dtype), name="bias")
+        self.eps = eps
+
+    def construct(self, x):
+        return layer_norm_forward(self, self.weight, self.bias, x)
+
+
+_SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
+
+
+def gelu_tanh(x):
+    """GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): transformers'
+    `gelu_new` / `gelu_pytorch_tanh` / `gelu_fast` (GPT-2)."""
+    return 0.5 * x * (1.0 + ops.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+
+
+def gelu_erf(x):
+    """Exact GELU, 0.5 x (1 + erf(x / sqrt(2))): transformers' `gelu`."""
+    return 0.5 * x * (1.0 + ops.erf(x * float(1 / np.sqrt(2.0))))
+
+
+ACTIVATIONS = {"gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "gelu_fast": gelu_tanh, "gelu": gelu_erf,
+               "relu": ops.relu}
+
+
+class GeluFeedForward(nn.Cell):
+    """GPT-2's MLP: w2(act(w1 x)) with biases; w1 = c_fc, w2 = c_proj; `activation` one of
+    `ACTIVATIONS` (transformers' names)."""
+
+    def __init__(self, dim: int, hidden_dim: int, activation: str = "gelu_new",
+                 params_dtype: ms.Type = ms.float32, compute_dtype: ms.Type = ms.float32):
+        super().__init__()
+        self.w1 = Linear(dim, hidden_dim, True, params_dtype, compute_dtype)
+        self.w2 = Linear(hidden_dim, dim, True, params_dtype, compute_dtype)
+        self.act = ACTIVATIONS[activation]
+
+    def construct(self, x):
+        return self.w2(self.act(self.w1(x)))
 
 
 class FeedForward(nn.Cell):

@@ -1,9 +1,11 @@
 """The one MoE layer of every MoE model: router -> dropless dispatch -> stacked experts -> combine,
-plus shared experts (DeepSeek) or none (Mixtral, Qwen3-MoE).
+plus shared experts (DeepSeek, GLM-4.5; Qwen2-MoE's scaled by a sigmoid gate) or none (Mixtral,
+Qwen3-MoE).
 
     idx, w, aux_scores, aux_idx = router(x)              common/router.py (the router kind is data)
     rows, block_expert, dest, load, counts = dispatcher.dispatch(x, idx)     common/dispatch.py
-    y = dispatcher.combine(experts(rows, block_expert), dest, w)  (+ shared_experts(x))
+    y = dispatcher.combine(experts(rows, block_expert), dest, w)  (+ shared_experts(x)
+                                                                     [* sigmoid(shared_expert_gate(x))])
 
 Routed experts are SwiGLU MLPs stacked as w1/w3 [E, I, H] and w2 [E, H, I] (torch's [out, in]
 per expert): w1 = gate_proj (Mixtral's w1), w3 = up_proj (w3), w2 = down_proj (w2).
@@ -25,7 +27,7 @@ import mindspore as ms
 from mindspore import Parameter, mint, nn, ops
 
 from .dispatch import LocalDispatcher
-from .layers import FeedForward, zeros_tensor
+from .layers import FeedForward, Linear, zeros_tensor
 from .router import RouterSpec, TopKRouter
 
 _bmm_nt = ops.BatchMatMul(transpose_b=True)
@@ -80,13 +82,15 @@ class GroupedExperts(nn.Cell):
 class MoE(nn.Cell):
     """Routed experts (weighted by the router) + optional shared experts, on [B, S, H].
 
-    `shared_hidden` is the shared experts' total intermediate size (0: none). `balance_loss` says
-    whether the per-sequence balance statistics are needed (else they are zeros).
+    `shared_hidden` is the shared experts' total intermediate size (0: none); `shared_gate` scales
+    their output by sigmoid(shared_expert_gate(x)) per token (Qwen2-MoE; `shared_expert_gate`
+    [1, H]). `balance_loss` says whether the per-sequence balance statistics are needed (else
+    they are zeros).
     """
 
     def __init__(self, dim: int, moe_hidden_dim: int, spec: RouterSpec, shared_hidden: int = 0,
                  balance_loss: bool = False, params_dtype: ms.Type = ms.float32,
-                 compute_dtype: ms.Type = ms.float32):
+                 compute_dtype: ms.Type = ms.float32, shared_gate: bool = False):
         super().__init__()
         self.router = TopKRouter(dim, spec, params_dtype)
         self.dispatcher = LocalDispatcher(spec.num_experts, spec.top_k)
@@ -95,8 +99,11 @@ class MoE(nn.Cell):
         self.top_k = spec.top_k
         self.balance_loss = balance_loss
         self.has_shared = shared_hidden > 0
+        self.shared_gated = self.has_shared and shared_gate
         if self.has_shared:
             self.shared_experts = FeedForward(dim, shared_hidden, False, params_dtype, compute_dtype)
+        if self.shared_gated:
+            self.shared_expert_gate = Linear(dim, 1, False, params_dtype, compute_dtype)
         self.one = ms.Tensor(1.0, ms.float32)
         self.zero = ms.Tensor(0.0, ms.float32)
 
@@ -106,7 +113,9 @@ class MoE(nn.Cell):
         idx, weights, aux_scores, aux_idx = self.router(tokens)
         rows, block_expert, dest, load, counts = self.dispatcher.dispatch(tokens, idx)
         out = self.dispatcher.combine(self.experts(rows, block_expert), dest, weights).reshape(b, s, h)
-        if self.has_shared:
+        if self.shared_gated:
+            out = out + ops.sigmoid(self.shared_expert_gate(x)) * self.shared_experts(x)
+        elif self.has_shared:
             out = out + self.shared_experts(x)
         if self.balance_loss:
             picked = ops.one_hot(aux_idx, self.num_experts, self.one, self.zero)              # [T, k, E]

@@ -5,7 +5,8 @@ parameter"): each leaf class needs a *parameter forward*, a module-level pure fu
 `fn(cell, *params, *inputs)` that computes the leaf's output from parameters handed to it. The
 model's own `construct` methods call these same functions, so the transformed and the plain
 model cannot drift apart. Registered here: `Linear`, `Embedding`, `RMSNorm` (also qwen3's per-head
-q/k norms and the MLA latent norms), the MoE `TopKRouter` and `GroupedExperts`; `Linear`'s
+q/k norms and the MLA latent norms), GPT-2's `LayerNorm`, the MoE `TopKRouter` and `GroupedExperts`;
+`Linear`'s
 backward split into input and weight gradient (pipeline schedules that defer the weight GEMM); and
 `Linear` as linear terms (the output projection fused with the loss, `mf_parallel.
 LinearCrossEntropy`, reads a planned head's input and weight through them).
@@ -47,9 +48,11 @@ from .attention import CoreAttention
 from .dispatch import LocalDispatcher
 from .layers import (
     Embedding,
+    LayerNorm,
     Linear,
     RMSNorm,
     embedding_forward,
+    layer_norm_forward,
     linear_forward,
     linear_forward_terms,
     linear_input_grad,
@@ -66,6 +69,7 @@ mp.register_param_forward(Linear, ("weight", "bias"), linear_forward)
 mp.register_linear_terms(Linear, linear_forward_terms)
 mp.register_param_forward(Embedding, ("weight",), embedding_forward)
 mp.register_param_forward(RMSNorm, ("weight",), rms_norm_forward)
+mp.register_param_forward(LayerNorm, ("weight", "bias"), layer_norm_forward)
 mp.register_param_forward(TopKRouter, ("expert_bias",), router_forward)
 mp.register_param_forward(GroupedExperts, ("w1", "w2", "w3"), experts_forward)
 # Pipeline schedules with a split backward (ZB-H1, ZB-V) defer Linear's weight GEMM.
@@ -137,7 +141,9 @@ def apply_fsdp(model: nn.Cell, mesh, layout: mp.Layout,
     """
     common = dict(disable_gradient_division=layout.fsdp.disable_gradient_division,
                   cpu_offload=layout.fsdp.cpu_offload)
-    layers = list(model.layers)
+    # the multi-token-prediction modules' blocks are units like the decoder's (their norms and
+    # projection go with the root)
+    layers = list(model.layers) + [module.block for module in getattr(model, "mtp", ())]
     for i, block in enumerate(layers):
         for unit in (inner_units(block) if inner_units else []):
             mp.fully_shard(unit, mesh, reshard_after_forward=False, **common)
@@ -166,10 +172,14 @@ EXPERT_PARAMS = ("w1", "w2", "w3")
 
 
 def expert_plan(model) -> dict[str, tuple[str, ...]]:
-    """Which parameters are experts, by leaf path: every MoE layer's stacked experts (the shared
-    experts are dense and stay with the other weights)."""
-    return {f"layers.{i}.moe.experts": EXPERT_PARAMS
+    """Which parameters are experts, by leaf path: every MoE layer's stacked experts, the multi-
+    token-prediction blocks' included (the shared experts are dense and stay with the other
+    weights)."""
+    plan = {f"layers.{i}.moe.experts": EXPERT_PARAMS
             for i, block in enumerate(model.layers) if getattr(block, "moe_enabled", False)}
+    plan.update({f"mtp.{k}.block.moe.experts": EXPERT_PARAMS
+                 for k, module in enumerate(getattr(model, "mtp", ())) if module.moe_enabled})
+    return plan
 
 
 def apply_expert_parallel(model, mesh, layout: mp.Layout, plan: dict[str, tuple[str, ...]]) -> None:
@@ -205,6 +215,8 @@ def moe_plan(prefix: str, moe) -> dict:
     plan = {prefix + ".router.gate": mp.SequenceParallel(), prefix + ".experts": mp.SequenceParallel()}
     if moe.has_shared:
         plan.update({f"{prefix}.shared_experts.{w}": mp.SequenceParallel() for w in ("w1", "w2", "w3")})
+    if getattr(moe, "shared_gated", False):
+        plan[prefix + ".shared_expert_gate"] = mp.SequenceParallel()
     return plan
 
 

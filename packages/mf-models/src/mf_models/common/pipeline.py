@@ -44,6 +44,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from ..errors import ModelConfigError
 from . import parallel as _parallel  # noqa: F401  (registers Linear's backward split, which the chunks defer)
 from .layers import linear
+from .mtp import run_mtp
 from .transformer import run_blocks
 
 
@@ -74,11 +75,15 @@ class PipelineChunk(nn.Cell):
     [B, S] (every stage reads its shape) and optionally `position_ids`, `attention_mask`; `x` the
     previous stage's hidden states (None on the first stage). Returns hidden states [B, S, H], or
     float32 logits [B, S, V] on the last stage (its final-norm hidden states when `head_output` is
-    False: a loss fused with the projection takes `head_terms` of them)."""
+    False: a loss fused with the projection takes `head_terms` of them); of a model built with
+    multi-token prediction, a tuple of the model's and each MTP depth's (the modules run there)."""
 
     def __init__(self, model, info, parts: dict, sequence_shards: int = 1) -> None:
         super().__init__(auto_prefix=False)
         self.stage, self.first, self.last = info.stage, info.first, info.last
+        # Multi-token prediction (a model built with `mtp`): its modules run on the last stage, after
+        # the final norm; the chunk then returns (logits, the depths' logits...) (common/mtp.py).
+        self.mtp_depth = len(parts["mtp"]) if self.last and "mtp" in parts else 0
         self.hidden_size = model.args.hidden_size
         self.sequence_shards = sequence_shards
         self.compute_dtype = model.compute_dtype
@@ -96,8 +101,14 @@ class PipelineChunk(nn.Cell):
                 self.tok_embeddings = parts["tok_embeddings"]
         object.__setattr__(self, "blocks", self.layers.blocks())
         moe_ids = model.moe_layer_ids()
+        mine = [i for i in info.layers if i in moe_ids]
+        if self.mtp_depth:
+            self.mtp = parts["mtp"]
+            self.mtp_embeddings = parts["mtp_embeddings"]
+            n = model.args.num_hidden_layers
+            mine += [n + k for k in range(self.mtp_depth) if n + k in moe_ids]
         # Rows of the whole model's routing statistics that this chunk's MoE layers produce.
-        self.moe_rows = tuple(moe_ids.index(i) for i in info.layers if i in moe_ids)
+        self.moe_rows = tuple(moe_ids.index(i) for i in mine)
         self.side_outputs = False           # set by PipelineStage.train_routing
         self.aux_weight = 1.0
         # False: the last stage returns the final-norm hidden states, for a loss fused with the
@@ -116,12 +127,21 @@ class PipelineChunk(nn.Cell):
 
     def construct(self, x, mb):
         ids = mb["input_ids"]
-        cos, sin, mask = self._model.rotary_and_mask(ids, mb.get("position_ids"), mb.get("attention_mask"))
-        h = self.tok_embeddings(ids).astype(self.compute_dtype) if self.first else x
+        positions, mask = self._model.positions_and_mask(ids, mb.get("position_ids"), mb.get("attention_mask"))
+        cos, sin = self._model.rotary(positions)
+        h = self._model.embed(ids, positions) if self.first else x
         h, loads, counts, aux_counts, aux_sums = run_blocks(self.blocks, h, cos, sin, mask, None)
         if self.last:
             h = self.norm(h)
-        out = self.head(h) if self.last and self.head_output else h
+        if self.last and self.mtp_depth:
+            mtp_h, loads, counts, aux_counts, aux_sums = run_mtp(self.mtp_embeddings, self.compute_dtype, self.mtp,
+                                                                 ids, h, cos, sin, mask, loads, counts, aux_counts,
+                                                                 aux_sums)
+            out = (h,) + tuple(mtp_h)
+            if self.head_output:
+                out = tuple(self.head(x) for x in out)
+        else:
+            out = self.head(h) if self.last and self.head_output else h
         if not self.side_outputs:
             return out
         # The balance loss of this chunk's layers (a sum over layers: see the module doc).
@@ -180,18 +200,34 @@ class PipelineStage(nn.Cell):
         # Tied by the model, or by a parallel plan's output leaf sharing the table (untie_output).
         planned_tie = (not model.tie_word_embeddings and hasattr(model, "output")
                        and model.output.weight is model.tok_embeddings.weight)
-        tied = model.tie_word_embeddings or planned_tie
+        mtp_table = getattr(model, "mtp", None) is not None   # the last stage's MTP lookups share the table
+        tied = model.tie_word_embeddings or planned_tie or mtp_table
         if first:
             self.tok_embeddings = parts["tok_embeddings"] = model.tok_embeddings
+            if hasattr(model, "pos_embeddings"):          # learned positions (GPT-2), added by model.embed
+                self.pos_embeddings = model.pos_embeddings
         if last:
             self.norm = parts["norm"] = model.norm
+            if getattr(model, "mtp", None) is not None:        # multi-token prediction: on the last stage
+                if model.tie_word_embeddings and not first:
+                    raise ModelConfigError("parallelism.pipeline_parallel: multi-token prediction with tied embeddings "
+                                           "on a last stage without the embedding is not implemented; set "
+                                           "tie_word_embeddings: false (DeepSeek-V3's and GLM-4.5's) or "
+                                           "num_nextn_predict_layers: 0")
+                self.mtp = parts["mtp"] = model.mtp
+                # the token table's leaf for the MTP lookups: the table itself, summed with the first
+                # stage's like a tied head
+                self.mtp_embeddings = parts["mtp_embeddings"] = model.mtp_embeddings
             if not model.tie_word_embeddings:
                 self.output = parts["output"] = model.output
             elif not first:
                 self.tok_embeddings = parts["tok_embeddings"] = _TiedTable(model.tok_embeddings.weight)
                 self.tok_embeddings.weight.name = model.tok_embeddings.weight.name   # the table's global name
         if tied and len(layout.tied_ranks) > 1 and (first or last):
-            self.tied = (self.output.weight if planned_tie and not first else self.tok_embeddings.weight,)
+            if mtp_table and not first:
+                self.tied = (self.mtp_embeddings.weight,)
+            else:
+                self.tied = (self.output.weight if planned_tie and not first else self.tok_embeddings.weight,)
         self.layers = _Layers(model.layers, [i for info in infos for i in info.layers])
         self.pp_rank = pp_rank
         # References, not sub-Cells: the parameters above already carry the global names.

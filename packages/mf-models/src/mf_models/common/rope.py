@@ -121,3 +121,20 @@ def deinterleave(x):
     pairs = x.reshape(shape[:-1] + (shape[-1] // 2, 2))
     rank = len(shape) + 1
     return ops.transpose(pairs, tuple(range(rank - 2)) + (rank - 1, rank - 2)).reshape(shape)
+
+
+def apply_partial_rotary(x, cos, sin, rotary_dim: int, interleaved: bool = False):
+    """x [B, heads, S, d] with its first `rotary_dim` features rotated by cos/sin [B, S, rotary_dim]
+    and the rest passed through (GLM-4's partial rotary). `interleaved`: the rotated features pair
+    up as (x0, x1), (x2, x3), ... (GLM-4's `rotate_half` of even/odd features); they are
+    de-interleaved first, the same permutation for queries and keys, which leaves every q.k dot
+    product as the interleaved rotation gives it."""
+    d = x.shape[-1]
+    if rotary_dim == d:
+        rot, rest = x, None
+    else:
+        rot, rest = ops.split(x, [rotary_dim, d - rotary_dim], -1)
+    if interleaved:
+        rot = deinterleave(rot)
+    rot = apply_rotary(rot, cos, sin)
+    return rot if rest is None else mint.cat((rot, rest), -1)

@@ -27,8 +27,14 @@ _REJECTED = {
 
 
 def normalize_rope(rope_parameters: dict | None, rope_scaling: dict | None, rope_theta: float | None,
-                   default_theta: float = 10000.0) -> dict[str, Any]:
-    """One validated rope dict {rope_type, rope_theta, ...} from v5 `rope_parameters` or legacy fields."""
+                   default_theta: float = 10000.0, *, partial_rotary: float | None = None,
+                   legacy_partial: float | None = None) -> dict[str, Any]:
+    """One validated rope dict {rope_type, rope_theta, ...} from v5 `rope_parameters` or legacy fields.
+
+    `partial_rotary`: the model rotates only a fraction of each head (GLM-4: 0.5 unless the config
+    says otherwise); its default, or None for a model that rotates whole heads (any other factor
+    is refused). Then the dict carries `partial_rotary_factor` (from rope_parameters, or the legacy
+    top-level key `legacy_partial`, which must agree)."""
     if rope_parameters is not None and not isinstance(rope_parameters, dict):
         raise ModelConfigError(f"model.rope_parameters: must be a mapping, got {rope_parameters!r}")
     if rope_scaling is not None and not isinstance(rope_scaling, dict):
@@ -77,10 +83,23 @@ def normalize_rope(rope_parameters: dict | None, rope_scaling: dict | None, rope
         if value is not None and (not isinstance(value, expected) or (expected is not bool and isinstance(value, bool))):
             raise ModelConfigError(f"model.{source}.{key}: expected {'a bool' if key == 'truncate' else 'a number'}, "
                                    f"got {value!r}")
-    partial = float(raw.pop("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise ModelConfigError(f"model.{source}.partial_rotary_factor: only 1.0 is supported, got {partial}")
+    given = raw.pop("partial_rotary_factor", None)
+    if legacy_partial is not None:
+        if given is not None and float(given) != float(legacy_partial):
+            raise ModelConfigError(f"model.partial_rotary_factor: {legacy_partial!r} contradicts "
+                                   f"{source}.partial_rotary_factor={given!r}; give one of them")
+        given = legacy_partial
+    if partial_rotary is None:
+        if given is not None and float(given) != 1.0:
+            raise ModelConfigError(f"model.{source}.partial_rotary_factor: this model rotates whole heads; only 1.0 "
+                                   f"is supported, got {given}")
+    else:
+        partial = float(given) if given is not None else float(partial_rotary)
+        if not 0.0 < partial <= 1.0:
+            raise ModelConfigError(f"model.{source}.partial_rotary_factor: must be in (0, 1], got {partial}")
     out: dict[str, Any] = {"rope_type": rope_type, "rope_theta": float(raw.pop("rope_theta", default_theta))}
+    if partial_rotary is not None:
+        out["partial_rotary_factor"] = partial
     if out["rope_theta"] <= 0:
         raise ModelConfigError(f"model.{source}.rope_theta: must be positive, got {out['rope_theta']}")
     out.update(raw)

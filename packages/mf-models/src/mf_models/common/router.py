@@ -6,16 +6,17 @@ One formula, parameterised the way transformers computes each model (5.2x):
     scores  = softmax(logits) | sigmoid(logits)        `score_func`
     choice  = scores (+ expert_bias)                   selection only; never differentiated
     choice  = group-limited (n_group > 1): keep the `topk_group` groups whose best two choices
-              sum highest, the rest set to 0.0 (not -inf, as HF: a negative biased score can
-              lose to an excluded expert)
+              sum highest, the rest set to 0.0 (DeepSeek-V3 as HF: a negative biased score can
+              lose to an excluded expert) or -inf (GLM-4.5: `group_mask_value`)
     idx     = top-k(choice)
     weights = scores[idx]   (/ (sum + norm_eps) if norm_topk_prob)   * routed_scaling_factor
 
 | model | score_func | expert_bias | groups | norm_topk_prob | norm_eps | scaling |
 |---|---|---|---|---|---|---|
-| deepseek_v3 (DeepseekV3TopkRouter/MoE) | sigmoid | yes | n_group/topk_group | config | 1e-20 | config |
+| deepseek_v3 (DeepseekV3TopkRouter/MoE) | sigmoid | yes | n_group/topk_group (0.0) | config | 1e-20 | config |
+| glm4_moe (Glm4MoeTopkRouter) | sigmoid | yes | n_group/topk_group (-inf) | config | 1e-20 | config |
 | mixtral (MixtralTopKRouter) | softmax | no | no | always | 0 | 1 |
-| qwen3_moe (Qwen3MoeTopKRouter) | softmax | no | no | config | 0 | 1 |
+| qwen3_moe (Qwen3MoeTopKRouter), qwen2_moe | softmax | no | no | config | 0 | 1 |
 
 Mixtral's original reference code takes the top-k of the logits and a softmax over those k;
 transformers takes the softmax over all experts, the top-k of the probabilities and renormalises
@@ -55,6 +56,7 @@ class RouterSpec:
     norm_topk_prob: bool = False
     norm_eps: float = 0.0
     routed_scaling_factor: float = 1.0
+    group_mask_value: float = 0.0      # what the experts of unchosen groups score (0.0 or -inf)
 
     def __post_init__(self) -> None:
         if self.score_func not in SCORE_FUNCS:
@@ -92,7 +94,10 @@ def router_forward(cell, expert_bias, x):
         _, group_idx = ops.topk(group_scores, cell.topk_group)
         group_mask = ops.one_hot(group_idx, cell.n_group, cell.one, cell.zero).sum(1)
         expert_mask = ops.broadcast_to(ops.expand_dims(group_mask, -1), grouped.shape).reshape(tokens, -1)
-        choice = choice * expert_mask
+        if cell.group_mask_inf:
+            choice = ops.where(expert_mask > 0.5, choice, cell.neg_inf)
+        else:
+            choice = choice * expert_mask
     _, topk_idx = ops.topk(choice, cell.top_k)
     weights = ops.gather_elements(scores, 1, topk_idx)
     if cell.norm_topk_prob:
@@ -133,6 +138,8 @@ class TopKRouter(nn.Cell):
         self.norm_topk_prob = spec.norm_topk_prob
         self.norm_eps = spec.norm_eps
         self.routed_scaling_factor = spec.routed_scaling_factor
+        self.group_mask_inf = spec.group_mask_value == float("-inf")
+        self.neg_inf = Tensor(float("-inf"), ms.float32)
         self.one = Tensor(1.0, ms.float32)
         self.zero = Tensor(0.0, ms.float32)
 

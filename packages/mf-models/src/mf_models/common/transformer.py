@@ -1,7 +1,9 @@
 """The decoder-only skeleton every model shares: embed -> blocks -> norm -> output projection.
 
 A model folder supplies its block class; this module owns the forward signature, the causal mask,
-positions, tied/untied output, seeded initialisation and the FLOPs count.
+positions, tied/untied output, seeded initialisation and the FLOPs count. Positions reach the
+blocks as rotary tables (`rope_dim` > 0) and the embedding (`embed`: a model with learned
+positions, GPT-2, adds them there; its blocks get cos = sin = None).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from mindspore import Tensor, nn, ops
 from .args import BaseArgs
 from .attention import causal_mask
 from .balancing import BalanceSpec, WholeSequences, balance_loss
-from .layers import Embedding, Linear, RMSNorm, linear, resolve_compute_dtype, resolve_params_dtype
+from .layers import Embedding, LayerNorm, Linear, RMSNorm, linear, resolve_compute_dtype, resolve_params_dtype
 from .moe import GroupedExperts
+from .mtp import MTPModule, run_mtp
 from .rope import RotaryEmbedding, rope_frequencies
 from .router import TopKRouter
 
@@ -54,7 +57,8 @@ class CausalLM(nn.Cell):
       `mf_models.inference` keep one sequence per batch row at its own position).
     """
 
-    def __init__(self, args: BaseArgs, rope_dim: int, make_block: Callable[[int, ms.Type, ms.Type], nn.Cell]):
+    def __init__(self, args: BaseArgs, rope_dim: int, make_block: Callable[[int, ms.Type, ms.Type], nn.Cell],
+                 mtp_layers: int = 0):
         super().__init__()
         self.args = args
         self.compute_dtype = resolve_compute_dtype(args.compute_dtype)
@@ -62,11 +66,22 @@ class CausalLM(nn.Cell):
         pdt, cdt = self.params_dtype, self.compute_dtype
         self.tok_embeddings = Embedding(args.vocab_size, args.hidden_size, pdt, args.pad_token_id)
         self.layers = nn.CellList([make_block(i, cdt, pdt) for i in range(args.num_hidden_layers)])
+        if mtp_layers:
+            # Multi-token prediction (common/mtp.py): blocks numbered after the decoder's, as HF stores them.
+            self.mtp = nn.CellList([MTPModule(args, make_block(args.num_hidden_layers + k, cdt, pdt), pdt, cdt)
+                                    for k in range(mtp_layers)])
+            # its lookups of the shifted tokens: a leaf sharing the token table (one Parameter)
+            table = self.tok_embeddings.weight
+            self.mtp_embeddings = Embedding(args.vocab_size, args.hidden_size, pdt)
+            self.mtp_embeddings.weight = table
+            table.name = "tok_embeddings.weight"   # attaching renamed it with the attribute prefix
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, pdt)
         self.tie_word_embeddings = args.tie_word_embeddings
         if not self.tie_word_embeddings:
             self.output = Linear(args.hidden_size, args.vocab_size, False, pdt, cdt)
-        self.rope = RotaryEmbedding(*rope_frequencies(args.rope, rope_dim, args.max_position_embeddings))
+        # rope_dim 0: no rotary embedding (learned positions, added by `embed`)
+        self.rope = RotaryEmbedding(*rope_frequencies(args.rope, rope_dim, args.max_position_embeddings)) \
+            if rope_dim else None
         # MoE models set these (see common/balancing.py); the statistics of `forward_train` need them.
         self.balance = BalanceSpec()
         self.num_experts = 0
@@ -108,8 +123,9 @@ class CausalLM(nn.Cell):
     def trunk(self, input_ids, position_ids, attention_mask, cache, train):
         """(hidden states after the final norm, aux_loss, tokens_per_expert, dispatch_counts); `train`
         is a Python constant (the statistics are built only when it is True, None otherwise)."""
-        cos, sin, mask = self.rotary_and_mask(input_ids, position_ids, attention_mask, cache)
-        h = self.tok_embeddings(input_ids).astype(self.compute_dtype)
+        positions, mask = self.positions_and_mask(input_ids, position_ids, attention_mask, cache)
+        cos, sin = self.rotary(positions)
+        h = self.embed(input_ids, positions)
         h, loads, counts, aux_counts, aux_sums = run_blocks(self.layers, h, cos, sin, mask, cache)
         h = self.norm(h)
         if not train:
@@ -117,6 +133,29 @@ class CausalLM(nn.Cell):
         if not loads:
             return h, ops.zeros((), ms.float32), ops.zeros((0, 1), ms.float32), ops.zeros((0, 2), ms.float32)
         return h, self.balance_share(input_ids, aux_counts, aux_sums), ops.stack(loads), ops.stack(counts)
+
+    def forward_train_mtp(self, input_ids, position_ids=None, attention_mask=None):
+        """The training forward of a model built with multi-token prediction (common/mtp.py):
+        `(hidden states [B, S, H] after the final norm, (h_1, ..., h_D) the MTP depths' hidden
+        states after their norms, aux_loss, tokens_per_expert, dispatch_counts)`; the routing
+        statistics have the MoE rows of `moe_layer_ids()` (decoder, then MTP blocks). The loss
+        takes `head` (or the fused projection) of each."""
+        positions, mask = self.positions_and_mask(input_ids, position_ids, attention_mask, None)
+        cos, sin = self.rotary(positions)
+        h = self.embed(input_ids, positions)
+        h, loads, counts, aux_counts, aux_sums = run_blocks(self.layers, h, cos, sin, mask, None)
+        h = self.norm(h)
+        mtp_h, loads, counts, aux_counts, aux_sums = run_mtp(self.mtp_embeddings, self.compute_dtype, self.mtp,
+                                                             input_ids, h, cos, sin, mask, loads, counts, aux_counts,
+                                                             aux_sums)
+        if not loads:
+            return h, mtp_h, ops.zeros((), ms.float32), ops.zeros((0, 1), ms.float32), ops.zeros((0, 2), ms.float32)
+        return h, mtp_h, self.balance_share(input_ids, aux_counts, aux_sums), ops.stack(loads), ops.stack(counts)
+
+    @property
+    def mtp_depth(self) -> int:
+        """Multi-token-prediction modules built (0: none; `build_model(..., mtp=True)` builds them)."""
+        return len(self.mtp) if hasattr(self, "mtp") else 0
 
     def balance_share(self, input_ids, aux_counts, aux_sums):
         """The balance loss of the MoE layers whose per-sequence counts / score sums are listed
@@ -126,12 +165,23 @@ class CausalLM(nn.Cell):
                             ops.stack(aux_sums))
 
     def moe_layer_ids(self) -> list[int]:
-        """Decoder layers with a routed MoE (the rows of `forward_train`'s statistics)."""
-        return [i for i, layer in enumerate(self.layers) if layer.moe_enabled]
+        """Decoder layers with a routed MoE (the rows of `forward_train`'s statistics), then the
+        MoE blocks of the multi-token-prediction modules, numbered after the decoder's layers
+        (num_hidden_layers + k, as HF's checkpoints store them; `forward_train_mtp`'s rows)."""
+        ids = [i for i, layer in enumerate(self.layers) if layer.moe_enabled]
+        n = len(self.layers)
+        return ids + [n + k for k in range(self.mtp_depth) if self.mtp[k].moe_enabled]
 
     def rotary_and_mask(self, input_ids, position_ids=None, attention_mask=None, cache=None):
         """(cos, sin, mask) every decoder block takes, from the batch's ids, positions and mask (a
         pipeline stage computes them for its own blocks: only hidden states travel between stages)."""
+        positions, mask = self.positions_and_mask(input_ids, position_ids, attention_mask, cache)
+        cos, sin = self.rotary(positions)
+        return cos, sin, mask
+
+    def positions_and_mask(self, input_ids, position_ids=None, attention_mask=None, cache=None):
+        """(position ids [B, S], mask): the given positions or 0..S-1 (after the cached length when a
+        KV cache is given), and the causal mask OR-ed with `attention_mask`."""
         batch, seq = input_ids.shape
         if cache is None:
             query_positions = ops.arange(0, seq, dtype=ms.int32)
@@ -141,8 +191,18 @@ class CausalLM(nn.Cell):
             mask = cache.causal_mask(query_positions, attention_mask)
         if position_ids is None:
             position_ids = ops.broadcast_to(query_positions.reshape(1, seq), (batch, seq))
-        cos, sin = self.rope(position_ids)
-        return cos, sin, mask
+        return position_ids, mask
+
+    def rotary(self, position_ids):
+        """cos, sin [B, S, rope_dim] of the positions (None, None without a rotary embedding)."""
+        if self.rope is None:
+            return None, None
+        return self.rope(position_ids)
+
+    def embed(self, input_ids, position_ids):
+        """The blocks' input [B, S, H] in the compute dtype: the token embeddings (a model with
+        learned positions adds its position embeddings here)."""
+        return self.tok_embeddings(input_ids).astype(self.compute_dtype)
 
     def head(self, h):
         """Logits (float32) of hidden states [..., H]."""
@@ -223,8 +283,11 @@ def init_weights(model: nn.Cell, seed: int = 0) -> None:
     """HF-style init from numpy (device independent): normal(0, initializer_range) for matmul
     weights, embeddings and routers, ones for norms, zeros for biases and the expert-score bias."""
     std = model.args.initializer_range
+    done: set[int] = set()      # a Parameter two leaves share (the MTP lookup's table) is drawn once
     for cell_name, cell in model.cells_and_names():
         own = cell.parameters_dict(recurse=False) if hasattr(cell, "parameters_dict") else {}
+        own = {n: p for n, p in own.items() if id(p) not in done}
+        done.update(id(p) for p in own.values())
         # LoRA adapters (mf_models.lora) initialise themselves: A random, B zero.
         adapters = cell.adapter_parameters() if hasattr(cell, "adapter_parameters") else ()
         if adapters:
@@ -233,7 +296,7 @@ def init_weights(model: nn.Cell, seed: int = 0) -> None:
             if any(param is a for a in adapters):
                 continue
             shape = tuple(param.shape)
-            if isinstance(cell, RMSNorm):
+            if isinstance(cell, RMSNorm) or isinstance(cell, LayerNorm) and param is cell.weight:
                 value = np.ones(shape, np.float32)
             elif isinstance(cell, (Linear, Embedding, GroupedExperts)) and param is not getattr(cell, "bias", None):
                 value = _rng(seed, name).normal(0.0, std, shape).astype(np.float32)

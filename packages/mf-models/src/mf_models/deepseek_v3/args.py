@@ -22,9 +22,12 @@ class DeepseekV3Args(BaseArgs):
     `n_shared_experts` always on; dense layers use `intermediate_size`. `n_group` / `topk_group`
     default to 1 (no group limit), unlike HF's 8 / 4, so a YAML section that only sets
     `n_routed_experts` builds; HF config.json files always carry their own values.
-    `num_nextn_predict_layers` (multi-token-prediction heads) is accepted as HF does: those layers
-    are not part of the causal LM and are not built. `num_key_value_heads` must equal the head
-    count (MLA has per-head keys).
+    `num_nextn_predict_layers` multi-token-prediction modules (DeepSeek-V3 section 2.2) are built
+    for training (`build_model(..., mtp=True)`, what the trainer does; common/mtp.py) and trained
+    with their loss weighted by `mtp_loss_scaling_factor` / depth count (Megatron-Core's name and
+    default, 0.1); they are not part of the causal LM: generation and every other model built
+    without `mtp` leave them out. `num_key_value_heads` must equal the head count (MLA has
+    per-head keys).
 
     Training as DeepSeek did (keys of DeepSeek's own config.json): `aux_loss_alpha` weights the
     balance loss, `seq_aux` makes it sequence-wise (else batch-wise); see common/balancing.py.
@@ -63,6 +66,7 @@ class DeepseekV3Args(BaseArgs):
     max_position_embeddings: int = 4096
     attention_bias: bool = False
     num_nextn_predict_layers: int = 0
+    mtp_loss_scaling_factor: float = 0.1
     output_router_logits: bool = False
     # DeepSeek's own config.json spellings of the routing HF implements (checked, not free choices)
     topk_method: str = "noaux_tc"
@@ -78,9 +82,7 @@ class DeepseekV3Args(BaseArgs):
 
     def validate(self) -> None:
         super().validate()
-        self._positive("moe_intermediate_size", "n_routed_experts", "routed_scaling_factor", "kv_lora_rank",
-                       "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "n_group",
-                       "topk_group", "num_experts_per_tok")
+        self._positive("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim")
         for name, derived in (("head_dim", self.qk_rope_head_dim),
                               ("qk_head_dim", self.qk_nope_head_dim + self.qk_rope_head_dim)):
             if getattr(self, name) is None:
@@ -95,12 +97,6 @@ class DeepseekV3Args(BaseArgs):
                 f"{self.num_attention_heads}, got {self.num_key_value_heads}")
         if self.attention_bias:
             raise ModelConfigError("model.attention_bias: biases on MLA projections are not supported; set false")
-        if self.output_router_logits:
-            raise ModelConfigError("model.output_router_logits: DeepSeek-V3 balances with aux_loss_alpha / seq_aux "
-                                   "and the expert bias, not transformers' switch loss; set false")
-        for name in ("aux_loss_alpha", "moe_router_bias_update_rate"):
-            if getattr(self, name) < 0:
-                raise ModelConfigError(f"model.{name}: must be >= 0 (0 disables it), got {getattr(self, name)!r}")
         if self.ep_size < 1 or self.n_routed_experts % self.ep_size:
             raise ModelConfigError(f"model.ep_size: {self.ep_size} must be a positive divisor of "
                                    f"n_routed_experts={self.n_routed_experts}")
@@ -113,23 +109,7 @@ class DeepseekV3Args(BaseArgs):
                 f"model.quantization_config: {method!r}-quantized weights (block scales in weight_scale_inv "
                 f"tensors) are not supported; dequantize the checkpoint to bfloat16 (e.g. DeepSeek's "
                 f"fp8_cast_bf16.py) and remove the key")
-        if self.n_shared_experts < 0 or self.first_k_dense_replace < 0 or self.num_nextn_predict_layers < 0:
-            raise ModelConfigError("model.n_shared_experts / first_k_dense_replace / num_nextn_predict_layers: "
-                                   "must be >= 0")
-        for name, only in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid"), ("moe_layer_freq", 1)):
-            if getattr(self, name) != only:
-                raise ModelConfigError(f"model.{name}: only {only!r} is implemented, got {getattr(self, name)!r}")
-        if self.n_routed_experts % self.n_group:
-            raise ModelConfigError(f"model.n_group: {self.n_group} must divide n_routed_experts={self.n_routed_experts}")
-        if self.n_group > 1 and self.n_routed_experts // self.n_group < 2:
-            raise ModelConfigError("model.n_group: group scoring sums each group's best two experts; "
-                                   "needs at least 2 experts per group")
-        if self.topk_group > self.n_group:
-            raise ModelConfigError(f"model.topk_group: {self.topk_group} exceeds n_group={self.n_group}")
-        if self.num_experts_per_tok > self.n_routed_experts // self.n_group * self.topk_group:
-            raise ModelConfigError(
-                f"model.num_experts_per_tok: {self.num_experts_per_tok} exceeds the experts in the "
-                f"{self.topk_group} selected group(s)")
+        check_deepseek_moe(self, "DeepSeek-V3")
 
     def tensor_parallel_split(self) -> tuple[tuple[int, int | None], dict[str, int]]:
         # MLA splits the attention heads (one key per head); MoE blocks are replicated under tp, so
@@ -151,3 +131,34 @@ class DeepseekV3Args(BaseArgs):
 
     def expert_bias_rate(self) -> float:
         return float(self.moe_router_bias_update_rate)
+
+
+def check_deepseek_moe(args, name: str) -> None:
+    """DeepSeek's MoE keys, which GLM-4.5 shares (routed and shared experts, group-limited sigmoid
+    routing, dense first layers, the balance loss and the expert-bias rate, the MTP layers and
+    their loss weight), validated in place; `name` says whose balancing a refusal names."""
+    args._positive("moe_intermediate_size", "n_routed_experts", "routed_scaling_factor", "n_group", "topk_group",
+                   "num_experts_per_tok")
+    if args.output_router_logits:
+        raise ModelConfigError(f"model.output_router_logits: {name} balances with aux_loss_alpha / seq_aux "
+                               "and the expert bias, not transformers' switch loss; set false")
+    for key in ("aux_loss_alpha", "moe_router_bias_update_rate", "mtp_loss_scaling_factor"):
+        if getattr(args, key) < 0:
+            raise ModelConfigError(f"model.{key}: must be >= 0 (0 disables it), got {getattr(args, key)!r}")
+    if args.n_shared_experts < 0 or args.first_k_dense_replace < 0 or args.num_nextn_predict_layers < 0:
+        raise ModelConfigError("model.n_shared_experts / first_k_dense_replace / num_nextn_predict_layers: "
+                               "must be >= 0")
+    for key, only in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid"), ("moe_layer_freq", 1)):
+        if getattr(args, key) != only:
+            raise ModelConfigError(f"model.{key}: only {only!r} is implemented, got {getattr(args, key)!r}")
+    if args.n_routed_experts % args.n_group:
+        raise ModelConfigError(f"model.n_group: {args.n_group} must divide n_routed_experts={args.n_routed_experts}")
+    if args.n_group > 1 and args.n_routed_experts // args.n_group < 2:
+        raise ModelConfigError("model.n_group: group scoring sums each group's best two experts; "
+                               "needs at least 2 experts per group")
+    if args.topk_group > args.n_group:
+        raise ModelConfigError(f"model.topk_group: {args.topk_group} exceeds n_group={args.n_group}")
+    if args.num_experts_per_tok > args.n_routed_experts // args.n_group * args.topk_group:
+        raise ModelConfigError(
+            f"model.num_experts_per_tok: {args.num_experts_per_tok} exceeds the experts in the "
+            f"{args.topk_group} selected group(s)")

@@ -78,11 +78,20 @@ class Attention(nn.Cell):
         return self.wo(out.transpose(0, 2, 1, 3).reshape(b, s, -1))
 
 
-def router_spec(args: DeepseekV3Args) -> RouterSpec:
-    """DeepSeek-V3's router (HF DeepseekV3TopkRouter + DeepseekV3MoE.route_tokens_to_experts)."""
+def router_spec(args: DeepseekV3Args, group_mask_value: float = 0.0) -> RouterSpec:
+    """DeepSeek-V3's router (HF DeepseekV3TopkRouter + DeepseekV3MoE.route_tokens_to_experts); GLM-4.5
+    routes the same way but gives the experts of unchosen groups -inf (`group_mask_value`)."""
     return RouterSpec(args.n_routed_experts, args.num_experts_per_tok, "sigmoid", expert_bias=True,
                       n_group=args.n_group, topk_group=args.topk_group, norm_topk_prob=args.norm_topk_prob,
-                      norm_eps=1e-20, routed_scaling_factor=args.routed_scaling_factor)
+                      norm_eps=1e-20, routed_scaling_factor=args.routed_scaling_factor,
+                      group_mask_value=group_mask_value)
+
+
+def deepseek_moe(args, compute_dtype: ms.Type, params_dtype: ms.Type, group_mask_value: float = 0.0) -> MoE:
+    """A DeepSeek MoE block's feed-forward (routed + shared experts), GLM-4.5's too."""
+    return MoE(args.hidden_size, args.moe_intermediate_size, router_spec(args, group_mask_value),
+               args.moe_intermediate_size * args.n_shared_experts, balance_spec(args).active, params_dtype,
+               compute_dtype)
 
 
 def balance_spec(args: DeepseekV3Args) -> BalanceSpec:
@@ -97,18 +106,17 @@ class TransformerBlock(llama_model.TransformerBlock):
     SwiGLU without biases below)."""
 
     def __init__(self, args: DeepseekV3Args, layer_id: int, compute_dtype: ms.Type, params_dtype: ms.Type):
-        moe = None
-        if layer_id >= args.first_k_dense_replace:
-            moe = MoE(args.hidden_size, args.moe_intermediate_size, router_spec(args),
-                      args.moe_intermediate_size * args.n_shared_experts, balance_spec(args).active,
-                      params_dtype, compute_dtype)
+        moe = deepseek_moe(args, compute_dtype, params_dtype) if layer_id >= args.first_k_dense_replace else None
         super().__init__(args, layer_id, compute_dtype, params_dtype, attention_cls=Attention, moe=moe, mlp_bias=False)
 
 
 class DeepseekV3ForCausalLM(CausalLM):
-    def __init__(self, args: DeepseekV3Args):
+    """`mtp`: build the `num_nextn_predict_layers` multi-token-prediction modules (training)."""
+
+    def __init__(self, args: DeepseekV3Args, mtp: bool = False):
         super().__init__(args, args.qk_rope_head_dim,
-                         lambda i, cdt, pdt: TransformerBlock(args, i, cdt, pdt))
+                         lambda i, cdt, pdt: TransformerBlock(args, i, cdt, pdt),
+                         mtp_layers=args.num_nextn_predict_layers if mtp else 0)
         self.balance = balance_spec(args)
         self.num_experts = args.n_routed_experts
         self.top_k = args.num_experts_per_tok

@@ -29,11 +29,20 @@ class Attention(nn.Cell):
         self.wk = Linear(dim, args.num_key_value_heads * hd, qkv_bias, params_dtype, compute_dtype)
         self.wv = Linear(dim, args.num_key_value_heads * hd, qkv_bias, params_dtype, compute_dtype)
         self.wo = Linear(args.num_attention_heads * hd, dim, o_bias, params_dtype, compute_dtype)
-        self.core = CoreAttention(hd ** -0.5, args.use_flash_attention, compute_dtype)
+        self.core = CoreAttention(self.scale(args, layer_id), args.use_flash_attention, compute_dtype)
+
+    def scale(self, args, layer_id: int) -> float:
+        """The softmax scale (hook: GPT-2 can drop it or divide it by the layer number)."""
+        return self.head_dim ** -0.5
 
     def norm_qk(self, q, k):
         """Hook for per-head q/k normalisation (Qwen3); Llama has none."""
         return q, k
+
+    def rotate(self, x, cos, sin):
+        """Hook for the rotary embedding of q or k [B, heads, S, hd]: whole heads, rotate_half
+        (GLM-4 rotates part of each head; GPT-2 has none)."""
+        return apply_rotary(x, cos, sin)
 
     def construct(self, x, cos, sin, mask, cache=None):
         q = self.wq(x)
@@ -42,8 +51,8 @@ class Attention(nn.Cell):
         k = self.wk(x).reshape(b, s, -1, self.head_dim)
         v = self.wv(x).reshape(b, s, -1, self.head_dim)
         q, k = self.norm_qk(q, k)
-        q = apply_rotary(q.transpose(0, 2, 1, 3), cos, sin)  # [B, heads, S, hd]
-        k = apply_rotary(k.transpose(0, 2, 1, 3), cos, sin)
+        q = self.rotate(q.transpose(0, 2, 1, 3), cos, sin)  # [B, heads, S, hd]
+        k = self.rotate(k.transpose(0, 2, 1, 3), cos, sin)
         v = v.transpose(0, 2, 1, 3)
         if cache is not None:
             k, v = cache.update(self.layer_id, k, v)
@@ -55,17 +64,23 @@ class TransformerBlock(nn.Cell):
     """Pre-norm block: attention, then a SwiGLU `feed_forward` or, when `moe` is given (Mixtral,
     Qwen3-MoE, DeepSeek-V3's MoE layers), that MoE layer, whose routing statistics are returned
     after the hidden states. `attention_cls(args, layer_id, compute_dtype, params_dtype)` builds the
-    attention (Llama's, Qwen3's, DeepSeek-V3's MLA); `mlp_bias` None: the args' `mlp_bias`."""
+    attention (Llama's, Qwen3's, DeepSeek-V3's MLA); `mlp_bias` None: the args' `mlp_bias`.
+    `norm(dim)` makes the two norms (RMSNorm by default; GPT-2: LayerNorm) and `feed_forward` is
+    the dense MLP when not SwiGLU (GPT-2's GELU MLP)."""
 
     def __init__(self, args: LlamaArgs, layer_id: int, compute_dtype: ms.Type, params_dtype: ms.Type,
-                 attention_cls: type[nn.Cell] = Attention, moe: nn.Cell | None = None, mlp_bias: bool | None = None):
+                 attention_cls: type[nn.Cell] = Attention, moe: nn.Cell | None = None, mlp_bias: bool | None = None,
+                 norm=None, feed_forward: nn.Cell | None = None):
         super().__init__()
-        self.attention_norm = RMSNorm(args.hidden_size, args.rms_norm_eps, params_dtype)
+        norm = norm or (lambda dim: RMSNorm(dim, args.rms_norm_eps, params_dtype))
+        self.attention_norm = norm(args.hidden_size)
         self.attention = attention_cls(args, layer_id, compute_dtype, params_dtype)
-        self.ffn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps, params_dtype)
+        self.ffn_norm = norm(args.hidden_size)
         self.moe_enabled = moe is not None
         if self.moe_enabled:
             self.moe = moe
+        elif feed_forward is not None:
+            self.feed_forward = feed_forward
         else:
             self.feed_forward = FeedForward(args.hidden_size, args.intermediate_size,
                                             args.mlp_bias if mlp_bias is None else mlp_bias, params_dtype,

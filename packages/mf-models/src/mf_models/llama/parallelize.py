@@ -70,15 +70,30 @@ def ends_plan() -> tuple[dict, dict]:
             {"norm": mp.SequenceParallel(), "output": mp.ColwiseParallel(input_layout="shard_seq")})
 
 
-def tp_plan(model, block_plan=None) -> dict:
-    """{module path: style} for the whole model; `block_plan(prefix, layer)` per decoder block."""
+def tp_plan(model, block_plan=None, extra_plan=None) -> dict:
+    """{module path: style} for the whole model; `block_plan(prefix, layer)` per decoder block;
+    `extra_plan`: the model's own leaves outside the blocks (GPT-2's position table)."""
     block_plan = block_plan or llama_block_plan
     first, last = ends_plan()
-    plan = dict(first)
+    plan = {**first, **(extra_plan or {})}
     for i, layer in enumerate(model.layers):
         plan.update(block_plan(f"layers.{i}", layer))
+    for k, module in enumerate(getattr(model, "mtp", ())):
+        plan.update(mtp_plan(f"mtp.{k}", module, block_plan))
+    if hasattr(model, "mtp_embeddings"):       # the MTP lookups' leaf sharing the token table
+        plan["mtp_embeddings"] = mp.VocabParallelEmbedding()
     plan.update(last)
     return plan
+
+
+def mtp_plan(prefix: str, module, block_plan) -> dict:
+    """A multi-token-prediction module (common/mtp.py) on sequence shards: its norms and the
+    projection of [embedding ; hidden] replicated (gradients all-reduced over tp; the embedding of
+    the shifted tokens comes out of the vocab-parallel lookup already on this rank's shard), its
+    block planned like the decoder's."""
+    return {prefix + ".enorm": mp.SequenceParallel(), prefix + ".hnorm": mp.SequenceParallel(),
+            prefix + ".eh_proj": mp.SequenceParallel(), prefix + ".norm": mp.SequenceParallel(),
+            **block_plan(prefix + ".block", module.block)}
 
 
 def decoder_block_plan(prefix: str, layer, attention=attention_plan) -> dict:
@@ -106,7 +121,7 @@ def check_tp(model, dims) -> None:
 
 
 def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, block_plan=None, check=None,
-                      inner_units=None, experts=None):
+                      inner_units=None, experts=None, extra_plan=None):
     """The fixed order for a decoder: TP (+SP), CP, EP (`experts(model)`: the model's expert plan,
     MoE models only), the balance loss over split sequences, recompute, FSDP per block then the
     root. What each strategy does comes from `options.layout` (mf_parallel.Layout)."""
@@ -117,7 +132,7 @@ def parallelize_dense(model, mesh, options: ParallelOptions, model_type: str, bl
     mp.check_cpu_offload(layout.fsdp.cpu_offload)      # rejected with mf-parallel's reason
     if dims.tp_enabled:
         (check or check_tp)(model, dims)
-        plan = tp_plan(model, block_plan)
+        plan = tp_plan(model, block_plan, extra_plan)
         if options.recompute_comm:
             plan = apply_recompute_comm(plan, model, options.recompute_comm)
     check_context_parallel(model, layout)

@@ -40,24 +40,7 @@ class Qwen3MoeArgs(Qwen3Args):
 
     def validate(self) -> None:
         super().validate()
-        self._positive("moe_intermediate_size", "num_experts_per_tok", "decoder_sparse_step")
-        if self.num_experts is not None and self.num_local_experts is not None \
-                and self.num_experts != self.num_local_experts:
-            raise ModelConfigError(f"model.num_local_experts: {self.num_local_experts} contradicts "
-                                   f"num_experts={self.num_experts} (one name for the same count)")
-        experts = next((v for v in (self.num_experts, self.num_local_experts) if v is not None), 128)
-        if experts < 0:
-            raise ModelConfigError(f"model.num_experts: must be >= 0, got {experts}")
-        self.num_experts = self.num_local_experts = experts
-        if experts and self.num_experts_per_tok > experts:
-            raise ModelConfigError(f"model.num_experts_per_tok: {self.num_experts_per_tok} exceeds num_experts={experts}")
-        self.mlp_only_layers = list(self.mlp_only_layers or [])
-        for i in self.mlp_only_layers:
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_hidden_layers:
-                raise ModelConfigError(f"model.mlp_only_layers: {i!r} is not a layer index in "
-                                       f"[0, {self.num_hidden_layers})")
-        if self.router_aux_loss_coef < 0:
-            raise ModelConfigError(f"model.router_aux_loss_coef: must be >= 0, got {self.router_aux_loss_coef!r}")
+        check_sparse_moe(self, 128)
 
     def is_moe_layer(self, i: int) -> bool:
         """HF's rule (Qwen3MoeDecoderLayer)."""
@@ -75,3 +58,26 @@ class Qwen3MoeArgs(Qwen3Args):
 
     def balance_loss_key(self) -> str | None:
         return "output_router_logits" if self.output_router_logits else None
+
+
+def check_sparse_moe(args, default_experts: int) -> None:
+    """The sparse-MoE keys Qwen3-MoE and Qwen2-MoE share (num_experts / num_local_experts,
+    num_experts_per_tok, moe_intermediate_size, decoder_sparse_step, mlp_only_layers,
+    router_aux_loss_coef), validated in place."""
+    args._positive("moe_intermediate_size", "num_experts_per_tok", "decoder_sparse_step")
+    if args.num_experts is not None and args.num_local_experts is not None \
+            and args.num_experts != args.num_local_experts:
+        raise ModelConfigError(f"model.num_local_experts: {args.num_local_experts} contradicts "
+                               f"num_experts={args.num_experts} (one name for the same count)")
+    experts = next((v for v in (args.num_experts, args.num_local_experts) if v is not None), default_experts)
+    if experts < 0:
+        raise ModelConfigError(f"model.num_experts: must be >= 0, got {experts}")
+    args.num_experts = args.num_local_experts = experts
+    if experts and args.num_experts_per_tok > experts:
+        raise ModelConfigError(f"model.num_experts_per_tok: {args.num_experts_per_tok} exceeds num_experts={experts}")
+    args.mlp_only_layers = list(args.mlp_only_layers or [])
+    for i in args.mlp_only_layers:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < args.num_hidden_layers:
+            raise ModelConfigError(f"model.mlp_only_layers: {i!r} is not a layer index in [0, {args.num_hidden_layers})")
+    if args.router_aux_loss_coef < 0:
+        raise ModelConfigError(f"model.router_aux_loss_coef: must be >= 0, got {args.router_aux_loss_coef!r}")

@@ -42,3 +42,33 @@ def tensor_parallel_split(t):
     world = t.dims.world_size if t.dims is not None else (t.world or tp)
     for line in tensor_parallel_problems(args, tp, world):
         yield split_line(line, "parallelism.tensor_parallel")
+
+
+@check(commands=TRAINING)
+def model_trains_as_configured(t):
+    """What a model runs for inference but cannot train as configured (GPT-2's dropout)."""
+    args = t.model_args
+    if args is None:
+        return
+    for line in args.training_problems():
+        yield split_line(line, "model")
+
+
+@check(commands=TRAINING)
+def multi_token_prediction_layout(t):
+    """Multi-token prediction (num_nextn_predict_layers > 0): not beside context parallelism (the
+    shifted tokens and labels would cross the zigzag chunks), nor with tied embeddings on a pipeline
+    whose last stage lacks the embedding."""
+    args = t.model_args
+    depth = getattr(args, "num_nextn_predict_layers", 0) if args is not None else 0
+    if not depth:
+        return
+    par = t.cfg.parallelism
+    if par.context_parallel > 1:
+        yield ("parallelism.context_parallel", f"{par.context_parallel} with model.num_nextn_predict_layers={depth} is "
+               "not implemented (multi-token prediction shifts tokens and labels across the context-parallel chunks); "
+               "set context_parallel: 1 or num_nextn_predict_layers: 0")
+    if par.pipeline_parallel > 1 and args.tie_word_embeddings:
+        yield ("parallelism.pipeline_parallel", f"{par.pipeline_parallel} with model.num_nextn_predict_layers={depth} "
+               "and tie_word_embeddings: true is not implemented; set tie_word_embeddings: false (DeepSeek-V3's and "
+               "GLM-4.5's) or num_nextn_predict_layers: 0")

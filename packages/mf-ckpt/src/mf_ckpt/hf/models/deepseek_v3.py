@@ -2,15 +2,21 @@
 
 Routed experts are one HF tensor per expert (`mlp.experts.{e}.gate_proj.weight`) and one stacked
 mf tensor `moe.experts.w1` [E, I_moe, H]; transformers-5 fused tensors (`mlp.experts.gate_up_proj`
-[E, 2*I_moe, H], `mlp.experts.down_proj` [E, H, I_moe]) are read too. The multi-token-prediction
-layers (`model.layers.{num_hidden_layers + k}`) have no mf counterpart, as in transformers, and
-are skipped with a warning.
+[E, 2*I_moe, H], `mlp.experts.down_proj` [E, H, I_moe]) are read too.
+
+The multi-token-prediction layers (`model.layers.{num_hidden_layers + k}`, k <
+`num_nextn_predict_layers`) are mf's `mtp.{k}.`: `enorm`, `hnorm`, `eh_proj` [H, 2H] and
+`shared_head.norm` (mf `norm`) of their own, and a decoder block (`mtp.{k}.block.`: the layer
+rules, MoE as the last layers are). DeepSeek's checkpoints repeat the embedding and the output head
+in each (`embed_tokens`, `shared_head.head`): mf shares the main model's, so those are never read
+and are written back as copies. A checkpoint without the MTP layers (transformers saves none)
+plans the causal LM alone.
 """
 
 from __future__ import annotations
 
 from ...errors import CheckpointError
-from ..rules import Architecture, ConfigView, Rule, layer_prefix_matcher
+from ..rules import Architecture, ConfigView, Rule
 from . import llama, qwen3_moe
 
 # transformers' DeepseekV3Config defaults for keys a config.json may omit.
@@ -68,6 +74,7 @@ def dims(c: ConfigView) -> dict[str, int]:
         "E": c.int("n_routed_experts"),
         "Im": moe_inter,
         "Is": moe_inter * (c.int("n_shared_experts", minimum=0) or 0),
+        "H2": 2 * c.int("hidden_size"),
     }
 
 
@@ -85,6 +92,7 @@ def conditions(c: ConfigView) -> dict[str, bool]:
     q_lora = c.int("q_lora_rank", nullable=True) is not None
     return {
         "untied": not c.bool("tie_word_embeddings"),
+        "tied": c.bool("tie_word_embeddings"),
         "attention_bias": c.bool("attention_bias"),
         "q_lora": q_lora,
         "no_q_lora": not q_lora,
@@ -97,10 +105,19 @@ def layer_conditions(c: ConfigView, i: int) -> dict[str, bool]:
     return {"moe": moe, "dense": not moe}
 
 
-def skipped(c: ConfigView):
-    mtp = layer_prefix_matcher(c.int("num_hidden_layers"), c.int("num_nextn_predict_layers", minimum=0))
-    rotary = llama.skip_rotary_buffers(c)
-    return lambda name: mtp(name) or rotary(name)
+MTP = (
+    Rule("enorm.weight", "enorm.weight", ("H",)),
+    Rule("hnorm.weight", "hnorm.weight", ("H",)),
+    Rule("eh_proj.weight", "eh_proj.weight", ("H", "H2")),
+    Rule("norm.weight", "shared_head.norm.weight", ("H",)),
+    Rule("", "embed_tokens.weight", ("V", "H"), copy_of="tok_embeddings.weight"),
+    Rule("", "shared_head.head.weight", ("V", "H"), when=("untied",), copy_of="output.weight"),
+    Rule("", "shared_head.head.weight", ("V", "H"), when=("tied",), copy_of="tok_embeddings.weight"),
+)
+
+
+def mtp_layers(c: ConfigView) -> int:
+    return c.int("num_nextn_predict_layers", minimum=0)
 
 
 ARCH = Architecture(
@@ -113,5 +130,7 @@ ARCH = Architecture(
     top=llama.TOP,
     layer=ATTENTION + FFN,
     fused=FUSED,
-    skipped=skipped,
+    skipped=llama.skip_rotary_buffers,
+    mtp=MTP,
+    mtp_layers=mtp_layers,
 )

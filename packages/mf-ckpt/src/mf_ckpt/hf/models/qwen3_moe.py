@@ -34,7 +34,7 @@ def num_experts(c: ConfigView) -> int:
     """`num_experts`, or `num_local_experts` (transformers 5's canonical name); they must agree."""
     values = {k: c.raw[k] for k in ("num_experts", "num_local_experts") if c.raw.get(k) is not None}
     if len(set(map(repr, values.values()))) > 1:
-        raise CheckpointError(f"config.json (qwen3_moe): num_experts and num_local_experts disagree: {values}")
+        raise CheckpointError(f"config.json ({c.model_type}): num_experts and num_local_experts disagree: {values}")
     key = next(iter(values), "num_experts")
     return c.int(key, minimum=0)
 
@@ -42,7 +42,7 @@ def num_experts(c: ConfigView) -> int:
 def mlp_only_layers(c: ConfigView) -> set[int]:
     layers = c.raw.get("mlp_only_layers") or []
     if not isinstance(layers, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in layers):
-        raise CheckpointError(f"config.json (qwen3_moe): mlp_only_layers must be a list of layer indices, got {layers!r}")
+        raise CheckpointError(f"config.json ({c.model_type}): mlp_only_layers must be a list of layer indices, got {layers!r}")
     return set(layers)
 
 
