@@ -70,10 +70,11 @@ def cp_back_to_one_process(reference, world2):
     return _result(reference, "reference_from_cp2")
 
 
-# The 2-layer llama with AdamW; the MoE (test_moe_parity.py), pipeline (test_pipeline_training.py)
-# and Muon cases compare against their own references.
+# The 2-layer llama with AdamW; the MoE (test_moe_parity.py), pipeline and README demo
+# (test_pipeline_training.py: demo_pp2_* against demo_reference) and Muon cases compare against
+# their own references.
 ADAMW_CASES = [c for c in (*WORLD2_CASES, *WORLD4_CASES)
-               if "_from_" not in c and "muon" not in c and not c.startswith(("moe_", "pp"))]
+               if "_from_" not in c and "muon" not in c and not c.startswith(("moe_", "pp", "demo_"))]
 
 
 @pytest.fixture(scope="module")
