@@ -174,8 +174,12 @@ def test_recompute_comm_gathers_again_in_backward_with_tp2s_losses(runs, world2)
                for k in ("all_gather/native", "reduce_scatter/emulated")}
     assert gathers == {"all_gather/native": attention * (3 + 3 - 1) + mlp * (2 + 2 - 1),
                        "reduce_scatter/emulated": attention * (3 - 1) + mlp * (2 - 1)}, gathers
+    # Sizes from the case: a sequence-parallel gather moves one [4 samples, 16 / tp tokens, hidden 32]
+    # float32 shard; the fused vocab-parallel loss (mf_parallel.LinearCrossEntropy) adds one gather
+    # of two floats per token (log-sum-exp, label logit) per chunk: the 64 tokens are one chunk here.
+    one, statistics = 4 * (16 // 2) * 32 * 4, 2 * 4 * 16 * 4
     gathered = plain["comm"]["all_gather/native"]
-    one = gathered["payload_bytes"] // gathered["calls"]  # every gather of the tiny model is one [4, 8, 32] shard
+    assert gathered["payload_bytes"] == (gathered["calls"] - 1) * one + statistics, gathered
     assert comm["comm"]["all_gather/native"]["payload_bytes"] == gathered["payload_bytes"] + gathers["all_gather/native"] * one
 
 
