@@ -69,15 +69,16 @@ def _test_workers() -> int:
     return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-def _pytest(session: nox.Session, *paths: str, parallel: bool = True) -> None:
+def _pytest(session: nox.Session, *paths: str, parallel: bool = True, extra: tuple[str, ...] = ()) -> None:
     """pytest over `paths`. `parallel`: test files spread over `_test_workers()` processes
     (`--dist loadfile`: a file's module fixtures are built once, in one worker). The tests are tiny
     models whose time is Python and kernel launches on one core, so two workers on two cores take
-    ~0.6 of the time of one; the dist session's ranks already fill the cores and run alone."""
+    ~0.6 of the time of one; the dist session's ranks already fill the cores and run alone.
+    `extra`: pytest options of this session only."""
     workers = _test_workers() if parallel else 1
     spread = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
     session.run(
-        "python", "-m", "pytest", *paths, *spread, *session.posargs,
+        "python", "-m", "pytest", *paths, *spread, *extra, *session.posargs,
         env={"GLOG_v": "3", "PYTHONHASHSEED": "0"},
     )
 
@@ -120,7 +121,9 @@ def dist(session: nox.Session) -> None:
     _install_local(session, _all_packages(), with_tests=_all_packages())
     # msrun starts `python` from PATH: make it this venv's.
     session.env["PATH"] = os.pathsep.join([str(Path(session.bin)), os.environ.get("PATH", "")])
-    _pytest(session, str(ROOT / "tests-integration" / "dist"), parallel=False)
+    # --durations: CI prints the 30 slowest cases (and the shared launches they pay for), so the
+    # dist session's share of the suite's time budget can be read from any run's log.
+    _pytest(session, str(ROOT / "tests-integration" / "dist"), parallel=False, extra=("--durations=30",))
 
 
 @nox.session

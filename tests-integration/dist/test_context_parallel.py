@@ -40,7 +40,7 @@ def test_attention_cells_match_float64_full_attention(request, world):
 @pytest.mark.parametrize("world", [2, 4])
 def test_async_said_once_and_dense_masks_refused(request, world):
     run = request.getfixturevalue(f"cp_world{world}")
-    _check(run, world, "cp_async_logged_once")
+    _check(run, world, "cp_async_said_once")
     _check(run, world, "cp_dense_mask_refused")
 
 

@@ -305,3 +305,19 @@ def test_gradient_sync_puts_every_bucket_entry_back_in_place(mesh, mode):
     out = GradientSync([(mesh["tp"], (3, 1)), (mesh["world"], (2, 0))])(grads)
     for got, want in zip(out, grads):
         np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
+
+
+def test_gradient_sync_compiles_a_model_sized_gradient_tuple(mesh):
+    """Compiled with as many gradients as the README's tiny demo under TP2 (42, 9 of them deferred,
+    spread over the tuple): unrolled, a loop over the bucket inside the loop over the gradients
+    passed GRAPH_MODE's call depth limit (1000) and the step failed to compile."""
+    from mf_parallel.grad_sync import GradientSync
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        grads = tuple(Tensor(np.full((2, 3), i, np.float32)) for i in range(42))
+        bucket = (40, 1, 5, 9, 13, 22, 30, 31, 35)
+        out = GradientSync([(mesh["tp"], bucket)])(grads)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert [float(g.asnumpy()[0, 0]) for g in out] == list(range(42))

@@ -78,30 +78,42 @@ class DeferredSyncs:
 
 class GradientSync(nn.Cell):
     """grads -> grads with each bucket's entries all-reduced over its group in ONE collective (per
-    bucket: the flattened gradients concatenated, reduced, split back, each reshaped)."""
+    bucket: the flattened gradients concatenated, reduced, split back, each reshaped).
+
+    Where each gradient goes back is decided here, in Python (`slots`): compiled, every loop of
+    `construct` is unrolled into nested calls, and a loop over the gradients with a loop over the
+    bucket inside it nested (gradients x bucket) deep: the README's tiny demo under TP2 (42
+    gradients, 9 deferred) passed GRAPH_MODE's call depth limit of 1000 and failed to compile.
+    Now the depth is the bucket's size twice plus the gradients' count."""
 
     def __init__(self, buckets: list[tuple[Group, tuple[int, ...]]]) -> None:
         super().__init__()
-        self.positions = tuple(positions for _, positions in buckets)
+        self.positions = tuple(tuple(positions) for _, positions in buckets)
+        # slots[b][i]: which of bucket b's entries gradient i is (-1: not in the bucket)
+        self.slots = tuple(tuple(positions.index(i) if i in positions else -1 for i in range(max(positions) + 1))
+                           for positions in self.positions)
         self.reduces = nn.CellList([AllReduce(group) for group, _ in buckets])
         self.labels = tuple(group.label for group, _ in buckets)
 
     def construct(self, grads):
         for b in range(len(self.positions)):
             positions = self.positions[b]
+            slots = self.slots[b]
             flat = ()
             for i in positions:
                 flat = flat + (grads[i].reshape(-1),)
             summed = self.reduces[b](ops.concat(flat) if len(flat) > 1 else flat[0])
+            parts = ()
+            offset = 0
+            for i in positions:             # the bucket's order, not the gradients'
+                parts = parts + (summed[offset:offset + grads[i].size].reshape(grads[i].shape),)
+                offset = offset + grads[i].size
             out = ()
             for i in range(len(grads)):
-                g = grads[i]
-                offset = 0
-                for j in positions:             # the bucket's order, not the gradients'
-                    if j == i:
-                        g = summed[offset:offset + g.size].reshape(g.shape)
-                    offset = offset + grads[j].size
-                out = out + (g,)
+                if i < len(slots) and slots[i] >= 0:
+                    out = out + (parts[slots[i]],)
+                else:
+                    out = out + (grads[i],)
             grads = out
         return grads
 
