@@ -1,5 +1,5 @@
 """Loss parity of the real Trainer (TorchTitan loss-compare style): the tiny llama (tied embeddings,
-attention biases, fp32, fixed data) trained 8 steps under FSDP2, TP2, HSDP 2x2 and FSDP2 x TP2
+attention biases, fp32, fixed data) trained 4 steps under FSDP2, TP2, HSDP 2x2 and FSDP2 x TP2
 gives the per-step losses, gradient norms and final gathered weights of one process on the same
 global batch, within 1e-5 relative; likewise context parallelism: CP2 ring (each rank keeping its
 zigzag chunks of every sequence; its checkpoint continues in one process), CP2 Ulysses, CP4 hybrid
