@@ -113,10 +113,23 @@ def dist_run(scratch):
             if crash:
                 line = next(x for x in result.console.splitlines() if crash.group(0) in x)
                 _RETRIED.append((Path(script).name, line.strip()))
+                _forget_cases(args)
                 result = _launch_once(script, n, args, env)
             cache[key] = result
             _LAUNCHES.append((Path(script).name, n, cache[key]))
         return cache[key]
+
+    def _forget_cases(args: tuple) -> None:
+        """Before a retry: the first launch's case outputs go (`<workdir>/<case>[_cont]`, the layout
+        of _trainer_worker.config), else the retried cases find their own step-STEPS checkpoints
+        and stop at once as finished runs."""
+        workdir = Path(args[0]) if args and Path(args[0]).is_dir() else None
+        if workdir is None:
+            return
+        for case in args[1:]:
+            for name in (case, f"{case}_cont"):
+                if name and not name.startswith("-") and (workdir / name).is_dir():
+                    shutil.rmtree(workdir / name)
 
     def _launch_once(script: Path, n: int, args: tuple, env: dict | None) -> DistRun:
         log_dir = Path(tempfile.mkdtemp(prefix=Path(script).stem + "-", dir=scratch))
