@@ -56,7 +56,7 @@ WORLD8_CASES = ("moe_seed_layout",)
 # Context parallelism (_cp_worker.py): attention Cells first, then these model cases, at the end of
 # the 2- and 4-rank launches (after their Trainer cases: no msrun start-up of their own).
 # The tiny llama's CP layouts (colossal, ulysses, hybrid, x TP, x FSDP, packed) are proven through
-# the Trainer (CP_TRAINER*_CASES: 8 steps of losses, norms and weights), so the model-level launches
+# the Trainer (CP_TRAINER*_CASES: STEPS steps of losses, norms and weights), so the model-level launches
 # keep what the Trainer cases do not cover: qwen3's q/k norms under each method (the ring on packed
 # documents with async, Ulysses x TP, hybrid on packed documents), deepseek_v3's MLA with the
 # dense reset_attention_mask. All PyNative: the compiled ring is the Trainer's cp2 step (a compiled

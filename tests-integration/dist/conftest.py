@@ -155,7 +155,8 @@ def trainer_workdir(scratch):
 @pytest.fixture(scope="session")
 def reference(trainer_workdir):
     """The one-process runs (the 2-layer model, and the 4- and 6-layer models of the pipeline
-    cases, and Muon): 8 steps, a checkpoint at step 8, and 2 more steps resumed from it."""
+    cases, and Muon): _trainer_worker.STEPS (4) steps, a checkpoint at the last, and MORE (2) more
+    steps resumed from it."""
     proc = run_one_process(trainer_workdir, *REFERENCES)
     if proc.returncode != 0:
         pytest.fail(f"reference run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

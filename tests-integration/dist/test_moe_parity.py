@@ -1,5 +1,5 @@
 """MoE training parity: a tiny DeepSeek-V3 (MLA, first layer dense, a shared expert, the
-sequence-wise balance loss and the aux-loss-free expert-bias update on) trained 8 steps under FSDP2
+sequence-wise balance loss and the aux-loss-free expert-bias update on) trained 4 steps under FSDP2
 and under expert parallelism EP2 (each rank holds 2 of the 4 experts; tokens travel by the
 all-to-all dispatcher) gives the per-step losses (balance loss included), gradient norms, balance losses, expert-load
 imbalance and final weights of one process on the same global batch, within 1e-5 relative, and the
@@ -181,7 +181,7 @@ def test_mixtral_reference_reads_the_expert_parallel_micro_batches(reference):
 
 def test_evaluation_during_training_under_expert_parallelism_matches_one_process(runs):
     """eval_dataset under EP2: every rank evaluates every held-out batch through the all-to-all
-    exchange (the experts split over both ranks); eval loss and accuracy at steps 4 and 8 are one
+    exchange (the experts split over both ranks); eval loss and accuracy at steps 2 and 4 are one
     process's."""
     assert_same_evaluations(_result(runs, "moe_ep2"), _result(runs, "moe_reference"))
 

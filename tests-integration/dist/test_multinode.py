@@ -5,15 +5,16 @@ a veth pair: _two_hosts.py), the same YAML and one shared output directory, as a
     node 1:  mf launch -n 2 --nodes 2 --node-rank 1 --master-addr 10.231.0.1 --master-port 29500 job.yaml
 
 * FSDP2 x TP2 (each TP pair on one node, FSDP across the nodes), a checkpoint every step. Every
-  process of node 1 is SIGKILLed after step 5: node 0 exits non-zero at once with one line naming
-  node 1, its ranks and the last committed checkpoint (a save the kill cut short is not it), and
-  the same two commands again resume from that checkpoint. The trajectory (steps of the killed
-  run up to the checkpoint, then the resumed run) is one process's within 1e-5 and, bit for bit
+  process of node 1 is SIGKILLed after step 2 of 4: node 0 exits non-zero at once with one line
+  naming node 1, its ranks and the last committed checkpoint (a save the kill cut short is not it),
+  and the same two commands again resume from that checkpoint (step 1's: the resumed run trains
+  steps 2-4 and saves each). The trajectory (steps of the killed run up to the checkpoint, then the
+  resumed run) is one process's within 1e-5 and, bit for bit
   (losses, gradient norms, final weights), the uninterrupted run of the same YAML and layout: the
   4-rank launch's `fsdp2_tp2` case on one machine (test_trainer_parity.py).
   Shared storage: each node writes its own logs (logs/node_<i>/), rank 0 alone the run files, the
   checkpoint shards of both nodes land in one directory.
-* PP2 x TP2 (stage 0 on node 0, stage 1 on node 1) on the 4-layer model: 8 steps give one
+* PP2 x TP2 (stage 0 on node 0, stage 1 on node 1) on the 4-layer model: 4 steps give one
   process's losses; then rank 2 (node 1) SIGSTOPs itself, its peers wait in the pipeline's next
   exchange, and after training.hang_timeout_s (10 s here) both nodes end with the line naming
   rank 2 and its step.
@@ -45,6 +46,7 @@ MASTER_PORT = 29500
 RTOL = 1e-5            # one process against a layout (test_trainer_parity.py)
 LOST_WITHIN = 60       # seconds from the kill to node 0's exit (issue 27)
 HANG_TIMEOUT = 10      # training.hang_timeout_s of the pipeline run
+KILLED_AFTER = STEPS // 2      # node 1 is killed mid-run, once node 0 has printed this step
 
 
 @pytest.fixture(scope="module")
@@ -134,14 +136,15 @@ def test_two_nodes_lose_one_and_resume_bit_for_bit(hosts, reference, world4, scr
     raw = raw_config(reference, "fsdp2_tp2", out="multinode_fsdp2_tp2")
     out = Path(raw["output_dir"])
     # A checkpoint every step, written in the background and committed at the next step's save:
-    # when node 0 prints step 5, checkpoint 5 is on its way, and the kill leaves it cut short.
+    # when node 0 prints step KILLED_AFTER, that step's checkpoint is on its way, and the kill leaves
+    # it cut short; the previous step's is the last committed one.
     raw["checkpoint"].update(save_interleaved_steps=1, save_max=3, async_save=True)
     config = _write_config(raw, base / "fsdp2_tp2" / "train.yaml")
     save_path = Path(raw["checkpoint"]["save_path"])
 
     job = Job(hosts, config, "killed")
     first_step = job.wait_for(0, f"step 1/{STEPS}")
-    job.wait_for(0, f"step 5/{STEPS}")
+    job.wait_for(0, f"step {KILLED_AFTER}/{STEPS}")
     killed = time.monotonic()
     assert hosts.kill_node(1) > 0
     job.procs[1].wait()
@@ -153,7 +156,8 @@ def test_two_nodes_lose_one_and_resume_bit_for_bit(hosts, reference, world4, scr
     assert seconds < LOST_WITHIN, f"node 0 took {seconds:.0f} s to give up\n{job.report()}"
     lost = _one_line(job.console(0), "mf launch: node 1 (ranks 2-3) lost")
     committed = int((save_path / "latest_checkpointed_iteration.txt").read_text())
-    assert committed >= 4, lost       # step 4's save was committed when step 5's began
+    # the previous step's save was committed when this step's began; the run had steps left
+    assert KILLED_AFTER - 1 <= committed < STEPS, lost
     assert f"last committed checkpoint: {save_path / f'iteration_{committed:08d}'} " in lost, lost
     assert "connection to its launcher closed" in lost and "stopped all ranks" in job.console(0)
     cut_short = sorted(p.name for p in save_path.iterdir() if p.name.startswith(f".iteration_{committed + 1:08d}"))

@@ -8,7 +8,7 @@ losses and gradients bit for bit; the overlap flags say once what they cannot ch
 2-rank msrun launch (`_pipeline_worker.py`); each rank compares its own parameters, by global name.
 
 PP2 gpipe, 1f1b, interleaved, 1f1b with the dx/dw split, zbv and PP4 1f1b with uneven layers are
-proven by the real Trainer against one process (test_pipeline_training.py: 8 steps, losses, grad
+proven by the real Trainer against one process (test_pipeline_training.py: 4 steps, losses, grad
 norms, final weights), so they are not run here again; the exactness of deferred weight gradients
 per parameter is also mf-models' one-process test (test_pipeline_stage.py, split backward), and
 the stages' placement (uneven layers, the tied ends on 4 ranks) its unit tests."""

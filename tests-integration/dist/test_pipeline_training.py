@@ -1,5 +1,5 @@
 """Pipeline-parallel training with the real Trainer against one process (TorchTitan loss-compare
-style): the tiny llama with tied embeddings (4 layers; 6 for PP4), 8 steps of the same global batch
+style): the tiny llama with tied embeddings (4 layers; 6 for PP4), 4 steps of the same global batch
 (4 micro-batches of 1 sample under PP, one batch of 4 in one process), per-step loss and gradient
 norm within 1e-5 relative, and the final gathered weights: PP2 1f1b, gpipe, interleaved (2 chunks),
 1f1b with the dx/dw split, zbv, PP4 1f1b with uneven pipeline_parallel_layers_per_stage, and on
