@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,7 @@ def always() -> bool:
     return True
 
 
-class SplitDataset:
+class SplitDataset(ABC):
     """A subclass sets `INDEX_NAMES` (the cached arrays), calls `_init_split` first in `__init__`,
     builds `unique_description` / `unique_description_hash` and `sample_index`, and implements
     `get_batch(idxs) -> {column: [B, ...] array}`."""
@@ -103,5 +104,6 @@ class SplitDataset:
             self._padding_sample = sample
         return {k: v.copy() for k, v in self._padding_sample.items()}
 
+    @abstractmethod
     def get_batch(self, idxs) -> dict[str, np.ndarray]:
-        raise NotImplementedError
+        """The samples at `idxs`, stacked per key (GPTDataset, SFTDataset)."""
