@@ -1,7 +1,9 @@
 """Per-op profile of one training step, side by side: mf's step, the hand-written MindSpore step
 and PyTorch eager (the three sides of train_bench.py, same model, same weights).
 
-    python benchmarks/profile_step.py [--steps 3] [--top 12]
+    python benchmarks/profile_step.py [--steps 3] [--top 12] [--size 20M|60M|150M|350M]
+
+--size picks one of train_bench's sweep llamas (default 20M, the three-way comparison's model).
 
 MindSpore sides: `mindspore.Profiler` on CPU records every kernel launch (scope name, duration);
 PyTorch: `torch.profiler` (self CPU time of every aten op, shapes recorded, the step's phases
@@ -68,12 +70,12 @@ def ms_category(full: str, op_type: str) -> str:
     return "other (torch: the backward's elementwise ops)"
 
 
-def ms_profile(kind: str, weights: str, steps: int) -> dict:
+def ms_profile(kind: str, weights: str, steps: int, model: dict) -> dict:
     os.environ.setdefault("GLOG_v", "3")
     import train_bench
     from mindspore import Profiler
 
-    worker = train_bench.MfWorker(weights) if kind == "mf" else train_bench.MsHandWorker(weights)
+    worker = train_bench.MfWorker(weights, model) if kind == "mf" else train_bench.MsHandWorker(weights, model)
     worker.run(2)  # compile and warm
     out = tempfile.mkdtemp(prefix=f"profile-{kind}-")
     prof = Profiler(output_path=out)
@@ -136,12 +138,12 @@ def torch_category(name: str, shapes: str, phase: str) -> str | None:
     return "other (torch: the backward's elementwise ops)"
 
 
-def torch_profile(weights: str, steps: int) -> dict:
+def torch_profile(weights: str, steps: int, model_args: dict) -> dict:
     import torch
     import train_bench
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    worker = train_bench.TorchWorker(weights)
+    worker = train_bench.TorchWorker(weights, model_args)
     worker.run(2)
     model, opt = worker.model, worker.opt
     # Forward phases by module (backward ops carry no module: they are counted by op name).
@@ -160,7 +162,7 @@ def torch_profile(weights: str, steps: int) -> dict:
     wall = []
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for step in range(steps):
-            ids, labels = (torch.from_numpy(a) for a in train_bench.batch(100 + step))
+            ids, labels = (torch.from_numpy(a) for a in train_bench.batch(100 + step, model_args["vocab_size"]))
             t0 = time.perf_counter()
             logits = model(ids)
             with record_function("loss"):
@@ -197,8 +199,9 @@ def torch_profile(weights: str, steps: int) -> dict:
 
 
 # --------------------------------------------------------------------------------------- parent
-def run_side(python: str, kind: str, weights: str, steps: int) -> dict | None:
-    out = subprocess.run([python, __file__, "--side", kind, weights, str(steps)], capture_output=True, text=True,
+def run_side(python: str, kind: str, weights: str, steps: int, model: dict) -> dict | None:
+    out = subprocess.run([python, __file__, "--side", kind, weights, str(steps), json.dumps(model)],
+                         capture_output=True, text=True,
                          env={**os.environ, "GLOG_v": "3", "PYTHONWARNINGS": "ignore"})
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -211,26 +214,30 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3, help="profiled steps per side (after 2 warm-up steps)")
     ap.add_argument("--top", type=int, default=12, help="ops listed per side")
+    ap.add_argument("--size", default="20M", help="which of train_bench's sweep llamas (20M, 60M, 150M, 350M)")
     args = ap.parse_args()
+    import train_bench
+
+    if args.size not in train_bench.SIZES:
+        ap.error(f"--size: unknown size {args.size!r}; choose from {', '.join(train_bench.SIZES)}")
+    model = train_bench.SIZES[args.size]
     with tempfile.TemporaryDirectory() as tmp:
         weights = os.path.join(tmp, "init.npz")
-        import train_bench
-
         import mf_models  # the initial weights every side starts from (mf's init)
-        np_state = mf_models.model_state(mf_models.build_model(dict(train_bench.MODEL), seed=0))
+        np_state = mf_models.model_state(mf_models.build_model(dict(model), seed=0))
         import numpy as np
 
         np.savez(weights, **np_state)
         results = {}
         for kind in ("mf", "ms-hand"):
-            results[kind] = run_side(sys.executable, kind, weights, args.steps)
+            results[kind] = run_side(sys.executable, kind, weights, args.steps, model)
         tp = reference_python("import torch, numpy")
         if tp:
-            results["torch"] = run_side(tp, "torch", weights, args.steps)
+            results["torch"] = run_side(tp, "torch", weights, args.steps, model)
         else:
             print(f"profile_step: torch side skipped ({SETUP_HINT})")
     sides = [k for k, v in results.items() if v]
-    print(f"# per-step kernel time by category, ms (share of the side's summed kernel time); load average "
+    print(f"# llama {args.size}; per-step kernel time by category, ms (share of the side's summed kernel time); load average "
           f"{os.getloadavg()[0]:.1f}")
     print(f"{'category':46s}" + "".join(f"{k:>20s}" for k in sides))
     for cat in CATEGORIES:
@@ -242,7 +249,7 @@ def main() -> int:
         print(row)
     print(f"{'sum of kernel times':46s}" + "".join(f"{sum(results[k]['categories'].values()):12.1f}        " for k in sides))
     layer_cats = CATEGORIES[:8] + CATEGORIES[-1:]  # everything a decoder layer runs (fwd + bwd)
-    n_layers = train_bench.MODEL["num_hidden_layers"]
+    n_layers = model["num_hidden_layers"]
     print(f"{'per decoder layer (those above / ' + str(n_layers) + ')':46s}"
           + "".join(f"{sum(results[k]['categories'].get(c, 0.0) for c in layer_cats) / n_layers:12.1f}        "
                     for k in sides))
@@ -256,9 +263,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--side":
-        kind, weights, steps = sys.argv[2], sys.argv[3], int(sys.argv[4])
-        result = torch_profile(weights, steps) if kind == "torch" else ms_profile(kind, weights, steps)
+    if len(sys.argv) == 6 and sys.argv[1] == "--side":
+        kind, weights, steps, side_model = sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5])
+        result = torch_profile(weights, steps, side_model) if kind == "torch" else ms_profile(kind, weights, steps,
+                                                                                                side_model)
         sys.stdout.write(json.dumps(result) + "\n")
     else:
         sys.exit(main())
