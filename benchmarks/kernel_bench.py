@@ -16,6 +16,14 @@ the way a training step runs it, forward + backward, written the same way on bot
   adamw         one fused AdamW update of 16.4M parameters (MindSpore's AdamWeightDecay kernel,
                 torch.optim.AdamW's default foreach path)
 
+and two pieces of a batch-1 decode step of the 20M llama (generate_bench's model), forward only:
+
+  gemv          the output projection, a [1, 256] hidden state times the [32000, 256] weight
+                (32.8 MB read a token: the largest piece of the decode step)
+  launches      213 tiny dependent kernels (adds on a [1, 256] tensor: the count of a decode
+                step's kernels), one compiled graph against 213 eager torch ops: the fixed
+                cost per kernel
+
 MindSpore side: each piece compiled as one GRAPH_MODE function (value_and_grad of sum(out * r)
 for a fixed random r, so the backward is the real one). PyTorch side: eager, autograd. Each
 side runs in its own process; the best of several calls is kept (kernels, not the machine's
@@ -37,7 +45,8 @@ import time
 from _references import SETUP_HINT, reference_python
 
 B, S, H, FF, NH, HD, V = 4, 256, 512, 1376, 8, 64, 32000
-PIECES = ("linear", "rmsnorm", "swiglu", "softmax", "rope", "sumsq", "adamw")
+PIECES = ("linear", "rmsnorm", "swiglu", "softmax", "rope", "sumsq", "adamw", "gemv", "launches")
+DECODE_KERNELS = 213  # profile_decode.py: kernels in a batch-1 decode step of the 20M llama
 
 
 def _best(fn, repeats: int) -> float:
@@ -62,6 +71,8 @@ def _inputs(np):
         "rope": (f(B, NH, S, HD), f(S, HD), f(S, HD)),
         "sumsq": (f(V, H),),
         "adamw": (f(V, H) * 0.02, f(V, H) * 1e-3),
+        "gemv": (f(1, 256), f(V, 256) * 0.05),
+        "launches": (f(1, 256),),
     }
 
 
@@ -127,6 +138,18 @@ def ms_side(repeats: int) -> dict:
         return kernel(param, m, v, 1e-3, 0.9, 0.95, 1e-8, 0.01, grad_t)
 
     out["adamw"] = _best(lambda: _sync_value(adam()), repeats)
+
+    x, w_out = (ms.Tensor(a) for a in data["gemv"])
+    gemv = ms.jit(linear)
+    out["gemv"] = _best(lambda: _sync_value(gemv(x, w_out)), repeats * 4)
+
+    def chain(h):
+        for _ in range(DECODE_KERNELS):
+            h = h + 1.0
+        return h
+
+    launches, h0 = ms.jit(chain), ms.Tensor(data["launches"][0])
+    out["launches"] = _best(lambda: _sync_value(launches(h0)), repeats * 4)
     return {"times": out, "version": ms.__version__}
 
 
@@ -185,6 +208,18 @@ def torch_side(repeats: int) -> dict:
     opt = torch.optim.AdamW([param], lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
     param.grad = torch.from_numpy(g)
     out["adamw"] = _best(opt.step, repeats)
+
+    x, w_out = (torch.from_numpy(a) for a in data["gemv"])
+    with torch.no_grad():
+        out["gemv"] = _best(lambda: torch.nn.functional.linear(x, w_out), repeats * 4)
+
+        def chain():
+            h = torch.from_numpy(data["launches"][0])
+            for _ in range(DECODE_KERNELS):
+                h = h + 1.0
+            return h
+
+        out["launches"] = _best(chain, repeats * 4)
     return {"times": out, "version": torch.__version__}
 
 
@@ -212,7 +247,8 @@ def main() -> int:
     if torch_res is None and not tp:
         print(f"kernel_bench: torch side skipped ({SETUP_HINT})")
     head = f"MindSpore {ms_res['version']} GRAPH_MODE" + (f" vs PyTorch {torch_res['version']} eager" if torch_res else "")
-    print(f"kernel_bench: {head}, forward + backward at the 60M llama's shapes, best of {args.repeats}; "
+    print(f"kernel_bench: {head}; training pieces forward + backward at the 60M llama's shapes (best of "
+          f"{args.repeats}), decode pieces forward (best of {4 * args.repeats}); "
           f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after")
     print(f"{'piece':10s} {'MindSpore ms':>13s} {'PyTorch ms':>11s} {'torch/ms':>9s}")
     for name in PIECES:

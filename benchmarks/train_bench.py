@@ -382,9 +382,9 @@ def sweep(sizes: list[str], rounds: int, steps: int) -> None:
             peak = peak_flops()
             times: dict[str, list[float]] = {k: [] for k in sides}
             rss = {}
-            for r in range(rounds + 1):                   # round 0 compiles / warms, untimed
+            for r in range(rounds + 1):  # round 0 compiles and warms (2 steps, as compare's), untimed
                 for k, w in list(sides.items()):
-                    out = w.run(1 if r == 0 else steps)
+                    out = w.run(2 if r == 0 else steps)
                     if out is None:
                         deaths[(size, k)] = w.death()
                         print(f"train_bench sweep {size}: {k} worker died in its first "
