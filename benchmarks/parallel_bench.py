@@ -14,6 +14,13 @@ of the communication and the emulation, not a speed-up. Each rank runs its kerne
 process may use) // ranks threads (`mindspore.device_context.cpu.op_tuning.threads_num`; 1 each for
 2 ranks on 2 cores; MF_BENCH_RANK_THREADS overrides), the one process on all of them.
 
+Then, on the 2 ranks, the fixed cost of one collective call: a compiled chain of LATENCY_CHAIN
+all-reduces over both ranks (each one's input is the last one's output, so none overlaps), of 4 B,
+64 KiB and 1 MiB, against the same chain with the all-reduce replaced by a local multiply; per
+call, (chain - local chain) / LATENCY_CHAIN. Each 2-rank strategy's line then says how much of its
+excess over one rank's compute its calls and bytes explain at that price (a fixed cost per call
+and a cost per MiB, fitted to the 4 B and 1 MiB chains); the rest is waiting.
+
 Output lines: `name: ours X, reference Y, ratio Z`.
 """
 
@@ -56,6 +63,8 @@ STRATEGIES = {
     "fsdp2_tp2": (4, dict(dp_shard=2, tp=2), "default"),
 }
 TARGETS = {2: 1.5, 4: 2.5}
+LATENCY_CHAIN = 20
+LATENCY_SIZES = {"4 B": 1, "64 KiB": 16384, "1 MiB": 262144}   # float32 elements
 
 
 # ----------------------------------------------------------------------------- analytic counts
@@ -271,6 +280,50 @@ def worker() -> None:
         print("BENCH " + json.dumps({"name": name, "seconds": seconds, "comm": mp.comm_stats().snapshot(),
                                      "dp": dims.dp, "world": world, "mode": mode, "threads": threads,
                                      "bucketed": bucketed}), flush=True)
+    if world == 2:
+        print("BENCH " + json.dumps({"latency": collective_latency()}), flush=True)
+
+
+def collective_latency() -> dict[str, float]:
+    """Seconds per all-reduce call over the world group, by payload (see the module doc)."""
+    from mindspore import nn, ops
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+
+    class Chain(nn.Cell):
+        def __init__(self, reduce: bool):
+            super().__init__()
+            self.reduce = reduce
+            self.all_reduce = ops.AllReduce()
+
+        def construct(self, x):
+            for _ in range(LATENCY_CHAIN):
+                x = (self.all_reduce(x) if self.reduce else x * 2.0) * 0.5
+            return x
+
+    out = {}
+    for label, n in LATENCY_SIZES.items():
+        x = Tensor(np.ones(n, np.float32))
+        seconds = {}
+        for reduce in (True, False):
+            chain = Chain(reduce)
+            for _ in range(3):
+                chain(x).asnumpy()
+            times = []
+            for _ in range(15):
+                start = time.perf_counter()
+                chain(x).asnumpy()
+                times.append(time.perf_counter() - start)
+            seconds[reduce] = statistics.median(times)
+        out[label] = max(0.0, seconds[True] - seconds[False]) / LATENCY_CHAIN
+    return out
+
+
+def _latency_model(latency: dict[str, float]) -> tuple[float, float]:
+    """(seconds a call, seconds a MiB) from the smallest and largest measured all-reduce."""
+    small, large = LATENCY_SIZES["4 B"] * F32, LATENCY_SIZES["1 MiB"] * F32
+    per_byte = max(0.0, latency["1 MiB"] - latency["4 B"]) / (large - small)
+    return max(0.0, latency["4 B"] - small * per_byte), per_byte * 2**20
 
 
 def _launch(world: int) -> tuple[int, list[dict], str]:
@@ -296,6 +349,9 @@ def main() -> int:
             print(log[-3000:])
             return rc
         results += found
+    latency = next((r["latency"] for r in results if "latency" in r), None)
+    results = [r for r in results if "latency" not in r]
+    alone = _alone_seconds(rank_threads(2)) if any(r["world"] == 2 for r in results) else None
     mismatches = 0
     for res in results:
         name, mode = res["name"], res["mode"]
@@ -314,10 +370,22 @@ def main() -> int:
               f"collective calls per step): ours {res['seconds'] * 1e3:.1f} ms, reference {ref_seconds * 1e3:.1f} ms "
               f"(1 process, same global batch and step code, {MODE_NAMES[mode]}), ratio "
               f"{res['seconds'] / ref_seconds:.2f} (target <= {TARGETS[world]})")
+        if latency and alone and world == 2 and mode == ms.GRAPH_MODE:
+            fixed, per_mib = _latency_model(latency)
+            mib = sum(v["issued_bytes"] for v in got.values()) / 2**20
+            cost = calls * fixed + mib * per_mib
+            excess = res["seconds"] - alone
+            print(f"{name} excess over one rank's compute: {excess * 1e3:.1f} ms; its {calls} calls and {mib:.2f} MiB "
+                  f"issued at the measured cost ({fixed * 1e3:.2f} ms a call + {per_mib * 1e3:.2f} ms a MiB) account "
+                  f"for {cost * 1e3:.1f} ms, the rest ({(excess - cost) * 1e3:.1f} ms) is waiting at the calls "
+                  f"(each one a rendezvous of ranks sharing two cores)")
+    if latency:
+        print("collective latency (2 ranks, GRAPH_MODE, all-reduce over both, a compiled chain of "
+              f"{LATENCY_CHAIN} minus the same chain local): " + ", ".join(f"{k} {v * 1e3:.2f} ms"
+                                                                        for k, v in latency.items()) + " per call")
     two = [r for r in results if r["world"] == 2]
-    if two:
+    if two and alone:
         threads = two[0]["threads"]
-        alone = _alone_seconds(threads)
         ref_seconds = references[ms.GRAPH_MODE]
         print(f"rank compute alone (1 process, half the global batch, {threads} kernel thread(s), no communication): "
               f"{alone * 1e3:.1f} ms, reference {ref_seconds * 1e3:.1f} ms, ratio {alone / ref_seconds:.2f} "

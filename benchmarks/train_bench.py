@@ -55,6 +55,11 @@ MODEL = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 256, "interm
          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 256,
          "seq_length": 256, "tie_word_embeddings": False, "rms_norm_eps": 1e-6}
 BATCH, SEQ, LR, WD, BETAS, EPS, MAX_NORM = 4, 256, 1e-3, 0.01, (0.9, 0.95), 1e-8, 1.0
+# Untimed steps before timing. mf's step settles over its first steps, not only the first
+# (compiling) one: at 20M 0.62-0.71 s for steps 2-5, then 0.45-0.49 s; at 60M 2.2 s falling to
+# 1.6 s by step 8 (the memory pool's fresh pages being touched); torch's settles by step 5 too.
+# Timing steps 3-6, as the sweep once did, read 20M's mf step as 0.89 s against 0.57 s here.
+WARM_STEPS, SWEEP_WARM_STEPS = 6, 6
 # The sweep's llamas (head size 64 from 60M on), all at BATCH x SEQ tokens per step.
 SIZES = {
     "20M": MODEL,
@@ -382,9 +387,9 @@ def sweep(sizes: list[str], rounds: int, steps: int) -> None:
             peak = peak_flops()
             times: dict[str, list[float]] = {k: [] for k in sides}
             rss = {}
-            for r in range(rounds + 1):  # round 0 compiles and warms (2 steps, as compare's), untimed
+            for r in range(rounds + 1):  # round 0 compiles and warms (SWEEP_WARM_STEPS), untimed
                 for k, w in list(sides.items()):
-                    out = w.run(2 if r == 0 else steps)
+                    out = w.run(SWEEP_WARM_STEPS if r == 0 else steps)
                     if out is None:
                         deaths[(size, k)] = w.death()
                         print(f"train_bench sweep {size}: {k} worker died in its first "
@@ -432,7 +437,7 @@ def main() -> int:
     parser.add_argument("--sweep", default=",".join(SIZES),
                         help=f"sizes of the sweep, comma-separated from {', '.join(SIZES)}; 'none' skips it")
     parser.add_argument("--sweep-rounds", type=int, default=2, help="alternating rounds per side and size")
-    parser.add_argument("--sweep-steps", type=int, default=2, help="timed steps per round in the sweep")
+    parser.add_argument("--sweep-steps", type=int, default=3, help="timed steps per round in the sweep")
     parser.add_argument("--only-sweep", action="store_true", help="skip the 20M three-way comparison")
     args = parser.parse_args()
     sizes = [] if args.sweep == "none" else [x.strip() for x in args.sweep.split(",") if x.strip()]
@@ -477,7 +482,7 @@ def compare(args) -> int:
             else:
                 print(f"train_bench: torch worker failed: {ref.info['error']}")
         t0 = time.perf_counter()
-        warm = {k: _alive(w, w.run(2)) for k, w in sides.items()}  # the first step compiles the graphs
+        warm = {k: _alive(w, w.run(WARM_STEPS)) for k, w in sides.items()}  # the first step compiles the graphs
         peaks = [peak_flops()]
         times: dict[str, list[float]] = {k: [] for k in sides}
         for _ in range(args.rounds):
@@ -497,7 +502,7 @@ def compare(args) -> int:
     print(f"train_bench: load average {load_before[0]:.1f} before, {load_after[0]:.1f} after "
           "(a shared machine: figures are noisy; the ratios are measured side by side)")
     print("train_bench: step time median: " + ", ".join(f"{k} {statistics.median(v):.3f} s" for k, v in times.items()))
-    print("train_bench: first losses: " + ", ".join(f"{k} {[round(x, 4) for x in warm[k]['losses']]}" for k in sides))
+    print("train_bench: first losses: " + ", ".join(f"{k} {[round(x, 4) for x in warm[k]['losses'][:2]]}" for k in sides))
     names = {"ms-hand": f"hand-written MindSpore {sides['ms-hand'].info['version']} GRAPH_MODE step" if "ms-hand" in sides else "",
              "torch": f"PyTorch {sides['torch'].info['version']} eager fp32" if "torch" in sides else ""}
     for ref, target in (("ms-hand", 1.2), ("torch", 1.35)):
