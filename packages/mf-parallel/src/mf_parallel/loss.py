@@ -131,7 +131,14 @@ class _FusedChunks(nn.Cell):
             size = min(step, rows - start)
             parts = ()
             for t in range(len(xs)):
-                parts = parts + (xs[t][start:start + size],)
+                part = xs[t][start:start + size]
+                if start:
+                    # Chunk after chunk: without these edges the graph runtime may start every
+                    # chunk's projection at once and hold all their [rows, V] logits together.
+                    part = ops.depend(ops.depend(part, loss), dxs[t][-1])
+                    if dws[t] is not None:
+                        part = ops.depend(part, dws[t])
+                parts = parts + (part,)
             logits = _MATMUL_NT(parts[0], ws[0])
             for t in range(1, len(xs)):
                 logits = logits + _MATMUL_NT(parts[t], ws[t])
