@@ -8,6 +8,7 @@ interpreter can be named with MF_BENCH_TORCH_PYTHON; the one running the benchma
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,3 +29,16 @@ def reference_python(probe: str) -> str | None:
             if ok.returncode == 0:
                 return python
     return None
+
+
+def run_side(python: str, argv: list[str], label: str) -> dict | None:
+    """Run `python argv...` (a benchmark side in its own interpreter) and return the last JSON object
+    it printed on stdout; None, after one line naming `label` and the side's last error line, when
+    it failed or printed none."""
+    proc = subprocess.run([python, *argv], capture_output=True, text=True,
+                          env={**os.environ, "GLOG_v": "3", "PYTHONWARNINGS": "ignore"})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        print(f"{label} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        return None
+    return json.loads(lines[-1])

@@ -38,11 +38,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
-from _references import SETUP_HINT, reference_python
+from _references import SETUP_HINT, reference_python, run_side
 
 B, S, H, FF, NH, HD, V = 4, 256, 512, 1376, 8, 64, 32000
 PIECES = ("linear", "rmsnorm", "swiglu", "softmax", "rope", "sumsq", "adamw", "gemv", "launches")
@@ -224,14 +223,8 @@ def torch_side(repeats: int) -> dict:
 
 
 # --------------------------------------------------------------------------------------- parent
-def run_side(python: str, side: str, repeats: int) -> dict | None:
-    proc = subprocess.run([python, __file__, "--side", side, str(repeats)], capture_output=True, text=True,
-                          env={**os.environ, "GLOG_v": "3", "PYTHONWARNINGS": "ignore"})
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        print(f"kernel_bench: {side} side failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-        return None
-    return json.loads(lines[-1])
+def side_result(python: str, side: str, repeats: int) -> dict | None:
+    return run_side(python, [__file__, "--side", side, str(repeats)], f"kernel_bench: {side} side")
 
 
 def main() -> int:
@@ -239,9 +232,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=15, help="timed calls per piece (the best is kept)")
     args = ap.parse_args()
     load = os.getloadavg()[0]
-    ms_res = run_side(sys.executable, "ms", args.repeats)
+    ms_res = side_result(sys.executable, "ms", args.repeats)
     tp = reference_python("import torch, numpy")
-    torch_res = run_side(tp, "torch", args.repeats) if tp else None
+    torch_res = side_result(tp, "torch", args.repeats) if tp else None
     if ms_res is None:
         return 1
     if torch_res is None and not tp:

@@ -24,13 +24,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
 
-from _references import SETUP_HINT, reference_python
+from _references import SETUP_HINT, reference_python, run_side
 
 CATEGORIES = [
     "layer linears (q k v o, w1 w2 w3)", "logits projection", "attention GEMMs (q.k, p.v)",
@@ -199,15 +198,8 @@ def torch_profile(weights: str, steps: int, model_args: dict) -> dict:
 
 
 # --------------------------------------------------------------------------------------- parent
-def run_side(python: str, kind: str, weights: str, steps: int, model: dict) -> dict | None:
-    out = subprocess.run([python, __file__, "--side", kind, weights, str(steps), json.dumps(model)],
-                         capture_output=True, text=True,
-                         env={**os.environ, "GLOG_v": "3", "PYTHONWARNINGS": "ignore"})
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        print(f"profile_step: {kind} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-        return None
-    return json.loads(lines[-1])
+def side_result(python: str, kind: str, weights: str, steps: int, model: dict) -> dict | None:
+    return run_side(python, [__file__, "--side", kind, weights, str(steps), json.dumps(model)], f"profile_step: {kind}")
 
 
 def main() -> int:
@@ -230,10 +222,10 @@ def main() -> int:
         np.savez(weights, **np_state)
         results = {}
         for kind in ("mf", "ms-hand"):
-            results[kind] = run_side(sys.executable, kind, weights, args.steps, model)
+            results[kind] = side_result(sys.executable, kind, weights, args.steps, model)
         tp = reference_python("import torch, numpy")
         if tp:
-            results["torch"] = run_side(tp, "torch", weights, args.steps, model)
+            results["torch"] = side_result(tp, "torch", weights, args.steps, model)
         else:
             print(f"profile_step: torch side skipped ({SETUP_HINT})")
     sides = [k for k, v in results.items() if v]
