@@ -36,6 +36,23 @@ def repeat_kv(x, n_rep: int):
     return ops.broadcast_to(ops.expand_dims(x, 2), (b, n_kv, n_rep, t, d)).reshape(b, n_kv * n_rep, t, d)
 
 
+_SUM_LAST = ops.ReduceSum(keep_dims=True)
+
+
+class LastAxisSoftmax(nn.Cell):
+    """softmax over the last axis, its gradient (dout - sum(dout * p)) * p written with an explicit
+    broadcast. MindSpore's own softmax gradient subtracts the [.., 1] sum by broadcasting, and
+    MindSpore 2.10's CPU kernel for a broadcasting Sub/Add/RealDiv keeps ~4x its output of memory
+    of its own for the life of the graph (benchmarks/README.md, "Memory"): 32 MiB a layer at the
+    60M llama's batch of 4. Same values: the same kernels on the same operands."""
+
+    def construct(self, x):
+        return ops.softmax(x, -1)
+
+    def bprop(self, x, out, dout):
+        return ((dout - ops.broadcast_to(_SUM_LAST(dout * out, -1), out.shape)) * out,)
+
+
 class CoreAttention(nn.Cell):
     """softmax(q k^T * scale + mask) v for q [B, nH, S, d], k [B, nKV, T, d], v [B, nKV, T, dv].
 
@@ -48,6 +65,7 @@ class CoreAttention(nn.Cell):
         self.scale = scale
         self.matmul_qk = ops.BatchMatMul(transpose_b=True)
         self.matmul_pv = ops.BatchMatMul()
+        self.softmax = LastAxisSoftmax()
         self.use_flash = False
         if use_flash_attention:
             if device_target() != "Ascend":
@@ -70,9 +88,10 @@ class CoreAttention(nn.Cell):
         # rounds to -FLT_MAX; plus -0.0 is the score) at a fraction of the cost on CPU: MaskedFill
         # over the [B, H, S, T] scores was 30 ms of a 20M llama's step. Only a row with every key
         # masked differs in backward (its uniform probabilities pass gradient, as in HF's eager
-        # attention, which adds its mask too).
-        scores = scores + ops.cast(mask, ms.float32) * _MASK_VALUE
-        probs = ops.softmax(scores, -1).astype(v.dtype)
+        # attention, which adds its mask too). The mask is broadcast over batch and heads
+        # explicitly (layers._broadcast_to: the memory of MindSpore's CPU broadcasting kernels).
+        scores = scores + ops.broadcast_to(ops.cast(mask, ms.float32) * _MASK_VALUE, scores.shape)
+        probs = self.softmax(scores).astype(v.dtype)
         return self.matmul_pv(probs, v)
 
     def _flash(self, q, k, v, mask):

@@ -41,6 +41,10 @@ _gather = ops.Gather()
 _mean = ops.ReduceMean(keep_dims=True)
 _rsqrt = ops.Rsqrt()
 _cast = ops.Cast()
+# Small operands are broadcast explicitly before an elementwise op: MindSpore 2.10's CPU kernels
+# for a broadcasting binary op keep ~4x their output of memory of their own for the life of the
+# graph (benchmarks/README.md, "Memory"); BroadcastTo and a same-shape op do not.
+_broadcast_to = ops.broadcast_to
 
 
 def linear(x, weight, bias=None):
@@ -104,8 +108,8 @@ def rms_norm_forward(cell, weight, x):
     """`RMSNorm`: weight * x / sqrt(mean(x^2) + eps), statistics in float32, result in x's dtype."""
     dtype = x.dtype
     x32 = _cast(x, ms.float32)
-    normed = _cast(x32 * _rsqrt(_mean(x32 * x32, -1) + cell.eps), dtype)
-    return _cast(weight, dtype) * normed
+    normed = _cast(x32 * _broadcast_to(_rsqrt(_mean(x32 * x32, -1) + cell.eps), x32.shape), dtype)
+    return _broadcast_to(_cast(weight, dtype), normed.shape) * normed
 
 
 def layer_norm_forward(cell, weight, bias, x):
@@ -113,9 +117,9 @@ def layer_norm_forward(cell, weight, bias, x):
     nn.LayerNorm), statistics in float32, result in x's dtype."""
     dtype = x.dtype
     x32 = _cast(x, ms.float32)
-    centred = x32 - _mean(x32, -1)
-    normed = _cast(centred * _rsqrt(_mean(centred * centred, -1) + cell.eps), dtype)
-    return _cast(weight, dtype) * normed + _cast(bias, dtype)
+    centred = x32 - _broadcast_to(_mean(x32, -1), x32.shape)
+    normed = _cast(centred * _broadcast_to(_rsqrt(_mean(centred * centred, -1) + cell.eps), x32.shape), dtype)
+    return _broadcast_to(_cast(weight, dtype), normed.shape) * normed + _broadcast_to(_cast(bias, dtype), normed.shape)
 
 
 def resolve_params_dtype(name: str) -> ms.Type:

@@ -109,9 +109,11 @@ def rotate_half(x):
 
 
 def apply_rotary(x, cos, sin):
-    """x [B, heads, S, d] rotated by cos/sin [B, S, d] (HF rotate_half layout)."""
-    cos = ops.expand_dims(cos, 1).astype(x.dtype)
-    sin = ops.expand_dims(sin, 1).astype(x.dtype)
+    """x [B, heads, S, d] rotated by cos/sin [B, S, d] (HF rotate_half layout). cos/sin are
+    broadcast over the heads explicitly (see layers._broadcast_to: the memory of MindSpore's CPU
+    broadcasting kernels)."""
+    cos = ops.broadcast_to(ops.expand_dims(cos, 1).astype(x.dtype), x.shape)
+    sin = ops.broadcast_to(ops.expand_dims(sin, 1).astype(x.dtype), x.shape)
     return x * cos + rotate_half(x) * sin
 
 
