@@ -27,14 +27,19 @@ Then the size sweep (issue 28: how the cost grows): llamas of ~20M, 60M, 150M an
 parameters (vocabulary 32000, untied; hidden 256 / 512 / 768 / 1024, 4 / 8 / 14 / 24 layers) at
 the same 1024 tokens per step, mf against PyTorch eager, one process, fp32: step time, MFU of
 the GEMM peak measured in the run, and each worker's peak RSS (VmHWM: for mf it includes
-compiling the graph), printed as one table. Each size runs in fresh workers, its sides
-interleaved round by round as above.
+compiling the graph), printed as one table. Each size runs in fresh workers, its sides one after
+the other, each alone in memory (not interleaved as above): two 350M workers together outgrow a
+24 GiB machine, and the sweep asks whether each side fits on its own.
 
 PyTorch runs in the reference venv (benchmarks/.work/torchvenv, made by the nox bench session
 with pip from requirements-reference.txt: see _references.py); without it the torch side is
 skipped.
 
     python benchmarks/train_bench.py [--rounds 4] [--steps 5] [--sweep 20M,60M,150M,350M | --sweep none]
+                                     [--only-sweep] [--micro-batches 1|2|4]
+
+--micro-batches N runs the sweep's mf side with each step's batch as N micro-batches (gradient
+accumulation, the same tokens per step): what fits where the whole batch at once does not.
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ def peak_rss() -> int:
 
 # ---------------------------------------------------------------------------------------- ours
 class MfWorker:
-    def __init__(self, weights_path: str, model: dict = MODEL):
+    def __init__(self, weights_path: str, model: dict = MODEL, micro_batches: int = 1):
         os.environ.setdefault("GLOG_v", "3")
         import mindspore as ms
         import numpy as np
@@ -102,7 +107,12 @@ class MfWorker:
         np.savez(weights_path, **mf_models.model_state(self.model))
         params = self.model.trainable_params()
         opt = AdamW(params, betas=BETAS, eps=EPS, weight_decay=WD, decay=decay_mask([p.name for p in params]))
-        self.runner = StepRunner(MaskedLMLoss(self.model), opt, MAX_NORM, 1)
+        # micro_batches > 1: the same BATCH sequences per step as that many micro-batches
+        # (gradient accumulation), to see what fits where the whole batch at once does not.
+        if BATCH % micro_batches:
+            raise ValueError(f"micro_batches {micro_batches} does not divide the batch of {BATCH}")
+        self.micro_batches = micro_batches
+        self.runner = StepRunner(MaskedLMLoss(self.model), opt, MAX_NORM, micro_batches)
         self.flops_per_token = self.model.num_flops_per_token(SEQ)
         self.params = sum(p.size for p in params)
         self.vocab = model["vocab_size"]
@@ -114,9 +124,11 @@ class MfWorker:
         times, losses = [], []
         for _ in range(n):
             ids, labels = batch(self.step, self.vocab)
-            mb = {"input_ids": ids, "labels": labels, "loss_mask": np.ones(ids.shape, np.float32)}
+            per = BATCH // self.micro_batches
+            mbs = [{"input_ids": ids[i:i + per], "labels": labels[i:i + per],
+                    "loss_mask": np.ones((per, ids.shape[1]), np.float32)} for i in range(0, BATCH, per)]
             t0 = time.perf_counter()
-            loss = self.runner([mb], LR).loss
+            loss = self.runner(mbs, LR).loss
             times.append(time.perf_counter() - t0)
             losses.append(loss)
             self.step += 1
@@ -261,12 +273,13 @@ def _torch_llama(torch, model: dict = MODEL):
     return Llama()
 
 
-def worker_main(kind: str, weights_path: str, model: dict) -> None:
+def worker_main(kind: str, weights_path: str, model: dict, micro_batches: int = 1) -> None:
     """Serve `{"steps": n}` requests on stdin with one JSON line each on stdout."""
     out = sys.stdout
     sys.stdout = sys.stderr  # library chatter must not corrupt the protocol
     try:
-        w = {"mf": MfWorker, "ms-hand": MsHandWorker, "torch": TorchWorker}[kind](weights_path, model)
+        cls = {"mf": MfWorker, "ms-hand": MsHandWorker, "torch": TorchWorker}[kind]
+        w = cls(weights_path, model, micro_batches) if kind == "mf" else cls(weights_path, model)
         info = {"ready": True}
         if kind == "mf":
             info.update(flops_per_token=w.flops_per_token, params=int(w.params))
@@ -321,9 +334,9 @@ class Worker:
     """A side in its own process; `run` returns None once the process has died (e.g. killed by
     the kernel's OOM killer: the sweep's larger sizes can outgrow the machine)."""
 
-    def __init__(self, python: str, kind: str, weights: str, model: dict = MODEL):
+    def __init__(self, python: str, kind: str, weights: str, model: dict = MODEL, micro_batches: int = 1):
         self.kind = kind
-        self.proc = subprocess.Popen([python, __file__, "--worker", kind, weights, json.dumps(model)],
+        self.proc = subprocess.Popen([python, __file__, "--worker", kind, weights, json.dumps(model), str(micro_batches)],
                                      stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env={**os.environ, "GLOG_v": "3"})
         line = self.proc.stdout.readline()
@@ -359,56 +372,56 @@ def _mem_total_gib() -> float:
         return int(f.readline().split()[1]) / 2**20
 
 
-def sweep(sizes: list[str], rounds: int, steps: int) -> None:
-    """The size sweep (see the module doc): one table, one row per size and side. A side whose
-    worker dies (the largest sizes can outgrow the machine) gets a row saying so, and the other
-    side goes on alone."""
+def sweep(sizes: list[str], rounds: int, steps: int, micro_batches: int = 1) -> None:
+    """The size sweep (see the module doc): one table, one row per size and side. The sides of a
+    size run one after the other, each alone in memory: two workers of the largest size together
+    outgrow a 24 GiB machine, and whether a side fits is one of the sweep's questions. A side
+    whose worker dies gets a row saying so, and the other side goes on alone."""
     tp = reference_python("import torch, numpy")
     rows, deaths = [], {}
     for size in sizes:
         model = SIZES[size]
         print(f"train_bench sweep: {size} ...", flush=True)
+        load = os.getloadavg()[0]
+        peak = peak_flops()
+        times: dict[str, list[float]] = {}
+        rss, info = {}, None
         with tempfile.TemporaryDirectory() as tmp:
             weights = os.path.join(tmp, "init.npz")
-            mf = Worker(sys.executable, "mf", weights, model)
-            if not mf.info["ready"]:
-                deaths[(size, "mf")] = mf.info["error"]
-                print(f"train_bench sweep {size}: mf worker failed: {mf.info['error']}")
-                continue  # the torch side loads the weights mf's worker writes
-            sides = {"mf": mf}
-            if tp:
-                ref = Worker(tp, "torch", weights, model)
-                if ref.info["ready"]:
-                    sides["torch"] = ref
-                else:
-                    deaths[(size, "torch")] = ref.info["error"]
-                    print(f"train_bench sweep {size}: torch worker failed: {ref.info['error']}")
-            load = os.getloadavg()[0]
-            peak = peak_flops()
-            times: dict[str, list[float]] = {k: [] for k in sides}
-            rss = {}
-            for r in range(rounds + 1):  # round 0 compiles and warms (SWEEP_WARM_STEPS), untimed
-                for k, w in list(sides.items()):
-                    out = w.run(SWEEP_WARM_STEPS if r == 0 else steps)
+            for kind, python in (("mf", sys.executable), ("torch", tp)):
+                if python is None or (kind == "torch" and info is None):
+                    continue  # no reference venv, or no weights: the torch side loads those mf's worker writes
+                worker = Worker(python, kind, weights, model, micro_batches if kind == "mf" else 1)
+                if not worker.info["ready"]:
+                    deaths[(size, kind)] = worker.info["error"]
+                    print(f"train_bench sweep {size}: {kind} worker failed: {worker.info['error']}")
+                    continue
+                if kind == "mf":
+                    info = worker.info
+                timed = []
+                for r in range(rounds + 1):  # round 0 compiles and warms (SWEEP_WARM_STEPS), untimed
+                    out = worker.run(SWEEP_WARM_STEPS if r == 0 else steps)
                     if out is None:
-                        deaths[(size, k)] = w.death()
-                        print(f"train_bench sweep {size}: {k} worker died in its first "
-                              f"{'step' if r == 0 else f'{r} timed rounds'}: {deaths[(size, k)]}", flush=True)
-                        del sides[k]
-                        continue
-                    if r:
-                        times[k] += out["times"]
-                    rss[k] = out["rss"]
-            peak = max(peak, peak_flops())
-            for w in sides.values():
-                w.close()
-        fpt = mf.info["flops_per_token"]
-        step = {k: statistics.median(v) for k, v in times.items() if v and k in sides}
+                        deaths[(size, kind)] = worker.death()
+                        print(f"train_bench sweep {size}: {kind} worker died in its first "
+                              f"{'steps' if r == 0 else f'{r} timed rounds'}: {deaths[(size, kind)]}", flush=True)
+                        break
+                    timed += out["times"] if r else []
+                    rss[kind] = out["rss"]
+                else:
+                    times[kind] = timed
+                    worker.close()
+        peak = max(peak, peak_flops())
+        if info is None:
+            continue
+        fpt = info["flops_per_token"]
+        step = {k: statistics.median(v) for k, v in times.items() if v}
         for k in ("mf", "torch"):
             if k in step:
-                rows.append((size, mf.info["params"], k, step[k], 100 * fpt * BATCH * SEQ / step[k] / peak, rss[k],
+                rows.append((size, info["params"], k, step[k], 100 * fpt * BATCH * SEQ / step[k] / peak, rss[k],
                              step["torch"] / step[k] if "torch" in step else float("nan"), peak, load))
-    print(f"train_bench sweep: llama sizes at {BATCH} x {SEQ} tokens per step, fp32, one process, {rounds} rounds x "
+    accumulate = f" (mf: {micro_batches} micro-batches of {BATCH // micro_batches}, torch: one batch)" if micro_batches > 1 else ""
+    print(f"train_bench sweep: llama sizes at {BATCH} x {SEQ} tokens per step{accumulate}, fp32, one process, {rounds} rounds x "
           f"{steps} steps per side; MFU of the GEMM peak measured beside each size; RSS = the worker's peak "
           f"(VmHWM; mf's includes compiling the graph); machine memory {_mem_total_gib():.0f} GiB")
     print(f"{'size':>6} {'params':>9} {'side':>6} {'step s':>8} {'MFU %':>6} {'peak RSS MiB':>13} "
@@ -439,6 +452,9 @@ def main() -> int:
     parser.add_argument("--sweep-rounds", type=int, default=2, help="alternating rounds per side and size")
     parser.add_argument("--sweep-steps", type=int, default=3, help="timed steps per round in the sweep")
     parser.add_argument("--only-sweep", action="store_true", help="skip the 20M three-way comparison")
+    parser.add_argument("--micro-batches", type=int, default=1, choices=[d for d in range(1, BATCH + 1) if BATCH % d == 0],
+                        help="the sweep's mf side takes each step's batch as this many micro-batches "
+                             "(gradient accumulation; same tokens per step)")
     args = parser.parse_args()
     sizes = [] if args.sweep == "none" else [x.strip() for x in args.sweep.split(",") if x.strip()]
     unknown = [x for x in sizes if x not in SIZES]
@@ -449,7 +465,7 @@ def main() -> int:
         if rc:
             return rc
     if sizes:
-        sweep(sizes, args.sweep_rounds, args.sweep_steps)
+        sweep(sizes, args.sweep_rounds, args.sweep_steps, args.micro_batches)
     return 0
 
 
@@ -522,7 +538,7 @@ def compare(args) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
-        worker_main(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))
+    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
+        worker_main(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5]))
     else:
         sys.exit(main())
