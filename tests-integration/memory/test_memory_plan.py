@@ -7,15 +7,16 @@ peak (the same run with a minuscule model: interpreter, MindSpore runtime and ke
 Tolerance: the estimate is within 25% of the measured bytes. It counts tensors; the measured peak
 also holds what no tensor list names (allocator slack, PyNative's bookkeeping of the autograd
 tape, the optimizer's temporaries). Measured on this machine (MiB, estimate / measured), with the
-training loss fused with the output projection (no logits kept; 95 MiB below the earlier loss on
-the whole logits in every case): none 582 / 532 (1.09), full recompute 307 / 328 (0.94), select
-(attention everywhere, MLP in layers 0-1) 368 / 373 (0.99). The bytes recompute saves are
-over-estimated (MindSpore's recompute keeps more than the layer input), so
-the order of the three is checked, not their differences; benchmarks/memory_bench.py prints them.
+training loss fused with the output projection (no logits kept) and mf-models 0.9.0's explicit
+broadcasts (MindSpore's CPU broadcasting kernels no longer hold ~4x their output; the plan's
+transient term takes the larger of its two parts since, not their sum): none 488 / 518 (0.94),
+full recompute 212 / 209 (1.01), select (attention everywhere, MLP in layers 0-1) 273 / 282
+(0.97); before: 582 / 532, 307 / 328, 368 / 373. The order of the three is checked, not their
+differences; benchmarks/memory_bench.py prints them.
 Parameters and optimizer state are exact: compared with what the Trainer holds.
 
 `moe`: a small DeepSeek-V3 (MLA, 1 dense + 3 MoE layers of 8 routed experts, top 2, one shared;
-_memory_worker.DEEPSEEK), 8 x 256 tokens: estimate 729 MiB against 644 MiB measured (1.13); its
+_memory_worker.DEEPSEEK), 8 x 256 tokens: estimate 618 MiB against 634 MiB measured (0.97); its
 MoE layers' terms (the dispatched rows, the gathered weight block of each dispatch block) are
 sized for the micro-batch's 2048 tokens at once, as the dispatcher lays them out.
 """

@@ -339,8 +339,9 @@ def test_the_readme_example_offloads_what_it_says(plain, tmp_path, tiny_config):
 
 def test_cell_offload_reaches_two_operators_of_a_compiled_layer(tmp_path):
     """Why swap trains in PyNative: GRAPH_MODE's Cell.offload on a llama layer marks the attention
-    core's two batch matmuls (the only primitives the layer's Cells hold) of the 122 operators of
-    its compiled forward, and MindSpore's CPU compile inserts no move (MoveTo) for them."""
+    core's two batch matmuls (the only primitives the layer's Cells hold) of the 137 operators of
+    its compiled forward (the count moves with the model's code: 122 before the explicit
+    broadcasts of mf-models 0.9.0), and MindSpore's CPU compile inserts no move (MoveTo) for them."""
     import re
 
     model = mf_models.build_model(mf_models.tiny_model_section("llama"), seed=3)
@@ -370,5 +371,6 @@ def test_cell_offload_reaches_two_operators_of_a_compiled_layer(tmp_path):
     ops = {m for m in re.findall(re.escape(layer) + r"[^ )]*", text)
            if not re.search(r"/(Load|Depend|UpdateState|MakeTuple|TupleGetItem)-op", m)}
     marked = re.findall(r"= (\w+)\(.*primitive_attrs: \{.*offload: Bool\(1\)", text)
-    assert (len(ops), sorted(marked)) == (122, ["PrimFunc_BatchMatMul", "PrimFunc_BatchMatMul"])
+    assert sorted(marked) == ["PrimFunc_BatchMatMul", "PrimFunc_BatchMatMul"]
+    assert len(ops) > 100  # two of a layer's many operators
     assert not any("MoveTo" in f.read_text() for f in tmp_path.rglob("*.ir"))

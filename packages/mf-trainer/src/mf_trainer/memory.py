@@ -35,11 +35,15 @@ For every pipeline rank (the other axes hold the same bytes on each of their ran
   loss fused with the output projection (mf_parallel.LinearCrossEntropy) holds three float32
   logits-sized buffers of one chunk (its logits, their log-softmax, softmax - onehot; chunks of at
   most 32 MiB of logits) and the head's weight gradient [V/tp, H] it makes in the forward; at the
-  start of the last backward, one layer's worth of activation gradients (backward makes a
-  gradient for each saved tensor of the layer it is in, freeing them as it goes), one recomputed
-  layer (or module) rebuilt in backward and one swapped unit back on the device. The two are
-  added, not the larger taken: the measured peaks sit above the larger (full recompute,
-  tests-integration/memory: 330 MiB measured, 258 estimated with the larger, 308 with the sum).
+  start of the last backward, half a layer's worth of activation gradients (backward makes a
+  gradient for each saved tensor of the layer it is in and frees the tensor and its gradient as
+  it goes: about half of them exist at once, on average), one recomputed
+  layer (or module) rebuilt in backward and one swapped unit back on the device. The larger of
+  the two is taken: they do not exist at once. (Until mf-models 0.9.0 the measured peaks sat above
+  the larger, and the sum was taken: MindSpore's CPU kernels for a broadcasting Add/Sub/RealDiv
+  kept ~4x their output of their own, which mf-models now avoids; tests-integration/memory, full
+  recompute: 328 MiB measured then, 209 now, 212 estimated; none 518 / 488, select 282 / 273,
+  the small DeepSeek-V3 634 / 618.)
   Plus FSDP's gathered unit: one
   block's full TP-local parameters and its full gradient before the reduce-scatter (every
   gathered parameter when reshard_after_forward keeps them; mf-parallel emulates reduce-scatter
@@ -375,12 +379,12 @@ def memory_plan(cfg, layout: mp.Layout) -> MemoryPlan:
         vocab = args.vocab_size // tp
         chunk = min(batch * (seq // dims.cp), max(1, mp.LINEAR_CE_CHUNK_BYTES // (4 * vocab)))
         loss_end = (chunk * vocab * LOSS_BUFFERS * 4 + vocab * args.hidden_size * act_bytes) if last else 0
-        # Backward through a layer makes the gradients of its saved tensors (same shapes), freed as it
-        # goes: about one layer's worth at once, recomputed or not.
-        working = max(layer_elems(i) for i in ids) if ids else 0
+        # Backward through a layer makes the gradients of its saved tensors (same shapes) and frees the
+        # tensors and gradients as it goes: about half a layer's worth at once, recomputed or not.
+        working = max(layer_elems(i) for i in ids) // 2 if ids else 0
         # swap: one unit's activations are on the device at a time (its forward, or back for its backward)
         swapping = max((v for i in ids for v in swapped_elems(i).values()), default=0)
-        rank.transient = loss_end + (rebuilt + working + swapping) * act_bytes
+        rank.transient = max(loss_end, (rebuilt + working + swapping) * act_bytes)
         if shards > 1:
             biggest = max(unit_local.values(), default=0)
             resharded = max((v for k, v in unit_local.items() if not k.endswith(".moe")), default=0)
