@@ -286,11 +286,10 @@ def bench_reads(workdir: str, total_tokens: int, seq: int, n_samples: int, n_rou
 # --- 3. preprocessing --------------------------------------------------------------------------
 
 
-def bench_preprocess(workdir: str, copies: int, vocab: int, n_rounds: int) -> None:
-    import sentencepiece
-
+def preprocess_inputs(workdir: str, copies: int, vocab: int) -> tuple[str, str]:
+    """(corpus.jsonl: the demo documents `copies` times, a sentencepiece model of `vocab` trained on
+    them) in `workdir`: the preprocess benchmark's inputs (profile_preprocess.py uses them too)."""
     from mf_data.demo_corpus import demo_documents
-    from mf_data.preprocess import preprocess
     from mf_data.tokenizer import train_sentencepiece
 
     docs = list(demo_documents())
@@ -304,7 +303,17 @@ def bench_preprocess(workdir: str, copies: int, vocab: int, n_rounds: int) -> No
     with open(seed_corpus, "w") as f:
         f.writelines(json.dumps(d) + "\n" for d in docs)
     train_sentencepiece([seed_corpus], model, vocab_size=vocab)
-    texts = [d["text"] for _ in range(copies) for d in docs]
+    return corpus, model
+
+
+def bench_preprocess(workdir: str, copies: int, vocab: int, n_rounds: int) -> None:
+    import sentencepiece
+
+    from mf_data.demo_corpus import demo_documents
+    from mf_data.preprocess import preprocess
+
+    corpus, model = preprocess_inputs(workdir, copies, vocab)
+    texts = [d["text"] for _ in range(copies) for d in demo_documents()]
     sp = sentencepiece.SentencePieceProcessor(model_file=model)
 
     def single_encode() -> float:
