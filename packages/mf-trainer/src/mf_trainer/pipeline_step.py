@@ -176,7 +176,10 @@ class PipelineStepRunner:
         self.last = result
         for buf, i in zip(self.buffers, self.order):
             grad = result.grads[i]
-            buf.set_data(grad if grad is not None else ms.ops.zeros(buf.shape, ms.float32))
+            # A copy, not the executor's tensor: a gradient can be a view (PyNative reshapes the
+            # [1, 1, H] reduction of a broadcast weight's gradient into [H] without copying), and a
+            # buffer holding a view refuses ApplyStep's in-place zeroing.
+            buf.set_data(grad.copy() if grad is not None else ms.ops.zeros(buf.shape, ms.float32))
         scalars = self.optimizer.scalars(lr)
         norm, finite, local, *per_param = self.apply(Tensor(result.loss, ms.float32), *scalars)
         applied = bool(finite.asnumpy())
