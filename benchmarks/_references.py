@@ -31,12 +31,12 @@ def reference_python(probe: str) -> str | None:
     return None
 
 
-def run_side(python: str, argv: list[str], label: str) -> dict | None:
-    """Run `python argv...` (a benchmark side in its own interpreter) and return the last JSON object
-    it printed on stdout; None, after one line naming `label` and the side's last error line, when
-    it failed or printed none."""
+def run_side(python: str, argv: list[str], label: str, env: dict | None = None) -> dict | None:
+    """Run `python argv...` (a benchmark side in its own interpreter, with `env` added to this
+    process's environment) and return the last JSON object it printed on stdout; None, after one
+    line naming `label` and the side's last error line, when it failed or printed none."""
     proc = subprocess.run([python, *argv], capture_output=True, text=True,
-                          env={**os.environ, "GLOG_v": "3", "PYTHONWARNINGS": "ignore"})
+                          env={**os.environ, "GLOG_v": "3", "PYTHONWARNINGS": "ignore", **(env or {})})
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         print(f"{label} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")

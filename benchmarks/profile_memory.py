@@ -239,17 +239,9 @@ def side_chain(rows: int, layers: int) -> dict:
 def run(label: str, argv: list[str]) -> dict | None:
     """One side in its own interpreter with the IR dump and the memory tracker on; its figures."""
     with tempfile.TemporaryDirectory() as tmp:
-        saved = {k: os.environ.get(k) for k in ("MS_DEV_SAVE_GRAPHS", "MS_DEV_SAVE_GRAPHS_PATH", "MS_ALLOC_CONF")}
-        os.environ.update({"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_SAVE_GRAPHS_PATH": os.path.join(tmp, "ir"),
-                           "MS_ALLOC_CONF": f"memory_tracker:True,memory_tracker_path:{os.path.join(tmp, 'tracker')}"})
-        try:
-            result = run_side(sys.executable, [__file__, "--side", *argv], f"profile_memory: {label}")
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        env = {"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_SAVE_GRAPHS_PATH": os.path.join(tmp, "ir"),
+               "MS_ALLOC_CONF": f"memory_tracker:True,memory_tracker_path:{os.path.join(tmp, 'tracker')}"}
+        result = run_side(sys.executable, [__file__, "--side", *argv], f"profile_memory: {label}", env)
         return None if result is None else {**result, **analyse(tmp)}
 
 
